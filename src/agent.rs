@@ -1,0 +1,1 @@
+//! agent: wires config, store, sources, sync loop and runtime together for `holdfast run`.

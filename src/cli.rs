@@ -1,0 +1,1 @@
+//! cli: the `holdfast` subcommands other than `run` (pods, image, version).

@@ -1,0 +1,31 @@
+//! holdfast: a Kubernetes node agent for small ARM gateways whose uplink comes and goes.
+//!
+//! It runs the pods that belong on its node through youki's libcontainer, keeps every
+//! fact it needs in a sled database, and keeps the site's pods running while the link
+//! to the cluster is down.
+//!
+//! # Layout
+//! - [`config`]: flags and the KubeletConfiguration-shaped config file.
+//! - [`store`]: the sled database; nobody else opens sled.
+//! - [`source`]: pod sources (static manifest files) and the mux that merges them.
+//! - [`sync`]: the sync loop, pod workers, restart back-off, pod phase and conditions.
+//! - [`runtime`]: containers on libcontainer, driven by a per-container shim process.
+//! - [`image`]: the content-addressed image store, archive import and layer unpacking.
+//! - [`agent`]: wires the pieces together for `holdfast run`.
+//! - [`cli`]: the `holdfast` subcommands other than `run`.
+
+pub mod agent;
+pub mod cli;
+pub mod config;
+pub mod image;
+pub mod runtime;
+pub mod source;
+pub mod store;
+pub mod sync;
+pub mod time;
+
+mod error;
+pub use error::Error;
+
+/// The version reported by `holdfast version` and in node info.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

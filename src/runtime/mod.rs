@@ -1,0 +1,153 @@
+//! runtime: containers on youki's libcontainer. Knows nothing of the apiserver.
+//!
+//! The agent never calls libcontainer itself: it forks, and the agent is a
+//! multi-threaded tokio process. Each container gets a shim — the holdfast binary
+//! re-executed as `holdfast shim` — which is single-threaded when it creates the
+//! container, stays its parent (so it alone can reap it and learn its exit code),
+//! writes its CRI log and, when it exits, an exit record. The shim is detached from the
+//! agent, so containers and their logs outlive an agent restart or upgrade.
+//!
+//! On disk, under `<root-dir>`:
+//! - `containers/<id>/`: `shim.json` (what to run), `bundle/` (OCI bundle, rootfs is an
+//!   overlay mount), `upper/`, `work/`, `started.json`, `exit.json`.
+//! - `exits/<id>`: an empty file the shim creates after `exit.json`, to wake the agent.
+//! - `run/`: libcontainer's state root.
+
+use std::path::PathBuf;
+
+use k8s_openapi::api::core::v1::{Container, Pod};
+use serde::{Deserialize, Serialize};
+
+use crate::image::ResolvedImage;
+use crate::time::Timestamp;
+
+/// A container's identity: derived from the pod UID, container name and restart count,
+/// so a restarted agent recognises its own containers.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ContainerId(pub String);
+
+impl ContainerId {
+    /// sha256 of `<pod uid>/<container name>/<restart count>`, in hex.
+    pub fn derive(pod_uid: &str, container: &str, restart_count: u32) -> Self {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        h.update(pod_uid.as_bytes());
+        h.update(b"/");
+        h.update(container.as_bytes());
+        h.update(b"/");
+        h.update(restart_count.to_string().as_bytes());
+        let digest = h.finalize();
+        let mut s = String::with_capacity(64);
+        for b in digest {
+            s.push_str(&format!("{b:02x}"));
+        }
+        ContainerId(s)
+    }
+
+    /// The `containerID` Kubernetes shows: `libcontainer://<id>`.
+    pub fn uri(&self) -> String {
+        format!("libcontainer://{}", self.0)
+    }
+}
+
+impl std::fmt::Display for ContainerId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// What the runtime knows of one container.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum ContainerState {
+    /// Being created by its shim; not yet running.
+    Created,
+    Running { pid: i32, started_at: Timestamp },
+    Exited(ExitInfo),
+    /// No shim, no process, no exit record: lost (for example to a reboot).
+    Unknown,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExitInfo {
+    /// 128 + signal for a container killed by a signal, as the kubelet reports it.
+    pub exit_code: i32,
+    pub signal: Option<i32>,
+    pub oom_killed: bool,
+    pub started_at: Option<Timestamp>,
+    pub finished_at: Timestamp,
+    /// Set when the process never ran (for example its command was not found).
+    pub start_error: Option<String>,
+}
+
+/// Everything needed to create and start one container.
+pub struct StartRequest<'a> {
+    pub id: ContainerId,
+    pub pod: &'a Pod,
+    pub container: &'a Container,
+    pub restart_count: u32,
+    pub image: &'a ResolvedImage,
+    /// The node's name (hostname of host-network pods).
+    pub node_name: &'a str,
+    /// The CRI log file, `<root>/logs/pods/<ns>_<pod>_<uid>/<container>/<restart>.log`.
+    pub log_path: PathBuf,
+}
+
+/// What a successful start reports.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Started {
+    pub pid: i32,
+    pub started_at: Timestamp,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// The pod's spec cannot become a valid container config (CreateContainerConfigError).
+    #[error("container config: {0}")]
+    Config(String),
+    /// libcontainer, the shim or the rootfs failed (CreateContainerError).
+    #[error("create container {id}: {message}")]
+    Create { id: String, message: String },
+    /// The container was created but its process could not start (StartError, exit 128).
+    #[error("start container {id}: {message}")]
+    Start { id: String, message: String },
+    #[error("container {id} not found")]
+    NotFound { id: String },
+    #[error("{context}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl RuntimeError {
+    /// The waiting reason the kubelet shows for this failure.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            RuntimeError::Config(_) => "CreateContainerConfigError",
+            RuntimeError::Start { .. } => "StartError",
+            _ => "CreateContainerError",
+        }
+    }
+}
+
+/// The container runtime as the sync loop sees it. Every method blocks; callers run
+/// them on a blocking thread.
+pub trait Runtime: Send + Sync + 'static {
+    /// Creates and starts the container; returns once its process runs.
+    fn start(&self, req: &StartRequest<'_>) -> Result<Started, RuntimeError>;
+    /// Sends `signal` to the container's init (and so, in its PID namespace, to all).
+    fn kill(&self, id: &ContainerId, signal: i32) -> Result<(), RuntimeError>;
+    /// The container's current state, read from its shim's records and `/proc`.
+    fn state(&self, id: &ContainerId) -> Result<ContainerState, RuntimeError>;
+    /// Removes an exited container: its cgroup, rootfs mount and directory.
+    fn remove(&self, id: &ContainerId) -> Result<(), RuntimeError>;
+    /// Every container under the runtime's root, known to the caller or not.
+    fn list(&self) -> Result<Vec<ContainerId>, RuntimeError>;
+    /// Starts watching for container exits; each exit sends the container's id, soon
+    /// after its exit record is written. Events may repeat; receivers read `state`.
+    fn watch_exits(
+        &self,
+        tx: tokio::sync::mpsc::Sender<ContainerId>,
+    ) -> Result<(), RuntimeError>;
+}

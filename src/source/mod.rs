@@ -1,0 +1,48 @@
+//! source: where pods come from (static manifest files now; http and the apiserver
+//! later) and the mux that merges them. Never starts containers.
+//!
+//! Each source sends the full set of pods it knows ([`SourceSnapshot`]); the mux keeps
+//! one set per source, persists it in the store, and turns differences into
+//! [`PodChange`]s for the sync loop, as the kubelet's config mux does.
+
+use k8s_openapi::api::core::v1::Pod;
+use serde::{Deserialize, Serialize};
+
+/// The full set of pods one source wants on this node, as of now.
+#[derive(Debug, Clone)]
+pub struct SourceSnapshot {
+    /// `file`, later `http` and `api`.
+    pub source: &'static str,
+    pub pods: Vec<Pod>,
+}
+
+/// What the sync loop is told: one pod appeared, changed or went away.
+#[derive(Debug, Clone)]
+pub enum PodChange {
+    Add(Box<Pod>),
+    Update(Box<Pod>),
+    /// The pod's UID: stop it gracefully and forget it.
+    Remove(String),
+}
+
+/// A desired pod as the store keeps it (tree `pods`, key = pod UID).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DesiredPod {
+    pub source: String,
+    pub pod: Pod,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    /// A manifest that is not a pod we can run; names the file and what is wrong.
+    #[error("manifest {file}: {reason}")]
+    Manifest { file: String, reason: String },
+    #[error("{context}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+}

@@ -1,0 +1,214 @@
+//! store: the sled database. Sync only; never imports tokio.
+//!
+//! Every fact the agent needs after a restart lives here, in typed trees whose values
+//! are JSON. Writes happen on state change only; callers that need a change to survive
+//! a power cut call [`Store::flush`].
+
+mod tree;
+
+use std::path::{Path, PathBuf};
+
+pub use tree::Tree;
+
+/// Bumped when the layout of a tree changes; a store written by a newer holdfast is
+/// refused rather than misread.
+pub const SCHEMA_VERSION: u32 = 1;
+
+const META_SCHEMA: &str = "schema_version";
+
+/// sled's page cache: small, for a device with 256 MiB of RAM.
+const CACHE_BYTES: u64 = 4 * 1024 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("open store at {path}")]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: sled::Error,
+    },
+    #[error("store at {path} has schema version {found}, newer than this holdfast understands ({supported}); upgrade holdfast or move the store away")]
+    TooNew {
+        path: PathBuf,
+        found: u32,
+        supported: u32,
+    },
+    #[error("store at {path} has an unreadable schema version")]
+    BadSchema { path: PathBuf },
+    #[error("store {op} in tree {tree} key {key}")]
+    Db {
+        op: &'static str,
+        tree: &'static str,
+        key: String,
+        #[source]
+        source: sled::Error,
+    },
+    #[error("decode {tree} record {key}")]
+    Decode {
+        tree: &'static str,
+        key: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("encode {tree} record {key}")]
+    Encode {
+        tree: &'static str,
+        key: String,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// The agent's database. Cheap to clone: sled handles are reference counted.
+#[derive(Clone)]
+pub struct Store {
+    db: sled::Db,
+    path: PathBuf,
+}
+
+impl Store {
+    /// Opens (or creates) the store at `path` and checks its schema version.
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        let db = sled::Config::new()
+            .path(path)
+            .cache_capacity(CACHE_BYTES)
+            .mode(sled::Mode::LowSpace)
+            // sled's flusher writes only when something is dirty; a second keeps
+            // bursts of changes in one write without losing more than that on a cut.
+            .flush_every_ms(Some(1000))
+            .open()
+            .map_err(|source| StoreError::Open {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        let store = Store {
+            db,
+            path: path.to_path_buf(),
+        };
+        store.check_schema()?;
+        Ok(store)
+    }
+
+    fn check_schema(&self) -> Result<(), StoreError> {
+        let meta = self.raw_tree("meta")?;
+        let key = META_SCHEMA;
+        let found = meta.get(key).map_err(|source| StoreError::Db {
+            op: "get",
+            tree: "meta",
+            key: key.into(),
+            source,
+        })?;
+        match found {
+            None => {
+                meta.insert(key, &SCHEMA_VERSION.to_be_bytes())
+                    .map_err(|source| StoreError::Db {
+                        op: "insert",
+                        tree: "meta",
+                        key: key.into(),
+                        source,
+                    })?;
+                Ok(())
+            }
+            Some(bytes) => {
+                let raw: [u8; 4] = bytes.as_ref().try_into().map_err(|_| StoreError::BadSchema {
+                    path: self.path.clone(),
+                })?;
+                let found = u32::from_be_bytes(raw);
+                if found > SCHEMA_VERSION {
+                    return Err(StoreError::TooNew {
+                        path: self.path.clone(),
+                        found,
+                        supported: SCHEMA_VERSION,
+                    });
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn raw_tree(&self, name: &'static str) -> Result<sled::Tree, StoreError> {
+        self.db.open_tree(name).map_err(|source| StoreError::Db {
+            op: "open tree",
+            tree: name,
+            key: String::new(),
+            source,
+        })
+    }
+
+    /// A typed tree. `name` is fixed at compile time: the set of trees is the schema.
+    pub fn tree<T>(&self, name: &'static str) -> Result<Tree<T>, StoreError>
+    where
+        T: serde::Serialize + serde::de::DeserializeOwned,
+    {
+        Ok(Tree::new(name, self.raw_tree(name)?))
+    }
+
+    /// Makes every write so far durable.
+    pub fn flush(&self) -> Result<(), StoreError> {
+        self.db.flush().map(|_| ()).map_err(|source| StoreError::Db {
+            op: "flush",
+            tree: "*",
+            key: String::new(),
+            source,
+        })
+    }
+
+    /// Where the store lives on disk.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refuses_a_newer_schema() {
+        let dir = tempdir();
+        {
+            let store = Store::open(&dir).expect("open");
+            let meta = store.raw_tree("meta").expect("meta");
+            meta.insert(META_SCHEMA, &(SCHEMA_VERSION + 1).to_be_bytes())
+                .expect("insert");
+            store.flush().expect("flush");
+        }
+        match Store::open(&dir) {
+            Err(StoreError::TooNew { found, .. }) => assert_eq!(found, SCHEMA_VERSION + 1),
+            Err(other) => panic!("wrong error: {other}"),
+            Ok(_) => panic!("a newer store was opened"),
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn typed_round_trip_survives_reopen() {
+        let dir = tempdir();
+        {
+            let store = Store::open(&dir).expect("open");
+            let t: Tree<Vec<u32>> = store.tree("numbers").expect("tree");
+            t.put("a", &vec![1, 2, 3]).expect("put");
+            t.put("b", &vec![4]).expect("put");
+            t.remove("b").expect("remove");
+            store.flush().expect("flush");
+        }
+        let store = Store::open(&dir).expect("reopen");
+        let t: Tree<Vec<u32>> = store.tree("numbers").expect("tree");
+        assert_eq!(t.get("a").expect("get"), Some(vec![1, 2, 3]));
+        assert_eq!(t.get("b").expect("get"), None);
+        assert_eq!(t.keys().expect("keys"), vec!["a".to_string()]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    fn tempdir() -> PathBuf {
+        let d = std::env::temp_dir().join(format!(
+            "holdfast-store-test-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0)
+        ));
+        d
+    }
+}

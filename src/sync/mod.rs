@@ -1,0 +1,1 @@
+//! sync: the sync loop, pod workers, restart back-off, pod phase and conditions. Never talks HTTP.
