@@ -25,6 +25,8 @@ pub struct Config {
     pub cgroup_root: String,
     /// holdfast's own keys (the `holdfast:` section of the file).
     pub crash_loop: BackoffConfig,
+    /// `--v`: log verbosity (0 = info, 2+ = debug, 4+ = trace); `RUST_LOG` wins if set.
+    pub verbosity: Option<u8>,
 }
 
 /// Restart back-off: `initial` doubling to `max`, forgotten after `reset` of clean running.
