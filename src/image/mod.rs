@@ -1,9 +1,21 @@
 //! image: the content-addressed image store, local archive import and layer unpacking.
 //! Layers are untrusted input: nothing in one may land outside its own directory.
 
+mod archive;
+mod content;
+mod import;
+mod platform;
+pub mod reference;
+mod store;
+mod unpack;
+
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
+
+pub use platform::Platform;
+pub use reference::Reference;
+pub use store::ImageStore;
 
 /// An image ready to run: its config and its unpacked layers.
 #[derive(Debug, Clone)]
@@ -40,6 +52,56 @@ pub enum ImageError {
     BadReference { reference: String, reason: String },
     #[error("image {reference} is not present on this node")]
     NotPresent { reference: String },
+    #[error("image {reference} ({image_id}) is used by a container")]
+    InUse { reference: String, image_id: String },
+    #[error("invalid digest {digest:?}: {reason}")]
+    BadDigest { digest: String, reason: String },
+    #[error("{what}: digest mismatch: expected {expected}, got {actual}")]
+    DigestMismatch {
+        what: String,
+        expected: String,
+        actual: String,
+    },
+    #[error("{what}: size mismatch: expected {expected} bytes, got {actual}")]
+    SizeMismatch {
+        what: String,
+        expected: u64,
+        actual: u64,
+    },
+    #[error("{what} is larger than {limit} bytes")]
+    TooLarge { what: String, limit: u64 },
+    #[error("archive {archive}: {reason}")]
+    BadArchive { archive: String, reason: String },
+    #[error("archive {archive}: missing {name}")]
+    MissingBlob { archive: String, name: String },
+    #[error("parse {what}")]
+    Json {
+        what: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("{what}: no manifest for platform {wanted} (available: {available})")]
+    NoMatchingPlatform {
+        what: String,
+        wanted: String,
+        available: String,
+    },
+    #[error("layer {layer}: unsupported layer compression {kind}")]
+    UnsupportedCompression { layer: String, kind: &'static str },
+    #[error("layer {layer}: unsafe entry {entry:?}: {reason}")]
+    UnsafeLayerEntry {
+        layer: String,
+        entry: String,
+        reason: String,
+    },
+    #[error("layer {layer}: entry {entry:?}: {op}")]
+    LayerEntry {
+        layer: String,
+        entry: String,
+        op: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("{context}")]
     Io {
         context: String,
@@ -48,4 +110,30 @@ pub enum ImageError {
     },
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
+}
+
+impl ImageError {
+    /// The image is simply not on this node (the kubelet's `ErrImageNeverPull` case
+    /// when pulling is not possible), as opposed to present but unusable.
+    pub fn is_not_present(&self) -> bool {
+        matches!(self, ImageError::NotPresent { .. })
+    }
+
+    /// The kubelet's waiting reason for a container whose image failed this way.
+    pub fn kubelet_reason(&self) -> &'static str {
+        match self {
+            ImageError::BadReference { .. } => "InvalidImageName",
+            ImageError::NotPresent { .. } => "ErrImageNeverPull",
+            _ => "CreateContainerError",
+        }
+    }
+}
+
+pub(crate) fn io_err(context: String) -> impl FnOnce(std::io::Error) -> ImageError {
+    move |source| ImageError::Io { context, source }
+}
+
+fn json_err(what: impl Into<String>) -> impl FnOnce(serde_json::Error) -> ImageError {
+    let what = what.into();
+    move |source| ImageError::Json { what, source }
 }

@@ -1,0 +1,304 @@
+//! The content store under `<root-dir>/content/`: verified blobs by digest and each
+//! layer unpacked once. Everything lands in `tmp/` first and is renamed into place, so
+//! a blob or layer that is visible is complete even after a power cut.
+
+use std::fs::{self, File};
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use sha2::{Digest, Sha256};
+
+use super::archive::Expect;
+use super::reference::check_digest;
+use super::{io_err, unpack, ImageError};
+
+static TMP_SEQ: AtomicU64 = AtomicU64::new(0);
+
+pub(crate) struct Content {
+    root: PathBuf,
+}
+
+impl Content {
+    /// Creates the layout and clears `tmp/` of what a crashed process left there.
+    pub(crate) fn open(root: &Path) -> Result<Self, ImageError> {
+        let content = Content {
+            root: root.to_path_buf(),
+        };
+        for dir in [content.blobs_dir(), content.layers_dir(), content.tmp_dir()] {
+            fs::create_dir_all(&dir)
+                .map_err(io_err(format!("create directory {}", dir.display())))?;
+        }
+        let tmp = content.tmp_dir();
+        let entries = fs::read_dir(&tmp).map_err(io_err(format!("list {}", tmp.display())))?;
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if owner_alive(&entry.file_name().to_string_lossy()) {
+                continue;
+            }
+            let removed = match entry.file_type() {
+                Ok(t) if t.is_dir() => fs::remove_dir_all(&path),
+                _ => fs::remove_file(&path),
+            };
+            if let Err(e) = removed {
+                log::warn!("remove stale {}: {e}", path.display());
+            }
+        }
+        Ok(content)
+    }
+
+    fn blobs_dir(&self) -> PathBuf {
+        self.root.join("blobs").join("sha256")
+    }
+
+    fn layers_dir(&self) -> PathBuf {
+        self.root.join("layers")
+    }
+
+    fn tmp_dir(&self) -> PathBuf {
+        self.root.join("tmp")
+    }
+
+    /// A fresh path under `tmp/`, unique within this host.
+    pub(crate) fn tmp_path(&self, prefix: &str) -> PathBuf {
+        let seq = TMP_SEQ.fetch_add(1, Ordering::Relaxed);
+        self.tmp_dir()
+            .join(format!("{prefix}-{}-{seq}", std::process::id()))
+    }
+
+    /// The digest is checked first: it comes from untrusted manifests and becomes a path.
+    pub(crate) fn blob_path(&self, digest: &str) -> Result<PathBuf, ImageError> {
+        Ok(self.blobs_dir().join(hex_of(digest)?))
+    }
+
+    pub(crate) fn has_blob(&self, digest: &str) -> Result<bool, ImageError> {
+        Ok(self.blob_path(digest)?.is_file())
+    }
+
+    pub(crate) fn blob_size(&self, digest: &str) -> Result<u64, ImageError> {
+        let path = self.blob_path(digest)?;
+        fs::metadata(&path)
+            .map(|m| m.len())
+            .map_err(io_err(format!("stat {}", path.display())))
+    }
+
+    pub(crate) fn layer_dir(&self, digest: &str) -> Result<PathBuf, ImageError> {
+        Ok(self.layers_dir().join(hex_of(digest)?))
+    }
+
+    /// Streams `reader` into the store, hashing as it goes; the blob becomes visible
+    /// only once its digest (and size, when `expected` gives one) matched.
+    pub(crate) fn write_blob(
+        &self,
+        reader: &mut dyn Read,
+        what: &str,
+        expected: Expect<'_>,
+    ) -> Result<(String, u64), ImageError> {
+        if let Some(digest) = expected.digest {
+            hex_of(digest)?;
+        }
+        let tmp = self.tmp_path("blob");
+        let result = self.write_blob_tmp(reader, what, expected, &tmp);
+        if result.is_err() {
+            let _ = fs::remove_file(&tmp);
+        }
+        result
+    }
+
+    fn write_blob_tmp(
+        &self,
+        reader: &mut dyn Read,
+        what: &str,
+        expected: Expect<'_>,
+        tmp: &Path,
+    ) -> Result<(String, u64), ImageError> {
+        let mut file = File::create(tmp).map_err(io_err(format!("create {}", tmp.display())))?;
+        let (digest, size) = copy_hashing(reader, &mut file)
+            .map_err(io_err(format!("copy {what} to {}", tmp.display())))?;
+        verify(
+            what,
+            expected.digest.unwrap_or(&digest),
+            expected.size.unwrap_or(size),
+            &digest,
+            size,
+        )?;
+        file.sync_all()
+            .map_err(io_err(format!("sync {}", tmp.display())))?;
+        drop(file);
+        self.adopt(tmp, &digest)?;
+        Ok((digest, size))
+    }
+
+    /// Moves an already verified and synced file into the store under `digest`.
+    pub(crate) fn adopt(&self, tmp: &Path, digest: &str) -> Result<(), ImageError> {
+        let dest = self.blob_path(digest)?;
+        if dest.is_file() {
+            // Same digest, same bytes: keep the copy that is already there.
+            let _ = fs::remove_file(tmp);
+            return Ok(());
+        }
+        fs::rename(tmp, &dest).map_err(io_err(format!(
+            "move blob {digest} into {}",
+            dest.display()
+        )))?;
+        sync_dir(&self.blobs_dir());
+        Ok(())
+    }
+
+    /// Reads a small blob (manifest, config) whole, refusing one larger than `limit`.
+    pub(crate) fn read_blob(&self, digest: &str, limit: u64) -> Result<Vec<u8>, ImageError> {
+        let path = self.blob_path(digest)?;
+        read_limited(&path, limit)
+    }
+
+    pub(crate) fn remove_blob(&self, digest: &str) -> Result<(), ImageError> {
+        let path = self.blob_path(digest)?;
+        match fs::remove_file(&path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                Err(io_err(format!("remove blob {}", path.display()))(e))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The layer's directory, unpacking the blob first if no complete copy exists.
+    /// `diff_id`, when known, is checked against the uncompressed stream.
+    pub(crate) fn ensure_unpacked(
+        &self,
+        digest: &str,
+        diff_id: Option<&str>,
+    ) -> Result<PathBuf, ImageError> {
+        let dest = self.layer_dir(digest)?;
+        if dest.is_dir() {
+            return Ok(dest);
+        }
+        let blob = self.blob_path(digest)?;
+        let tmp = self.tmp_path("layer");
+        let result = unpack::unpack_layer(&blob, &tmp, digest, diff_id).and_then(|()| {
+            match fs::rename(&tmp, &dest) {
+                Ok(()) => {
+                    sync_dir(&self.layers_dir());
+                    Ok(())
+                }
+                // Another caller finished the same layer first; theirs is as good.
+                Err(_) if dest.is_dir() => {
+                    let _ = fs::remove_dir_all(&tmp);
+                    Ok(())
+                }
+                Err(e) => Err(io_err(format!("move layer {digest} into place"))(e)),
+            }
+        });
+        if result.is_err() {
+            let _ = fs::remove_dir_all(&tmp);
+        }
+        result.map(|()| dest)
+    }
+
+    /// Renames the layer away first so that a removal cut short never leaves a
+    /// half-empty directory that looks unpacked.
+    pub(crate) fn remove_layer(&self, digest: &str) -> Result<(), ImageError> {
+        let dir = self.layer_dir(digest)?;
+        if !dir.exists() {
+            return Ok(());
+        }
+        let tmp = self.tmp_path("gone");
+        fs::rename(&dir, &tmp).map_err(io_err(format!("move away layer {}", dir.display())))?;
+        fs::remove_dir_all(&tmp).map_err(io_err(format!("remove {}", tmp.display())))
+    }
+}
+
+pub(crate) fn hex_of(digest: &str) -> Result<&str, ImageError> {
+    check_digest(digest).map_err(|reason| ImageError::BadDigest {
+        digest: digest.to_string(),
+        reason,
+    })?;
+    Ok(&digest["sha256:".len()..])
+}
+
+pub(crate) fn verify(
+    what: &str,
+    want: &str,
+    want_size: u64,
+    got: &str,
+    got_size: u64,
+) -> Result<(), ImageError> {
+    if want != got {
+        return Err(ImageError::DigestMismatch {
+            what: what.to_string(),
+            expected: want.to_string(),
+            actual: got.to_string(),
+        });
+    }
+    if want_size != got_size {
+        return Err(ImageError::SizeMismatch {
+            what: what.to_string(),
+            expected: want_size,
+            actual: got_size,
+        });
+    }
+    Ok(())
+}
+
+pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
+    format!("sha256:{}", hex(&Sha256::digest(bytes)))
+}
+
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Copies everything, returning the sha256 digest and byte count of what passed.
+pub(crate) fn copy_hashing(
+    reader: &mut dyn Read,
+    out: &mut dyn Write,
+) -> io::Result<(String, u64)> {
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut size = 0u64;
+    loop {
+        let n = match reader.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        hasher.update(&buf[..n]);
+        out.write_all(&buf[..n])?;
+        size += n as u64;
+    }
+    Ok((format!("sha256:{}", hex(&hasher.finalize())), size))
+}
+
+pub(crate) fn read_limited(path: &Path, limit: u64) -> Result<Vec<u8>, ImageError> {
+    let file = File::open(path).map_err(io_err(format!("open {}", path.display())))?;
+    let mut out = Vec::new();
+    file.take(limit + 1)
+        .read_to_end(&mut out)
+        .map_err(io_err(format!("read {}", path.display())))?;
+    if out.len() as u64 > limit {
+        return Err(ImageError::TooLarge {
+            what: path.display().to_string(),
+            limit,
+        });
+    }
+    Ok(out)
+}
+
+/// Temp names carry the creating process's pid (`prefix-pid-seq`): a live owner may
+/// still be writing there.
+fn owner_alive(name: &str) -> bool {
+    let mut parts = name.rsplitn(3, '-');
+    let _seq = parts.next();
+    match parts.next().and_then(|p| p.parse::<u32>().ok()) {
+        Some(pid) => Path::new("/proc").join(pid.to_string()).exists(),
+        None => false,
+    }
+}
+
+/// Makes a rename durable. Failure only costs durability, which the next import
+/// restores, so it is logged rather than returned.
+fn sync_dir(dir: &Path) {
+    if let Err(e) = File::open(dir).and_then(|d| d.sync_all()) {
+        log::warn!("sync directory {}: {e}", dir.display());
+    }
+}

@@ -1,0 +1,349 @@
+//! The image index in sled (`images` by manifest digest, `image_refs` by normalised
+//! reference) over the content store, and the operations the agent calls. Blocking:
+//! callers on tokio use `spawn_blocking`.
+
+use std::collections::HashSet;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+use std::time::UNIX_EPOCH;
+
+use serde::{Deserialize, Serialize};
+
+use super::archive::Archive;
+use super::content::Content;
+use super::import::{diff_id_map, parse_config, Importer, Pending, JSON_LIMIT};
+use super::reference::{is_digest, Reference};
+use super::{io_err, json_err, ImageError, ImageRecord, Platform, ResolvedImage};
+use crate::store::{Store, Tree};
+
+/// A drop-in archive already imported, recognised without reading it again.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct DropinSeen {
+    size: u64,
+    mtime_ns: u128,
+    manifests: Vec<String>,
+}
+
+pub struct ImageStore {
+    root: PathBuf,
+    content: Content,
+    store: Store,
+    images: Tree<ImageRecord>,
+    refs: Tree<String>,
+    dropins: Tree<DropinSeen>,
+    platform: Platform,
+    /// One mutation at a time: an import must not race a removal of shared blobs.
+    lock: Mutex<()>,
+}
+
+impl ImageStore {
+    pub fn open(root_dir: &Path, store: &Store) -> Result<Self, ImageError> {
+        let content = Content::open(&root_dir.join("content"))?;
+        let images = store.tree("images")?;
+        let refs = store.tree("image_refs")?;
+        let dropins = store.tree("image_dropins")?;
+        Ok(ImageStore {
+            root: root_dir.to_path_buf(),
+            content,
+            store: store.clone(),
+            images,
+            refs,
+            dropins,
+            platform: Platform::host(),
+            lock: Mutex::new(()),
+        })
+    }
+
+    /// Imports from another platform's point of view, for archives built elsewhere.
+    pub fn with_platform(mut self, platform: Platform) -> Self {
+        self.platform = platform;
+        self
+    }
+
+    fn guard(&self) -> MutexGuard<'_, ()> {
+        self.lock
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Imports every image in the archive at `path` (OCI layout dir or tar, or a
+    /// `docker save` tar). A failed import leaves the store as it was.
+    pub fn import(&self, path: &Path) -> Result<Vec<ImageRecord>, ImageError> {
+        let _guard = self.guard();
+        let archive = Archive::open(path, &self.content)?;
+        let mut importer = Importer {
+            archive: &archive,
+            content: &self.content,
+            platform: &self.platform,
+            fresh: Vec::new(),
+        };
+        let result = importer.images().and_then(|pending| {
+            for p in &pending {
+                let diff_ids = diff_id_map(p);
+                for layer in &p.layers {
+                    self.content
+                        .ensure_unpacked(layer, diff_ids.get(layer).map(String::as_str))?;
+                }
+            }
+            pending
+                .into_iter()
+                .map(|p| self.record(p))
+                .collect::<Result<Vec<_>, _>>()
+        });
+        // Whatever this import stored that no image ended up using (nested indexes,
+        // or everything when it failed) goes again.
+        let fresh = std::mem::take(&mut importer.fresh);
+        if let Err(cleanup) = self.drop_unreferenced(&fresh) {
+            log::warn!("clean up after import of {}: {cleanup}", path.display());
+        }
+        let records = result?;
+        self.store.flush()?;
+        Ok(records)
+    }
+
+    fn record(&self, p: Pending) -> Result<ImageRecord, ImageError> {
+        let existing = self.images.get(&p.manifest_digest)?;
+        let mut references: Vec<String> = existing
+            .as_ref()
+            .map(|r| r.references.clone())
+            .unwrap_or_default();
+        for name in &p.names {
+            if let Some(old) = self.refs.get(name)? {
+                if old != p.manifest_digest {
+                    self.detach(name, &old)?;
+                }
+            }
+            self.refs.put(name, &p.manifest_digest)?;
+            if !references.contains(name) {
+                references.push(name.clone());
+            }
+        }
+        let named = references.iter().any(|r| !is_digest(r));
+        references.retain(|r| !named || !is_digest(r));
+        if references.is_empty() {
+            references.push(p.manifest_digest.clone());
+        }
+        let record = ImageRecord {
+            references,
+            manifest_digest: p.manifest_digest.clone(),
+            config_digest: p.config_digest,
+            layers: p.layers,
+            size: p.size,
+            imported_at: existing.map_or_else(crate::time::now, |r| r.imported_at),
+        };
+        self.images.put(&p.manifest_digest, &record)?;
+        Ok(record)
+    }
+
+    /// A tag moved to another image: the old image keeps running containers and stays
+    /// reachable by its digest.
+    fn detach(&self, name: &str, manifest: &str) -> Result<(), ImageError> {
+        if let Some(mut old) = self.images.get(manifest)? {
+            old.references.retain(|r| r != name);
+            if old.references.is_empty() {
+                old.references.push(old.manifest_digest.clone());
+            }
+            self.images.put(manifest, &old)?;
+        }
+        Ok(())
+    }
+
+    /// Imports every archive in `<root-dir>/images/` not imported before. One bad
+    /// archive is logged and skipped; the others still import.
+    pub fn import_dropins(&self) -> Result<Vec<ImageRecord>, ImageError> {
+        let dir = self.root.join("images");
+        let entries = match fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(io_err(format!("list {}", dir.display()))(e)),
+        };
+        let mut paths: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
+        paths.sort();
+        let mut out = Vec::new();
+        for path in paths {
+            let name = path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let stamp_of = if path.is_dir() {
+                path.join("index.json")
+            } else if [".tar", ".tar.gz", ".tgz"]
+                .iter()
+                .any(|s| name.ends_with(s))
+            {
+                path.clone()
+            } else {
+                continue;
+            };
+            let Ok(meta) = fs::metadata(&stamp_of) else {
+                log::debug!("{}: not an image archive, skipped", path.display());
+                continue;
+            };
+            let mtime_ns = meta
+                .modified()
+                .ok()
+                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+                .map_or(0, |d| d.as_nanos());
+            if let Some(seen) = self.dropins.get(&name)? {
+                let present = seen
+                    .manifests
+                    .iter()
+                    .all(|m| matches!(self.images.get(m), Ok(Some(_))));
+                if seen.size == meta.len() && seen.mtime_ns == mtime_ns && present {
+                    continue;
+                }
+            }
+            match self.import(&path) {
+                Ok(records) => {
+                    log::info!(
+                        "imported {} image(s) from {}",
+                        records.len(),
+                        path.display()
+                    );
+                    let manifests = records.iter().map(|r| r.manifest_digest.clone()).collect();
+                    let seen = DropinSeen {
+                        size: meta.len(),
+                        mtime_ns,
+                        manifests,
+                    };
+                    self.dropins.put(&name, &seen)?;
+                    out.extend(records);
+                }
+                Err(e) => log::error!("import image archive {}: {e}", path.display()),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Finds an image by reference or image id and makes sure its layers are
+    /// unpacked. Ok(None) when it is not here.
+    pub fn resolve(&self, reference: &str) -> Result<Option<ResolvedImage>, ImageError> {
+        let _guard = self.guard();
+        let Some((shown, record)) = self.find(reference)? else {
+            return Ok(None);
+        };
+        let config_bytes = self.content.read_blob(&record.config_digest, JSON_LIMIT)?;
+        let diff_ids = parse_config(&config_bytes, &record.config_digest)?;
+        let config: oci_spec::image::ImageConfiguration = serde_json::from_slice(&config_bytes)
+            .map_err(json_err(format!("image config {}", record.config_digest)))?;
+        let mut layers = Vec::new();
+        for (i, layer) in record.layers.iter().enumerate() {
+            layers.push(
+                self.content
+                    .ensure_unpacked(layer, diff_ids.get(i).map(String::as_str))?,
+            );
+        }
+        Ok(Some(ResolvedImage {
+            reference: shown,
+            image_id: record.config_digest.clone(),
+            config,
+            layers,
+        }))
+    }
+
+    /// The record for `reference` and the normalised form to show for it.
+    fn find(&self, reference: &str) -> Result<Option<(String, ImageRecord)>, ImageError> {
+        if is_digest(reference) {
+            let found = self
+                .images
+                .entries()?
+                .into_iter()
+                .map(|(_, r)| r)
+                .find(|r| r.manifest_digest == reference || r.config_digest == reference);
+            return Ok(found.map(|r| (reference.to_string(), r)));
+        }
+        let parsed = Reference::parse(reference)?;
+        let normalized = parsed.to_string();
+        if let Some(manifest) = self.refs.get(&normalized)? {
+            return Ok(self.images.get(&manifest)?.map(|r| (normalized, r)));
+        }
+        // `name@digest` finds an image known under that name with that manifest.
+        if let Some(digest) = &parsed.digest {
+            if let Some(r) = self.images.get(digest)? {
+                let same_name = r
+                    .references
+                    .iter()
+                    .filter_map(|x| Reference::parse(x).ok())
+                    .any(|x| x.name() == parsed.name());
+                if same_name {
+                    return Ok(Some((normalized, r)));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    pub fn list(&self) -> Result<Vec<ImageRecord>, ImageError> {
+        Ok(self.images.entries()?.into_iter().map(|(_, r)| r).collect())
+    }
+
+    /// Removes a reference (or, given an image id, every reference of that image).
+    /// The last reference takes the image with it, freeing blobs and layers no other
+    /// image shares, unless its id is in `in_use`.
+    pub fn remove(&self, reference: &str, in_use: &[String]) -> Result<(), ImageError> {
+        let _guard = self.guard();
+        let not_present = || ImageError::NotPresent {
+            reference: reference.to_string(),
+        };
+        let (dropping, record) = if is_digest(reference) {
+            let (_, record) = self.find(reference)?.ok_or_else(not_present)?;
+            (record.references.clone(), record)
+        } else {
+            let name = Reference::parse(reference)?.to_string();
+            let manifest = self.refs.get(&name)?.ok_or_else(not_present)?;
+            let Some(record) = self.images.get(&manifest)? else {
+                self.refs.remove(&name)?;
+                return Ok(());
+            };
+            (vec![name], record)
+        };
+        let left: Vec<String> = record
+            .references
+            .iter()
+            .filter(|r| !dropping.contains(r) && !is_digest(r))
+            .cloned()
+            .collect();
+        if left.is_empty()
+            && (in_use.contains(&record.config_digest) || in_use.contains(&record.manifest_digest))
+        {
+            return Err(ImageError::InUse {
+                reference: reference.to_string(),
+                image_id: record.config_digest.clone(),
+            });
+        }
+        for name in &dropping {
+            if !is_digest(name) {
+                self.refs.remove(name)?;
+            }
+        }
+        if !left.is_empty() {
+            let updated = ImageRecord {
+                references: left,
+                ..record
+            };
+            self.images.put(&updated.manifest_digest, &updated)?;
+            return Ok(());
+        }
+        self.images.remove(&record.manifest_digest)?;
+        self.store.flush()?;
+        let mut blobs = vec![record.manifest_digest.clone(), record.config_digest.clone()];
+        blobs.extend(record.layers.iter().cloned());
+        self.drop_unreferenced(&blobs)
+    }
+
+    /// Removes those of `blobs` (and their unpacked layers) that no recorded image uses.
+    fn drop_unreferenced(&self, blobs: &[String]) -> Result<(), ImageError> {
+        let mut live = HashSet::new();
+        for (_, r) in self.images.entries()? {
+            live.insert(r.manifest_digest);
+            live.insert(r.config_digest);
+            live.extend(r.layers);
+        }
+        for digest in blobs.iter().filter(|d| !live.contains(*d)) {
+            self.content.remove_layer(digest)?;
+            self.content.remove_blob(digest)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,499 @@
+//! Layer extraction. A layer is hostile input: every path is checked component by
+//! component, nothing is ever written through a symlink, metadata calls never follow
+//! one, and a layer that tries any of it is rejected whole.
+//!
+//! Whiteouts are turned into overlayfs whiteouts so unpacked layers stack directly as
+//! overlay lowerdirs.
+
+use std::ffi::OsStr;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, BufRead, BufReader, Read};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use flate2::read::MultiGzDecoder;
+use nix::sys::stat::{makedev, mknod, utimensat, Mode, SFlag, UtimensatFlags};
+use nix::sys::time::TimeSpec;
+use sha2::{Digest, Sha256};
+use tar::EntryType;
+
+use super::content::hex;
+use super::ImageError;
+
+const WHITEOUT_PREFIX: &[u8] = b".wh.";
+const OPAQUE_MARKER: &[u8] = b".wh..wh..opq";
+const OPAQUE_XATTR: &str = "trusted.overlay.opaque";
+/// Extended attributes a layer may carry. `trusted.overlay.*` in particular must never
+/// come from a layer: overlayfs would obey it.
+const ALLOWED_XATTR_PREFIXES: &[&str] = &["security.capability", "user."];
+
+/// Unpacks the layer blob at `blob` into the new directory `dest`. On error `dest` is
+/// removed, so a failed layer leaves nothing behind.
+pub(crate) fn unpack_layer(
+    blob: &Path,
+    dest: &Path,
+    layer: &str,
+    diff_id: Option<&str>,
+) -> Result<(), ImageError> {
+    let file = File::open(blob).map_err(|source| ImageError::Io {
+        context: format!("open layer blob {}", blob.display()),
+        source,
+    })?;
+    fs::create_dir(dest).map_err(|source| ImageError::Io {
+        context: format!("create layer directory {}", dest.display()),
+        source,
+    })?;
+    let result = unpack_reader(file, dest, layer, diff_id);
+    if result.is_err() {
+        let _ = fs::remove_dir_all(dest);
+    }
+    result
+}
+
+/// What a layer stream is compressed with, judged by its first bytes rather than a
+/// media type that docker-save archives do not carry.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Compression {
+    None,
+    Gzip,
+    Unsupported(&'static str),
+}
+
+pub(crate) fn detect_compression(head: &[u8]) -> Compression {
+    match head {
+        [0x1f, 0x8b, ..] => Compression::Gzip,
+        [0x28, 0xb5, 0x2f, 0xfd, ..] => Compression::Unsupported("zstd"),
+        [0xfd, b'7', b'z', b'X', b'Z', 0x00, ..] => Compression::Unsupported("xz"),
+        [b'B', b'Z', b'h', ..] => Compression::Unsupported("bzip2"),
+        _ => Compression::None,
+    }
+}
+
+fn unpack_reader(
+    file: File,
+    dest: &Path,
+    layer: &str,
+    diff_id: Option<&str>,
+) -> Result<(), ImageError> {
+    let mut buffered = BufReader::new(file);
+    let head = buffered.fill_buf().map_err(|source| ImageError::Io {
+        context: format!("read layer {layer}"),
+        source,
+    })?;
+    let plain: Box<dyn Read> = match detect_compression(head) {
+        Compression::Gzip => Box::new(MultiGzDecoder::new(buffered)),
+        Compression::None => Box::new(buffered),
+        Compression::Unsupported(kind) => {
+            return Err(ImageError::UnsupportedCompression {
+                layer: layer.to_string(),
+                kind,
+            })
+        }
+    };
+    let mut hashing = HashingReader {
+        inner: plain,
+        hasher: Sha256::new(),
+    };
+    let mut unpacker = Unpacker {
+        root: dest.to_path_buf(),
+        layer: layer.to_string(),
+        dirs: Vec::new(),
+    };
+    {
+        let mut archive = tar::Archive::new(&mut hashing);
+        let entries = archive
+            .entries()
+            .map_err(|e| unpacker.io("", "read tar")(e))?;
+        for entry in entries {
+            let mut entry = entry.map_err(|e| unpacker.io("", "read tar entry")(e))?;
+            unpacker.entry(&mut entry)?;
+        }
+    }
+    unpacker.finish_dirs();
+    if let Some(want) = diff_id {
+        // The tar end marker can be followed by padding that is still part of the diff.
+        io::copy(&mut hashing, &mut io::sink()).map_err(|e| unpacker.io("", "read tar")(e))?;
+        let got = format!("sha256:{}", hex(&hashing.hasher.finalize()));
+        if got != want {
+            return Err(ImageError::DigestMismatch {
+                what: format!("uncompressed layer {layer}"),
+                expected: want.to_string(),
+                actual: got,
+            });
+        }
+    }
+    Ok(())
+}
+
+struct HashingReader {
+    inner: Box<dyn Read>,
+    hasher: Sha256,
+}
+
+impl Read for HashingReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hasher.update(&buf[..n]);
+        Ok(n)
+    }
+}
+
+struct Meta {
+    mode: u32,
+    uid: u32,
+    gid: u32,
+    mtime: u64,
+    xattrs: Vec<(String, Vec<u8>)>,
+}
+
+struct Unpacker {
+    root: PathBuf,
+    layer: String,
+    /// Directory mtimes are set last: creating their children would change them again.
+    dirs: Vec<(PathBuf, u64)>,
+}
+
+impl Unpacker {
+    fn unsafe_entry(&self, entry: &str, reason: impl Into<String>) -> ImageError {
+        ImageError::UnsafeLayerEntry {
+            layer: self.layer.clone(),
+            entry: entry.to_string(),
+            reason: reason.into(),
+        }
+    }
+
+    fn io<'a>(&'a self, entry: &'a str, op: &'a str) -> impl FnOnce(io::Error) -> ImageError + 'a {
+        move |source| ImageError::LayerEntry {
+            layer: self.layer.clone(),
+            entry: entry.to_string(),
+            op: op.to_string(),
+            source,
+        }
+    }
+
+    fn entry<R: Read>(&mut self, entry: &mut tar::Entry<R>) -> Result<(), ImageError> {
+        let raw = entry.path_bytes().into_owned();
+        let name = String::from_utf8_lossy(&raw).into_owned();
+        let kind = entry.header().entry_type();
+        if kind.is_pax_global_extensions() {
+            return Ok(());
+        }
+        let meta = self.meta(entry, &name)?;
+        let components = clean_path(&raw).map_err(|r| self.unsafe_entry(&name, r))?;
+        let Some((file_name, parents)) = components.split_last() else {
+            if kind != EntryType::Directory {
+                return Err(self.unsafe_entry(&name, "names the layer root but is not a directory"));
+            }
+            let root = self.root.clone();
+            self.set_meta(&root, &meta, &name)?;
+            self.dirs.push((root, meta.mtime));
+            return Ok(());
+        };
+        let parent = self.ensure_parent(parents, &name)?;
+        if file_name.starts_with(WHITEOUT_PREFIX) {
+            return self.whiteout(&parent, file_name, &name);
+        }
+        let path = parent.join(OsStr::from_bytes(file_name));
+        match kind {
+            EntryType::Directory => {
+                let existing = fs::symlink_metadata(&path).ok();
+                if !existing.is_some_and(|m| m.is_dir()) {
+                    self.remove_existing(&path, &name)?;
+                    fs::create_dir(&path).map_err(self.io(&name, "create directory"))?;
+                }
+                self.set_meta(&path, &meta, &name)?;
+                self.dirs.push((path, meta.mtime));
+            }
+            EntryType::Regular | EntryType::Continuous => {
+                self.remove_existing(&path, &name)?;
+                let mut file = OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o600)
+                    .custom_flags(nix::libc::O_NOFOLLOW)
+                    .open(&path)
+                    .map_err(self.io(&name, "create file"))?;
+                io::copy(entry, &mut file).map_err(self.io(&name, "write file"))?;
+                std::os::unix::fs::fchown(&file, Some(meta.uid), Some(meta.gid))
+                    .map_err(self.io(&name, "chown file"))?;
+                // After chown, which clears set-id bits.
+                file.set_permissions(fs::Permissions::from_mode(meta.mode))
+                    .map_err(self.io(&name, "chmod file"))?;
+                self.set_xattrs(&path, &meta, &name)?;
+                file.set_modified(SystemTime::UNIX_EPOCH + Duration::from_secs(meta.mtime))
+                    .map_err(self.io(&name, "set file mtime"))?;
+            }
+            EntryType::Symlink => {
+                let target = entry
+                    .link_name_bytes()
+                    .filter(|t| !t.is_empty())
+                    .ok_or_else(|| self.unsafe_entry(&name, "symlink has no target"))?
+                    .into_owned();
+                self.remove_existing(&path, &name)?;
+                std::os::unix::fs::symlink(OsStr::from_bytes(&target), &path)
+                    .map_err(self.io(&name, "create symlink"))?;
+                std::os::unix::fs::lchown(&path, Some(meta.uid), Some(meta.gid))
+                    .map_err(self.io(&name, "chown symlink"))?;
+                set_mtime_nofollow(&path, meta.mtime)
+                    .map_err(self.io(&name, "set symlink mtime"))?;
+            }
+            EntryType::Link => {
+                let raw_target = entry
+                    .link_name_bytes()
+                    .ok_or_else(|| self.unsafe_entry(&name, "hard link has no target"))?
+                    .into_owned();
+                let target = self.hardlink_target(&raw_target, &name)?;
+                if target == path {
+                    return Ok(());
+                }
+                self.remove_existing(&path, &name)?;
+                fs::hard_link(&target, &path).map_err(self.io(&name, "create hard link"))?;
+            }
+            EntryType::Char | EntryType::Block | EntryType::Fifo => {
+                let sflag = match kind {
+                    EntryType::Char => SFlag::S_IFCHR,
+                    EntryType::Block => SFlag::S_IFBLK,
+                    _ => SFlag::S_IFIFO,
+                };
+                let header = entry.header();
+                let major = header.device_major().ok().flatten().unwrap_or(0);
+                let minor = header.device_minor().ok().flatten().unwrap_or(0);
+                self.remove_existing(&path, &name)?;
+                mknod(
+                    &path,
+                    sflag,
+                    Mode::empty(),
+                    makedev(major.into(), minor.into()),
+                )
+                .map_err(|e| self.io(&name, "create device node")(e.into()))?;
+                std::os::unix::fs::lchown(&path, Some(meta.uid), Some(meta.gid))
+                    .map_err(self.io(&name, "chown device node"))?;
+                fs::set_permissions(&path, fs::Permissions::from_mode(meta.mode))
+                    .map_err(self.io(&name, "chmod device node"))?;
+                set_mtime_nofollow(&path, meta.mtime).map_err(self.io(&name, "set mtime"))?;
+            }
+            other => {
+                return Err(
+                    self.unsafe_entry(&name, format!("unsupported tar entry type {other:?}"))
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn meta<R: Read>(&self, entry: &mut tar::Entry<R>, name: &str) -> Result<Meta, ImageError> {
+        let header = entry.header();
+        let bad = |what: &str| self.unsafe_entry(name, format!("unreadable {what} in tar header"));
+        let mode = header.mode().map_err(|_| bad("mode"))? & 0o7777;
+        let mut uid = header.uid().map_err(|_| bad("uid"))?;
+        let mut gid = header.gid().map_err(|_| bad("gid"))?;
+        let mtime = header.mtime().unwrap_or(0);
+        let mut xattrs = Vec::new();
+        if let Ok(Some(pax)) = entry.pax_extensions() {
+            for ext in pax.flatten() {
+                let (Ok(key), value) = (ext.key(), ext.value_bytes()) else {
+                    continue;
+                };
+                let number = || {
+                    std::str::from_utf8(value)
+                        .ok()
+                        .and_then(|v| v.parse::<u64>().ok())
+                };
+                match key {
+                    "uid" => uid = number().ok_or_else(|| bad("pax uid"))?,
+                    "gid" => gid = number().ok_or_else(|| bad("pax gid"))?,
+                    _ => {
+                        if let Some(attr) = key.strip_prefix("SCHILY.xattr.") {
+                            if ALLOWED_XATTR_PREFIXES.iter().any(|p| attr.starts_with(p)) {
+                                xattrs.push((attr.to_string(), value.to_vec()));
+                            } else {
+                                log::debug!(
+                                    "layer {}: ignoring xattr {attr} on {name}",
+                                    self.layer
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let id = |v: u64, what: &str| u32::try_from(v).map_err(|_| bad(what));
+        Ok(Meta {
+            mode,
+            uid: id(uid, "uid")?,
+            gid: id(gid, "gid")?,
+            mtime,
+            xattrs,
+        })
+    }
+
+    /// Walks to the entry's parent, creating missing directories and refusing to pass
+    /// through anything that is not a real directory created by this layer.
+    fn ensure_parent(&self, parents: &[Vec<u8>], name: &str) -> Result<PathBuf, ImageError> {
+        let mut cur = self.root.clone();
+        for (i, c) in parents.iter().enumerate() {
+            cur.push(OsStr::from_bytes(c));
+            match fs::symlink_metadata(&cur) {
+                Ok(m) if m.is_dir() => {}
+                Ok(m) if m.file_type().is_symlink() => {
+                    return Err(self.unsafe_entry(
+                        name,
+                        format!("path traverses symlink {}", join(&parents[..=i])),
+                    ));
+                }
+                Ok(_) => {
+                    return Err(self.unsafe_entry(
+                        name,
+                        format!("parent {} is not a directory", join(&parents[..=i])),
+                    ));
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    fs::create_dir(&cur).map_err(self.io(name, "create parent directory"))?;
+                }
+                Err(e) => return Err(self.io(name, "inspect parent directory")(e)),
+            }
+        }
+        Ok(cur)
+    }
+
+    fn hardlink_target(&self, raw: &[u8], name: &str) -> Result<PathBuf, ImageError> {
+        let shown = String::from_utf8_lossy(raw);
+        let components = clean_path(raw)
+            .map_err(|r| self.unsafe_entry(name, format!("hard link target {shown:?}: {r}")))?;
+        let Some((_, parents)) = components.split_last() else {
+            return Err(self.unsafe_entry(name, "hard link target is the layer root"));
+        };
+        let mut cur = self.root.clone();
+        for (i, c) in parents.iter().enumerate() {
+            cur.push(OsStr::from_bytes(c));
+            match fs::symlink_metadata(&cur) {
+                Ok(m) if m.is_dir() => {}
+                Ok(m) if m.file_type().is_symlink() => {
+                    return Err(self.unsafe_entry(
+                        name,
+                        format!(
+                            "hard link target {shown:?} traverses symlink {}",
+                            join(&parents[..=i])
+                        ),
+                    ));
+                }
+                _ => {
+                    return Err(self.unsafe_entry(
+                        name,
+                        format!("hard link target {shown:?} does not exist in the layer"),
+                    ));
+                }
+            }
+        }
+        let target = self.root.join(join_path(&components));
+        match fs::symlink_metadata(&target) {
+            Ok(m) if m.is_dir() => {
+                Err(self.unsafe_entry(name, format!("hard link target {shown:?} is a directory")))
+            }
+            Ok(_) => Ok(target),
+            Err(_) => Err(self.unsafe_entry(
+                name,
+                format!("hard link target {shown:?} does not exist in the layer"),
+            )),
+        }
+    }
+
+    fn whiteout(&self, parent: &Path, file_name: &[u8], name: &str) -> Result<(), ImageError> {
+        if file_name == OPAQUE_MARKER {
+            return xattr::set(parent, OPAQUE_XATTR, b"y")
+                .map_err(self.io(name, "mark directory opaque"));
+        }
+        let hidden = &file_name[WHITEOUT_PREFIX.len()..];
+        if hidden.starts_with(WHITEOUT_PREFIX) {
+            // Other aufs metadata (`.wh..wh.plnk`, ...) means nothing to overlayfs.
+            return Ok(());
+        }
+        if hidden.is_empty() || hidden == b"." || hidden == b".." {
+            return Err(self.unsafe_entry(name, "whiteout names no file"));
+        }
+        let path = parent.join(OsStr::from_bytes(hidden));
+        self.remove_existing(&path, name)?;
+        mknod(&path, SFlag::S_IFCHR, Mode::empty(), makedev(0, 0))
+            .map_err(|e| self.io(name, "create whiteout")(e.into()))
+    }
+
+    /// A later entry replaces an earlier one of the same name. Removing a symlink
+    /// removes the link, never what it points at.
+    fn remove_existing(&self, path: &Path, name: &str) -> Result<(), ImageError> {
+        match fs::symlink_metadata(path) {
+            Ok(m) if m.is_dir() => {
+                fs::remove_dir_all(path).map_err(self.io(name, "replace directory"))
+            }
+            Ok(_) => fs::remove_file(path).map_err(self.io(name, "replace file")),
+            Err(_) => Ok(()),
+        }
+    }
+
+    /// Only called on paths this layer just created as directories or devices, never
+    /// on a symlink: chmod would follow it.
+    fn set_meta(&self, path: &Path, meta: &Meta, name: &str) -> Result<(), ImageError> {
+        std::os::unix::fs::lchown(path, Some(meta.uid), Some(meta.gid))
+            .map_err(self.io(name, "chown"))?;
+        fs::set_permissions(path, fs::Permissions::from_mode(meta.mode))
+            .map_err(self.io(name, "chmod"))?;
+        self.set_xattrs(path, meta, name)
+    }
+
+    fn set_xattrs(&self, path: &Path, meta: &Meta, name: &str) -> Result<(), ImageError> {
+        for (key, value) in &meta.xattrs {
+            xattr::set(path, key, value).map_err(self.io(name, "set xattr"))?;
+        }
+        Ok(())
+    }
+
+    fn finish_dirs(&mut self) {
+        for (path, mtime) in self.dirs.drain(..).rev() {
+            if fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir()) {
+                if let Err(e) = set_mtime_nofollow(&path, mtime) {
+                    log::debug!("set mtime of {}: {e}", path.display());
+                }
+            }
+        }
+    }
+}
+
+/// Splits a tar path into its components, accepting a leading `./` and refusing
+/// absolute paths and `..` anywhere.
+fn clean_path(raw: &[u8]) -> Result<Vec<Vec<u8>>, String> {
+    if raw.first() == Some(&b'/') {
+        return Err("absolute path".into());
+    }
+    let mut out = Vec::new();
+    for c in raw.split(|b| *b == b'/') {
+        match c {
+            b"" | b"." => {}
+            b".." => return Err("path has a '..' component".into()),
+            c => out.push(c.to_vec()),
+        }
+    }
+    Ok(out)
+}
+
+fn join(components: &[Vec<u8>]) -> String {
+    components
+        .iter()
+        .map(|c| String::from_utf8_lossy(c).into_owned())
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
+fn join_path(components: &[Vec<u8>]) -> PathBuf {
+    components.iter().map(|c| OsStr::from_bytes(c)).collect()
+}
+
+fn set_mtime_nofollow(path: &Path, mtime: u64) -> io::Result<()> {
+    let secs = i64::try_from(mtime).unwrap_or(i64::MAX);
+    let t = TimeSpec::new(secs, 0);
+    utimensat(None, path, &t, &t, UtimensatFlags::NoFollowSymlink).map_err(io::Error::from)
+}
+
+#[cfg(test)]
+#[path = "unpack_tests.rs"]
+mod tests;
