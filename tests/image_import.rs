@@ -415,6 +415,32 @@ fn nested_index_and_unnamed_images() {
 }
 
 #[test]
+fn orphans_are_swept_when_the_store_opens() {
+    let env = Env::new("sweep");
+    let tar = env.path("keep.tar");
+    let built = small_image("keep:1", vec![base_layer()])
+        .write_layout_tar(&tar)
+        .expect("keep");
+    env.images.import(&tar).expect("import");
+    let orphan = env.path("content/blobs/sha256").join("0".repeat(64));
+    fs::write(&orphan, b"left by a power cut").expect("orphan");
+    let orphan_layer = env.path("content/layers").join("1".repeat(64));
+    fs::create_dir(&orphan_layer).expect("orphan layer");
+    ImageStore::open(&env.root, &env._store).expect("reopen");
+    assert!(!orphan.exists() && !orphan_layer.exists(), "orphans kept");
+    let kept = env
+        .path("content/blobs/sha256")
+        .join(oci::hex(&built.manifest_digest));
+    assert!(kept.exists(), "a live blob was swept");
+}
+
+#[test]
+fn image_store_can_be_shared_across_threads() {
+    fn shareable<T: Send + Sync>() {}
+    shareable::<ImageStore>();
+}
+
+#[test]
 fn dropins_import_once_and_survive_a_bad_archive() {
     let env = Env::new("dropins");
     let dir = env.path("images");

@@ -194,6 +194,21 @@ impl Content {
         result.map(|()| dest)
     }
 
+    /// Digests of every stored blob and every unpacked layer, for sweeping orphans.
+    pub(crate) fn stored_digests(&self) -> Result<Vec<String>, ImageError> {
+        let mut out = Vec::new();
+        for dir in [self.blobs_dir(), self.layers_dir()] {
+            let entries = fs::read_dir(&dir).map_err(io_err(format!("list {}", dir.display())))?;
+            for entry in entries.flatten() {
+                let digest = format!("sha256:{}", entry.file_name().to_string_lossy());
+                if check_digest(&digest).is_ok() && !out.contains(&digest) {
+                    out.push(digest);
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// Renames the layer away first so that a removal cut short never leaves a
     /// half-empty directory that looks unpacked.
     pub(crate) fn remove_layer(&self, digest: &str) -> Result<(), ImageError> {

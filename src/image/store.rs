@@ -43,7 +43,7 @@ impl ImageStore {
         let images = store.tree("images")?;
         let refs = store.tree("image_refs")?;
         let dropins = store.tree("image_dropins")?;
-        Ok(ImageStore {
+        let images = ImageStore {
             root: root_dir.to_path_buf(),
             content,
             store: store.clone(),
@@ -52,7 +52,12 @@ impl ImageStore {
             dropins,
             platform: Platform::host(),
             lock: Mutex::new(()),
-        })
+        };
+        // A power cut between recording a change and deleting files, or in the middle
+        // of an import, leaves blobs no image uses; they go now.
+        let stored = images.content.stored_digests()?;
+        images.drop_unreferenced(&stored)?;
+        Ok(images)
     }
 
     /// Imports from another platform's point of view, for archives built elsewhere.
