@@ -1,1 +1,136 @@
 //! agent: wires config, store, sources, sync loop and runtime together for `holdfast run`.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+
+use crate::backoff::Backoff;
+use crate::config::Config;
+use crate::control::server::{self, Control};
+use crate::image::ImageStore;
+use crate::runtime::LibcontainerRuntime;
+use crate::source::{self, Mux};
+use crate::store::Store;
+use crate::sync::{Deps, SyncLoop};
+use crate::Error;
+
+/// Runs the agent until `shutdown` completes. Containers keep running afterwards.
+pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
+    let root = config.root_dir.clone();
+    for dir in [root.clone(), root.join("images"), root.join("logs")] {
+        std::fs::create_dir_all(&dir).map_err(|source| Error::Io {
+            context: format!("create {}", dir.display()),
+            source,
+        })?;
+    }
+    let store = Store::open(&root.join("db"))?;
+    let images = Arc::new(ImageStore::open(&root, &store)?);
+    {
+        let images = images.clone();
+        let imported = tokio::task::spawn_blocking(move || images.import_dropins()).await;
+        match imported {
+            Ok(Ok(found)) if !found.is_empty() => {
+                log::info!("imported {} image(s) from {}", found.len(), root.join("images").display())
+            }
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => log::error!("import images from {}: {e}", root.join("images").display()),
+            Err(e) => log::error!("import images: {e}"),
+        }
+    }
+    let runtime = Arc::new(LibcontainerRuntime::new(
+        &root,
+        &config.cgroup_root,
+        config.container_log_max_size,
+        config.container_log_max_files,
+    )?);
+
+    let (mut mux, initial) = Mux::open(&store)?;
+    let (snap_tx, mut snap_rx) = mpsc::channel(8);
+    source::spawn_file_source(
+        config.static_pod_path.clone(),
+        config.node_name.clone(),
+        config.file_check_frequency,
+        snap_tx,
+    )
+    .map_err(|source| Error::Io {
+        context: "start the file pod source".into(),
+        source,
+    })?;
+    let (change_tx, change_rx) = mpsc::channel(64);
+    tokio::spawn(async move {
+        while let Some(snapshot) = snap_rx.recv().await {
+            let (back, result) = match tokio::task::spawn_blocking(move || {
+                let r = mux.apply(snapshot);
+                (mux, r)
+            })
+            .await
+            {
+                Ok(v) => v,
+                Err(e) => {
+                    log::error!("pod source mux stopped: {e}");
+                    return;
+                }
+            };
+            mux = back;
+            match result {
+                Ok(changes) => {
+                    for c in changes {
+                        if change_tx.send(c).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+                Err(e) => log::error!("pod sources: {e}"),
+            }
+        }
+    });
+
+    let (exit_tx, exit_rx) = mpsc::channel(64);
+    crate::runtime::Runtime::watch_exits(runtime.as_ref(), exit_tx)?;
+
+    let (containers, podstates) = Deps::trees(&store)?;
+    let (resync_tx, resync_rx) = mpsc::channel(4);
+    let control = Arc::new(Control {
+        images: images.clone(),
+        podstates: podstates.clone(),
+        resync: resync_tx,
+    });
+    match server::bind(&root) {
+        Ok(listener) => {
+            tokio::spawn(control.serve(listener));
+        }
+        Err(e) => log::warn!("control socket: {e}; `holdfast pods` will not reach this agent"),
+    }
+
+    let deps = Deps {
+        runtime,
+        images,
+        store: store.clone(),
+        containers,
+        podstates,
+        root_dir: root.clone(),
+        node_name: config.node_name.clone(),
+        host_ip: crate::node::host_ip(),
+        backoff: Backoff {
+            initial: config.crash_loop.initial,
+            max: config.crash_loop.max,
+        },
+        crash_loop_reset: config.crash_loop.reset,
+        sync_frequency: config.sync_frequency,
+    };
+    log::info!(
+        "holdfast {} running as node {} (root {}, manifests {})",
+        crate::VERSION,
+        config.node_name,
+        root.display(),
+        config.static_pod_path.display()
+    );
+    SyncLoop::new(deps)
+        .run(initial, change_rx, exit_rx, resync_rx, shutdown)
+        .await;
+    let _ = std::fs::remove_file(root.join(crate::control::SOCKET));
+    store.flush()?;
+    log::info!("holdfast stopped; containers keep running");
+    Ok(())
+}

@@ -1,1 +1,262 @@
-//! cli: the `holdfast` subcommands other than `run` (pods, image, version).
+//! cli: the `holdfast` subcommands other than `run`: `pods` and `image`. They ask a
+//! running agent through the control socket, or open the store when none runs.
+
+use std::path::PathBuf;
+
+use crate::control::{self, ControlError, Request, Response};
+use crate::image::{ImageRecord, ImageStore};
+use crate::store::Store;
+use crate::sync::PodState;
+use crate::Error;
+
+const DEFAULT_ROOT: &str = "/var/lib/holdfast";
+
+/// Splits `--root-dir DIR` / `--root-dir=DIR` from the other arguments.
+fn root_dir(args: &[String]) -> Result<(PathBuf, Vec<String>), Error> {
+    let mut root = PathBuf::from(DEFAULT_ROOT);
+    let mut rest = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        if let Some(v) = a.strip_prefix("--root-dir=") {
+            root = PathBuf::from(v);
+        } else if a == "--root-dir" {
+            let v = it.next().ok_or_else(|| crate::config::ConfigError::Flag {
+                flag: "--root-dir".into(),
+                reason: "needs a value".into(),
+            })?;
+            root = PathBuf::from(v);
+        } else {
+            rest.push(a.clone());
+        }
+    }
+    Ok((root, rest))
+}
+
+/// Sends `req` to the running agent, or carries it out on the store directly.
+fn request(root: &std::path::Path, req: Request) -> Result<Response, Error> {
+    match control::client::call(root, &req) {
+        Ok(resp) => Ok(resp),
+        Err(ControlError::NotRunning { .. }) => {
+            let store = Store::open(&root.join("db"))?;
+            let images = ImageStore::open(root, &store)?;
+            let (_, podstates) = crate::sync::Deps::trees(&store)?;
+            let resp = control::execute(&images, &podstates, req);
+            store.flush()?;
+            match resp {
+                Response::Error { message } => Err(Error::Cli(message)),
+                other => Ok(other),
+            }
+        }
+        Err(e) => Err(Error::Cli(e.to_string())),
+    }
+}
+
+/// `holdfast pods`: pods and their containers, like `crictl pods` and `crictl ps`.
+pub fn pods(args: &[String]) -> Result<(), Error> {
+    let (root, rest) = root_dir(args)?;
+    let json = match rest.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
+        [] => false,
+        ["-o", "json"] | ["-ojson"] | ["--output=json"] | ["-o=json"] => true,
+        other => return Err(Error::Cli(format!("pods: unexpected arguments {other:?}"))),
+    };
+    let Response::Pods { pods } = request(&root, Request::Pods)? else {
+        return Err(Error::Cli("pods: unexpected answer".into()));
+    };
+    if json {
+        let out = serde_json::to_string(&pods)
+            .map_err(|e| Error::Cli(format!("pods: encode: {e}")))?;
+        println!("{out}");
+    } else {
+        print!("{}", render_pods(&pods, crate::time::now()));
+    }
+    Ok(())
+}
+
+/// The `holdfast pods` table.
+pub fn render_pods(pods: &[PodState], now: crate::time::Timestamp) -> String {
+    let mut out = String::new();
+    out.push_str(&format!(
+        "{:<34} {:<12} {:<10} {:<6} {:<9} {}\n",
+        "POD", "NAMESPACE", "PHASE", "READY", "RESTARTS", "AGE"
+    ));
+    for p in pods {
+        let s = &p.status;
+        let cs = s.container_statuses.clone().unwrap_or_default();
+        let ready = cs.iter().filter(|c| c.ready).count();
+        let restarts: i32 = cs.iter().map(|c| c.restart_count).sum();
+        out.push_str(&format!(
+            "{:<34} {:<12} {:<10} {:<6} {:<9} {}\n",
+            p.pod.metadata.name.as_deref().unwrap_or(""),
+            p.pod.metadata.namespace.as_deref().unwrap_or("default"),
+            s.phase.as_deref().unwrap_or("Unknown"),
+            format!("{ready}/{}", cs.len()),
+            restarts,
+            age(p.start_time, now)
+        ));
+        for c in &cs {
+            let (state, detail) = container_state(c);
+            let id = c
+                .container_id
+                .as_deref()
+                .and_then(|i| i.split("://").nth(1))
+                .map(|i| &i[..i.len().min(13)])
+                .unwrap_or("-");
+            out.push_str(&format!(
+                "  └ {:<28} {:<11} {:<13} restarts={:<4} {}\n",
+                c.name, state, id, c.restart_count, detail
+            ));
+        }
+    }
+    out
+}
+
+fn container_state(c: &k8s_openapi::api::core::v1::ContainerStatus) -> (&'static str, String) {
+    let Some(st) = &c.state else {
+        return ("Unknown", String::new());
+    };
+    if let Some(r) = &st.running {
+        let since = r.started_at.as_ref().map(|t| t.0.to_string()).unwrap_or_default();
+        return ("Running", format!("started {since}"));
+    }
+    if let Some(t) = &st.terminated {
+        return (
+            "Exited",
+            format!(
+                "exit {} {} finished {}",
+                t.exit_code,
+                t.reason.as_deref().unwrap_or(""),
+                t.finished_at.as_ref().map(|t| t.0.to_string()).unwrap_or_default()
+            ),
+        );
+    }
+    if let Some(w) = &st.waiting {
+        let mut d = w.reason.clone().unwrap_or_default();
+        if let Some(m) = &w.message {
+            d.push_str(": ");
+            d.push_str(m);
+        }
+        return ("Waiting", d);
+    }
+    ("Unknown", String::new())
+}
+
+fn age(since: crate::time::Timestamp, now: crate::time::Timestamp) -> String {
+    let secs = now.duration_since(since).as_secs().max(0);
+    match secs {
+        s if s < 120 => format!("{s}s"),
+        s if s < 7200 => format!("{}m", s / 60),
+        s if s < 172_800 => format!("{}h", s / 3600),
+        s => format!("{}d", s / 86_400),
+    }
+}
+
+/// `holdfast image import FILE|DIR`, `image ls`, `image rm REF`.
+pub fn image(args: &[String]) -> Result<(), Error> {
+    let (root, rest) = root_dir(args)?;
+    let usage = || Error::Cli("usage: holdfast image import FILE|DIR | ls | rm REF".into());
+    match rest.first().map(String::as_str) {
+        Some("import") => {
+            let path = rest.get(1).ok_or_else(usage)?;
+            let abs = std::path::absolute(path).map_err(|source| Error::Io {
+                context: format!("image import {path}"),
+                source,
+            })?;
+            let req = Request::ImageImport {
+                path: abs.display().to_string(),
+            };
+            if let Response::Images { images } = request(&root, req)? {
+                for i in &images {
+                    println!("imported {} {}", i.manifest_digest, i.references.join(" "));
+                }
+            }
+            Ok(())
+        }
+        Some("ls") | Some("list") => {
+            if let Response::Images { images } = request(&root, Request::ImageList)? {
+                print!("{}", render_images(&images));
+            }
+            Ok(())
+        }
+        Some("rm") | Some("remove") => {
+            let reference = rest.get(1).ok_or_else(usage)?.clone();
+            request(&root, Request::ImageRemove { reference: reference.clone() })?;
+            println!("removed {reference}");
+            Ok(())
+        }
+        _ => Err(usage()),
+    }
+}
+
+fn render_images(images: &[ImageRecord]) -> String {
+    let mut out = format!("{:<50} {:<20} {:>10}\n", "IMAGE", "IMAGE ID", "SIZE");
+    for i in images {
+        let id = i.config_digest.trim_start_matches("sha256:");
+        let refs = if i.references.is_empty() {
+            vec!["<none>".to_string()]
+        } else {
+            i.references.clone()
+        };
+        for r in refs {
+            out.push_str(&format!(
+                "{:<50} {:<20} {:>10}\n",
+                r,
+                &id[..id.len().min(13)],
+                human_size(i.size)
+            ));
+        }
+    }
+    out
+}
+
+fn human_size(bytes: u64) -> String {
+    const UNITS: [&str; 4] = ["B", "KiB", "MiB", "GiB"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{bytes}B")
+    } else {
+        format!("{v:.1}{}", UNITS[u])
+    }
+}
+
+/// `holdfast reset`: stops and removes every container under the root dir, its mounts
+/// and cgroups, and then the root dir itself (like `kubeadm reset`). Refused while an
+/// agent runs there.
+pub fn reset(args: &[String]) -> Result<(), Error> {
+    let (root, rest) = root_dir(args)?;
+    let mut cgroup_root = "/holdfast".to_string();
+    let mut it = rest.iter();
+    while let Some(a) = it.next() {
+        if let Some(v) = a.strip_prefix("--cgroup-root=") {
+            cgroup_root = v.to_string();
+        } else if a == "--cgroup-root" {
+            cgroup_root = it
+                .next()
+                .ok_or_else(|| Error::Cli("reset: --cgroup-root needs a value".into()))?
+                .clone();
+        } else {
+            return Err(Error::Cli(format!("reset: unexpected argument {a:?}")));
+        }
+    }
+    if control::client::call(&root, &Request::Pods).is_ok() {
+        return Err(Error::Cli(format!(
+            "reset: an agent is running on {}; stop it first",
+            root.display()
+        )));
+    }
+    if !root.exists() {
+        return Ok(());
+    }
+    let runtime = crate::runtime::LibcontainerRuntime::new(&root, &cgroup_root, 1 << 20, 2)?;
+    let removed = crate::runtime::remove_all(&runtime, std::time::Duration::from_secs(10))?;
+    println!("removed {removed} container(s)");
+    std::fs::remove_dir_all(&root).map_err(|source| Error::Io {
+        context: format!("remove {}", root.display()),
+        source,
+    })?;
+    Ok(())
+}

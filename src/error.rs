@@ -12,6 +12,9 @@ pub enum Error {
     Runtime(#[from] crate::runtime::RuntimeError),
     #[error(transparent)]
     Source(#[from] crate::source::SourceError),
+    /// A CLI request that could not be carried out, in words for the user.
+    #[error("{0}")]
+    Cli(String),
     #[error("{context}")]
     Io {
         context: String,

@@ -11,13 +11,19 @@
 //! - [`sync`]: the sync loop, pod workers, restart back-off, pod phase and conditions.
 //! - [`runtime`]: containers on libcontainer, driven by a per-container shim process.
 //! - [`image`]: the content-addressed image store, archive import and layer unpacking.
+//! - [`backoff`]: exponential back-off shared by every retry.
 //! - [`agent`]: wires the pieces together for `holdfast run`.
 //! - [`cli`]: the `holdfast` subcommands other than `run`.
+//! - [`control`]: the local control socket `pods` and `image` use while an agent runs.
+//! - [`node`]: facts about the device (its address).
 
 pub mod agent;
+pub mod backoff;
 pub mod cli;
 pub mod config;
+pub mod control;
 pub mod image;
+pub mod node;
 pub mod runtime;
 pub mod source;
 pub mod store;

@@ -1,1 +1,122 @@
-fn main() {}
+//! The `holdfast` binary: parses the subcommand, starts logging, builds the runtime and
+//! maps errors to exit codes. Everything else lives in the library.
+
+use std::process::ExitCode;
+
+const USAGE: &str = "usage: holdfast <command> [flags]
+
+commands:
+  run      run the node agent (--config FILE, --root-dir DIR, --pod-manifest-path DIR,
+           --hostname-override NAME, --v N)
+  pods     list pods and their containers (--root-dir DIR, -o json)
+  image    import FILE|DIR, ls, rm REF (--root-dir DIR)
+  reset    stop and remove every container, mount and cgroup, then the root dir
+           (--root-dir DIR, --cgroup-root PATH); refused while an agent runs
+  version  print the version";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    // The shim must be dispatched before anything starts a thread: it forks containers.
+    if args.get(1).map(String::as_str) == Some("shim") {
+        let code = holdfast::runtime::shim_main(&args[2..]);
+        return ExitCode::from(u8::try_from(code).unwrap_or(1));
+    }
+    let Some(cmd) = args.get(1).map(String::as_str) else {
+        eprintln!("{USAGE}");
+        return ExitCode::from(2);
+    };
+    let rest = &args[2..];
+    let result = match cmd {
+        "run" => run(rest),
+        "pods" => {
+            init_logging(None);
+            holdfast::cli::pods(rest)
+        }
+        "image" => {
+            init_logging(None);
+            holdfast::cli::image(rest)
+        }
+        "reset" => {
+            init_logging(None);
+            holdfast::cli::reset(rest)
+        }
+        "version" | "--version" => {
+            println!("holdfast {} (libcontainer 0.7.0)", holdfast::VERSION);
+            Ok(())
+        }
+        "help" | "--help" | "-h" => {
+            println!("{USAGE}");
+            Ok(())
+        }
+        other => {
+            eprintln!("holdfast: unknown command {other:?}\n\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("holdfast: {}", chain(&e));
+            ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(1))
+        }
+    }
+}
+
+fn run(args: &[String]) -> Result<(), holdfast::Error> {
+    let (config, warnings) = holdfast::config::load(args)?;
+    init_logging(config.verbosity);
+    for w in warnings {
+        log::warn!("{w}");
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|source| holdfast::Error::Io {
+            context: "start the async runtime".into(),
+            source,
+        })?;
+    rt.block_on(holdfast::agent::run(config, shutdown_signal()))
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            log::warn!("cannot watch SIGTERM: {e}");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => log::info!("SIGTERM: stopping"),
+        _ = tokio::signal::ctrl_c() => log::info!("SIGINT: stopping"),
+    }
+}
+
+fn init_logging(verbosity: Option<u8>) {
+    let level = match verbosity.unwrap_or(0) {
+        0 | 1 => "info",
+        2 | 3 => "debug",
+        _ => "trace",
+    };
+    // Quiet libcontainer's and sled's chatter unless asked for it.
+    let default = format!("{level},libcontainer=warn,libcgroups=warn,sled=warn");
+    let env = env_logger::Env::default().default_filter_or(default);
+    let _ = env_logger::Builder::from_env(env).try_init();
+}
+
+/// An error and its causes on one line.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let msg = c.to_string();
+        if !s.contains(&msg) {
+            s.push_str(": ");
+            s.push_str(&msg);
+        }
+        cur = c.source();
+    }
+    s
+}

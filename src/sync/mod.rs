@@ -1,1 +1,261 @@
-//! sync: the sync loop, pod workers, restart back-off, pod phase and conditions. Never talks HTTP.
+//! sync: the sync loop, pod workers, restart back-off, pod phase and conditions.
+//! Never talks HTTP.
+//!
+//! The loop only routes: pod changes from the source mux, container exits from the
+//! runtime and the resync timer become messages to one worker per pod UID, and each
+//! worker owns its pod (kube-runtime's rule: never reconcile one object twice at once).
+
+mod plan;
+pub mod record;
+pub mod status;
+mod worker;
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+
+use crate::backoff::Backoff;
+use crate::image::ImageStore;
+use crate::runtime::{ContainerId, ContainerState, Runtime};
+use crate::source::PodChange;
+use crate::store::{Store, StoreError, Tree};
+
+pub use record::ContainerRecord;
+pub use worker::PodState;
+use worker::{Worker, WorkerMsg};
+
+/// Queue depth of one worker's mailbox: updates coalesce in the worker's own state, so
+/// a handful is plenty.
+const WORKER_QUEUE: usize = 16;
+
+/// What the workers share: read-only settings and handles that are safe to share.
+pub struct Deps {
+    pub runtime: Arc<dyn Runtime>,
+    pub images: Arc<ImageStore>,
+    pub store: Store,
+    pub containers: Tree<ContainerRecord>,
+    pub podstates: Tree<PodState>,
+    pub root_dir: PathBuf,
+    pub node_name: String,
+    pub host_ip: Option<String>,
+    pub backoff: Backoff,
+    pub crash_loop_reset: Duration,
+    pub sync_frequency: Duration,
+}
+
+impl Deps {
+    /// The store trees the sync loop owns.
+    pub fn trees(store: &Store) -> Result<(Tree<ContainerRecord>, Tree<PodState>), StoreError> {
+        Ok((store.tree("containers")?, store.tree("podstates")?))
+    }
+}
+
+struct Handle {
+    tx: mpsc::Sender<WorkerMsg>,
+}
+
+pub struct SyncLoop {
+    deps: Arc<Deps>,
+    workers: HashMap<String, Handle>,
+    owners: HashMap<ContainerId, String>,
+    tasks: JoinSet<String>,
+    registered_tx: mpsc::Sender<(ContainerId, String)>,
+    registered_rx: mpsc::Receiver<(ContainerId, String)>,
+}
+
+impl SyncLoop {
+    pub fn new(deps: Deps) -> Self {
+        let (registered_tx, registered_rx) = mpsc::channel(64);
+        SyncLoop {
+            deps: Arc::new(deps),
+            workers: HashMap::new(),
+            owners: HashMap::new(),
+            tasks: JoinSet::new(),
+            registered_tx,
+            registered_rx,
+        }
+    }
+
+    /// Runs until `shutdown` completes. Pods keep running after it returns.
+    pub async fn run(
+        mut self,
+        initial: Vec<PodChange>,
+        mut changes: mpsc::Receiver<PodChange>,
+        mut exits: mpsc::Receiver<ContainerId>,
+        mut resyncs: mpsc::Receiver<()>,
+        shutdown: impl Future<Output = ()>,
+    ) {
+        let mut desired: HashMap<String, Vec<String>> = HashMap::new();
+        for change in &initial {
+            if let PodChange::Add(p) | PodChange::Update(p) = change {
+                if let Some(uid) = &p.metadata.uid {
+                    let names = p
+                        .spec
+                        .as_ref()
+                        .map(|s| s.containers.iter().map(|c| c.name.clone()).collect())
+                        .unwrap_or_default();
+                    desired.insert(uid.clone(), names);
+                }
+            }
+        }
+        self.stop_orphans(&desired).await;
+        for change in initial {
+            self.apply(change).await;
+        }
+        tokio::pin!(shutdown);
+        let mut tick = tokio::time::interval(self.deps.sync_frequency);
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => break,
+                Some(change) = changes.recv() => self.apply(change).await,
+                Some(id) = exits.recv() => self.route_exit(id).await,
+                Some((id, uid)) = self.registered_rx.recv() => { self.owners.insert(id, uid); }
+                Some(()) = resyncs.recv() => self.broadcast_resync().await,
+                _ = tick.tick() => self.broadcast_resync().await,
+                Some(done) = self.tasks.join_next(), if !self.tasks.is_empty() => {
+                    if let Ok(uid) = done {
+                        self.forget(&uid);
+                    }
+                }
+            }
+        }
+        // Dropping the senders ends the workers; containers are left running.
+        self.workers.clear();
+        while self.tasks.join_next().await.is_some() {}
+    }
+
+    async fn apply(&mut self, change: PodChange) {
+        match change {
+            PodChange::Add(pod) | PodChange::Update(pod) => {
+                let Some(uid) = pod.metadata.uid.clone() else {
+                    log::error!("pod without a UID ignored");
+                    return;
+                };
+                if let Some(h) = self.workers.get(&uid) {
+                    let _ = h.tx.send(WorkerMsg::Update(pod)).await;
+                } else {
+                    self.spawn(uid, *pod, false);
+                }
+            }
+            PodChange::Remove(uid) => {
+                if let Some(h) = self.workers.get(&uid) {
+                    let _ = h.tx.send(WorkerMsg::Terminate).await;
+                }
+            }
+        }
+    }
+
+    fn spawn(&mut self, uid: String, pod: Pod, terminate_first: bool) {
+        let (tx, rx) = mpsc::channel(WORKER_QUEUE);
+        let mut worker = Worker::new(self.deps.clone(), pod, self.registered_tx.clone());
+        worker.terminate_first = terminate_first;
+        let done = uid.clone();
+        self.tasks.spawn(async move {
+            worker.run(rx).await;
+            done
+        });
+        self.workers.insert(uid, Handle { tx });
+    }
+
+    fn forget(&mut self, uid: &str) {
+        self.workers.remove(uid);
+        self.owners.retain(|_, owner| owner != uid);
+    }
+
+    async fn route_exit(&mut self, id: ContainerId) {
+        let Some(uid) = self.owners.get(&id) else {
+            log::debug!("exit of container {id} that no pod owns");
+            return;
+        };
+        if let Some(h) = self.workers.get(uid) {
+            let _ = h.tx.send(WorkerMsg::Exited(id)).await;
+        }
+    }
+
+    async fn broadcast_resync(&mut self) {
+        for h in self.workers.values() {
+            // A full mailbox already holds a message that will make the worker sync.
+            let _ = h.tx.try_send(WorkerMsg::Resync);
+        }
+    }
+
+    /// Pods the store says run here but no source wants any more (removed while the
+    /// agent was down) are stopped; containers that belong to no pod are removed.
+    async fn stop_orphans(&mut self, desired: &HashMap<String, Vec<String>>) {
+        let states = match self.deps.podstates.entries() {
+            Ok(s) => s,
+            Err(e) => {
+                log::error!("read pod states: {e}");
+                return;
+            }
+        };
+        for (uid, state) in &states {
+            if !desired.contains_key(uid) {
+                log::info!("pod {uid} is no longer wanted; stopping it");
+                self.spawn(uid.clone(), state.pod.clone(), true);
+            }
+        }
+        let mut known: HashSet<ContainerId> = HashSet::new();
+        match self.deps.containers.entries() {
+            Ok(recs) => {
+                for (key, rec) in recs {
+                    let uid = key.split('/').next().unwrap_or("");
+                    if let Some(cur) = &rec.current {
+                        known.insert(cur.id.clone());
+                    }
+                    // A container being created when the agent died has the next id.
+                    known.insert(ContainerId::derive(uid, &rec.name, rec.restart_count));
+                    known.insert(ContainerId::derive(uid, &rec.name, rec.restart_count + 1));
+                }
+            }
+            Err(e) => {
+                log::error!("read container records: {e}; keeping every container");
+                return;
+            }
+        }
+        for (uid, names) in desired {
+            for name in names {
+                known.insert(ContainerId::derive(uid, name, 0));
+            }
+        }
+        let rt = self.deps.runtime.clone();
+        let result = tokio::task::spawn_blocking(move || -> Vec<ContainerId> {
+            let mut removed = Vec::new();
+            let Ok(ids) = rt.list() else { return removed };
+            for id in ids {
+                if known.contains(&id) {
+                    continue;
+                }
+                if let Ok(ContainerState::Running { .. }) = rt.state(&id) {
+                    let _ = rt.kill(&id, nix::sys::signal::Signal::SIGKILL as i32);
+                    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+                    while std::time::Instant::now() < deadline {
+                        match rt.state(&id) {
+                            Ok(ContainerState::Running { .. }) | Ok(ContainerState::Created) => {
+                                std::thread::sleep(Duration::from_millis(50))
+                            }
+                            _ => break,
+                        }
+                    }
+                }
+                if rt.remove(&id).is_ok() {
+                    removed.push(id);
+                }
+            }
+            removed
+        })
+        .await;
+        if let Ok(removed) = result {
+            for id in removed {
+                log::info!("removed container {id}, which belongs to no pod");
+            }
+        }
+    }
+}

@@ -1,0 +1,100 @@
+//! control: the local control socket, `<root-dir>/holdfast.sock` (mode 0600, root only).
+//!
+//! sled lets one process open the store, so while `holdfast run` holds it, the other
+//! subcommands (`pods`, `image ...`) ask the running agent through this socket; when no
+//! agent runs they open the store themselves. One request line, one JSON answer.
+
+pub mod client;
+pub mod server;
+
+use serde::{Deserialize, Serialize};
+
+/// The socket's file name under the root dir.
+pub const SOCKET: &str = "holdfast.sock";
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "camelCase")]
+pub enum Request {
+    Pods,
+    ImageImport { path: String },
+    ImageList,
+    ImageRemove { reference: String },
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "result", rename_all = "camelCase")]
+pub enum Response {
+    Pods { pods: Vec<crate::sync::PodState> },
+    Images { images: Vec<crate::image::ImageRecord> },
+    Done,
+    Error { message: String },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    /// No agent listens: the caller may open the store itself.
+    #[error("no holdfast agent is listening on {path}")]
+    NotRunning { path: String },
+    #[error("control socket {path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("control socket {path}: bad answer: {source}")]
+    Decode {
+        path: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("{message}")]
+    Remote { message: String },
+}
+
+/// Carries out a request against the store; shared by the agent (on behalf of a
+/// client) and the CLI (when no agent runs).
+pub fn execute(
+    images: &crate::image::ImageStore,
+    podstates: &crate::store::Tree<crate::sync::PodState>,
+    req: Request,
+) -> Response {
+    let fail = |message: String| Response::Error { message };
+    match req {
+        Request::Pods => match podstates.entries() {
+            Ok(entries) => Response::Pods {
+                pods: entries.into_iter().map(|(_, s)| s).collect(),
+            },
+            Err(e) => fail(e.to_string()),
+        },
+        Request::ImageImport { path } => match images.import(std::path::Path::new(&path)) {
+            Ok(images) => Response::Images { images },
+            Err(e) => fail(e.to_string()),
+        },
+        Request::ImageList => match images.list() {
+            Ok(images) => Response::Images { images },
+            Err(e) => fail(e.to_string()),
+        },
+        Request::ImageRemove { reference } => {
+            let in_use = images_in_use(podstates);
+            match images.remove(&reference, &in_use) {
+                Ok(()) => Response::Done,
+                Err(e) => fail(e.to_string()),
+            }
+        }
+    }
+}
+
+/// Image ids of every container instance the store knows of.
+fn images_in_use(podstates: &crate::store::Tree<crate::sync::PodState>) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Ok(entries) = podstates.entries() {
+        for (_, s) in entries {
+            for cs in s.status.container_statuses.iter().flatten() {
+                if !cs.image_id.is_empty() {
+                    out.push(cs.image_id.clone());
+                }
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,32 @@
+//! node: facts about the device itself.
+
+use std::net::IpAddr;
+
+/// The address of the interface that holds the default route (IPv4), as the kubelet
+/// picks the node's InternalIP when `--node-ip` is not given.
+pub fn host_ip() -> Option<String> {
+    let routes = std::fs::read_to_string("/proc/net/route").ok()?;
+    let iface = routes.lines().skip(1).find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        (f.len() > 2 && f[1] == "00000000").then(|| f[0].to_string())
+    });
+    let addrs = nix::ifaddrs::getifaddrs().ok()?;
+    let mut fallback = None;
+    for a in addrs {
+        let Some(ip) = a
+            .address
+            .as_ref()
+            .and_then(|s| s.as_sockaddr_in())
+            .map(|s| IpAddr::V4(s.ip()))
+        else {
+            continue;
+        };
+        if Some(&a.interface_name) == iface.as_ref() {
+            return Some(ip.to_string());
+        }
+        if !ip.is_loopback() && fallback.is_none() {
+            fallback = Some(ip.to_string());
+        }
+    }
+    fallback.or_else(|| Some("127.0.0.1".to_string()))
+}

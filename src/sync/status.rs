@@ -1,0 +1,312 @@
+//! Pod and container status exactly as the kubelet reports them: a pure function of the
+//! pod spec, the container records and the clock.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{
+    Container, ContainerState, ContainerStateRunning, ContainerStateTerminated,
+    ContainerStateWaiting, ContainerStatus, HostIP, Pod, PodCondition, PodIP, PodStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use crate::backoff::Backoff;
+use crate::time::Timestamp;
+
+use super::plan::{self, Action};
+use super::record::{ContainerRecord, InstanceState, Terminated};
+
+/// What the status needs beyond the pod and its records.
+pub struct StatusInputs<'a> {
+    pub now: Timestamp,
+    pub backoff: &'a Backoff,
+    /// When the worker first accepted the pod (`startTime`).
+    pub start_time: Option<Timestamp>,
+    /// The node's address: `hostIP`, and `podIP` for host-network pods.
+    pub host_ip: Option<&'a str>,
+    /// The status reported before, whose condition transition times are kept when a
+    /// condition did not change.
+    pub previous: Option<&'a PodStatus>,
+}
+
+pub fn pod_status(pod: &Pod, records: &BTreeMap<String, ContainerRecord>, i: &StatusInputs<'_>) -> PodStatus {
+    let spec = pod.spec.as_ref();
+    let policy = spec
+        .and_then(|s| s.restart_policy.as_deref())
+        .unwrap_or("Always");
+    let containers: &[Container] = spec.map(|s| s.containers.as_slice()).unwrap_or(&[]);
+    let pod_name = pod.metadata.name.as_deref().unwrap_or("");
+    let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+    let uid = pod.metadata.uid.as_deref().unwrap_or("");
+
+    let statuses: Vec<ContainerStatus> = containers
+        .iter()
+        .map(|c| {
+            let fresh;
+            let rec = match records.get(&c.name) {
+                Some(r) => r,
+                None => {
+                    fresh = ContainerRecord::new(&c.name);
+                    &fresh
+                }
+            };
+            let who = format!("{pod_name}_{namespace}({uid})");
+            container_status(c, rec, policy, &who, i.now, i.backoff)
+        })
+        .collect();
+
+    let phase = phase(policy, &statuses);
+    let terminal = phase == "Succeeded" || phase == "Failed";
+    let unready: Vec<&str> = statuses
+        .iter()
+        .filter(|s| !s.ready)
+        .map(|s| s.name.as_str())
+        .collect();
+    let (ready, ready_reason, ready_message) = if terminal {
+        ("False", Some("PodCompleted"), None)
+    } else if unready.is_empty() {
+        ("True", None, None)
+    } else {
+        (
+            "False",
+            Some("ContainersNotReady"),
+            Some(format!("containers with unready status: [{}]", unready.join(" "))),
+        )
+    };
+    let sandbox = if terminal { "False" } else { "True" };
+    let conditions = vec![
+        condition(i, "PodReadyToStartContainers", sandbox, None, None),
+        condition(i, "Initialized", "True", None, None),
+        condition(i, "Ready", ready, ready_reason, ready_message.clone()),
+        condition(i, "ContainersReady", ready, ready_reason, ready_message),
+        condition(i, "PodScheduled", "True", None, None),
+    ];
+
+    let ip = i.host_ip.map(str::to_string);
+    PodStatus {
+        phase: Some(phase.to_string()),
+        conditions: Some(conditions),
+        container_statuses: Some(statuses),
+        host_ip: ip.clone(),
+        host_ips: ip.clone().map(|ip| vec![HostIP { ip }]),
+        // Every pod shares the node's network until pod networking exists.
+        pod_ip: ip.clone(),
+        pod_ips: ip.map(|ip| vec![PodIP { ip }]),
+        qos_class: Some(qos_class(containers).to_string()),
+        start_time: i.start_time.map(Time),
+        ..PodStatus::default()
+    }
+}
+
+fn condition(
+    i: &StatusInputs<'_>,
+    type_: &str,
+    status: &str,
+    reason: Option<&str>,
+    message: Option<String>,
+) -> PodCondition {
+    let before = i
+        .previous
+        .and_then(|p| p.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == type_));
+    let since = match before {
+        Some(b) if b.status == status => b.last_transition_time.clone(),
+        _ => Some(Time(i.now)),
+    };
+    PodCondition {
+        type_: type_.to_string(),
+        status: status.to_string(),
+        reason: reason.map(str::to_string),
+        message,
+        last_transition_time: since,
+        ..PodCondition::default()
+    }
+}
+
+/// The kubelet's `getPhase`, for pods without init containers.
+pub fn phase(policy: &str, statuses: &[ContainerStatus]) -> &'static str {
+    let (mut running, mut waiting, mut stopped, mut succeeded, mut unknown) = (0, 0, 0, 0, 0);
+    for s in statuses {
+        match s.state.as_ref() {
+            Some(ContainerState { running: Some(_), .. }) => running += 1,
+            Some(ContainerState {
+                terminated: Some(t), ..
+            }) => {
+                stopped += 1;
+                if t.exit_code == 0 {
+                    succeeded += 1;
+                }
+            }
+            Some(ContainerState { waiting: Some(_), .. }) => {
+                let had_run = s
+                    .last_state
+                    .as_ref()
+                    .and_then(|l| l.terminated.as_ref())
+                    .is_some();
+                if had_run {
+                    stopped += 1;
+                } else {
+                    waiting += 1;
+                }
+            }
+            _ => unknown += 1,
+        }
+    }
+    if waiting > 0 {
+        "Pending"
+    } else if running > 0 && unknown == 0 {
+        "Running"
+    } else if running == 0 && stopped > 0 && unknown == 0 {
+        if policy == "Always" {
+            "Running"
+        } else if stopped == succeeded {
+            "Succeeded"
+        } else if policy == "Never" {
+            "Failed"
+        } else {
+            "Running"
+        }
+    } else {
+        "Pending"
+    }
+}
+
+fn terminated_state(t: &Terminated) -> ContainerState {
+    ContainerState {
+        terminated: Some(ContainerStateTerminated {
+            exit_code: t.exit_code,
+            signal: t.signal,
+            reason: Some(t.reason.clone()),
+            message: t.message.clone(),
+            started_at: t.started_at.map(Time),
+            finished_at: Some(Time(t.finished_at)),
+            container_id: t.container_id.clone(),
+        }),
+        ..ContainerState::default()
+    }
+}
+
+fn waiting_state(reason: &str, message: Option<String>) -> ContainerState {
+    ContainerState {
+        waiting: Some(ContainerStateWaiting {
+            reason: Some(reason.to_string()),
+            message,
+        }),
+        ..ContainerState::default()
+    }
+}
+
+/// One container's status. `who` is `<pod>_<namespace>(<uid>)` for back-off messages.
+pub fn container_status(
+    spec: &Container,
+    rec: &ContainerRecord,
+    policy: &str,
+    who: &str,
+    now: Timestamp,
+    backoff: &Backoff,
+) -> ContainerStatus {
+    let mut s = ContainerStatus {
+        name: spec.name.clone(),
+        image: spec.image.clone().unwrap_or_default(),
+        restart_count: i32::try_from(rec.restart_count).unwrap_or(i32::MAX),
+        last_state: Some(rec.last.as_ref().map(terminated_state).unwrap_or_default()),
+        started: Some(false),
+        ..ContainerStatus::default()
+    };
+    let Some(cur) = &rec.current else {
+        let (reason, message) = match &rec.waiting {
+            Some(w) => (w.reason.as_str(), w.message.clone()),
+            None => ("ContainerCreating", None),
+        };
+        s.state = Some(waiting_state(reason, message));
+        return s;
+    };
+    s.image = cur.image.clone();
+    s.image_id = cur.image_id.clone();
+    s.container_id = Some(cur.id.uri());
+    match &cur.state {
+        InstanceState::Running { started_at } => {
+            // A restart that failed to create its container shows the failure, not
+            // the old instance.
+            if let Some(w) = &rec.waiting {
+                s.state = Some(waiting_state(&w.reason, w.message.clone()));
+                return s;
+            }
+            s.state = Some(ContainerState {
+                running: Some(ContainerStateRunning {
+                    started_at: Some(Time(*started_at)),
+                }),
+                ..ContainerState::default()
+            });
+            // No readiness probes yet: a running container is ready.
+            s.ready = true;
+            s.started = Some(true);
+        }
+        InstanceState::Terminated(t) => match plan::plan(policy, rec, now, backoff) {
+            Action::BackOff { delay, .. } => {
+                let message = format!(
+                    "back-off {} restarting failed container={} pod={}",
+                    go_duration(delay),
+                    spec.name,
+                    who
+                );
+                s.state = Some(waiting_state("CrashLoopBackOff", Some(message)));
+                s.last_state = Some(terminated_state(t));
+            }
+            _ => {
+                if let Some(w) = &rec.waiting {
+                    s.state = Some(waiting_state(&w.reason, w.message.clone()));
+                    s.last_state = Some(terminated_state(t));
+                } else {
+                    s.state = Some(terminated_state(t));
+                }
+            }
+        },
+    }
+    s
+}
+
+/// A duration the way Go prints it in kubelet messages (`10s`, `2m40s`, `5m0s`).
+pub fn go_duration(d: Duration) -> String {
+    let secs = d.as_secs();
+    if secs < 60 {
+        if d.subsec_millis() == 0 {
+            format!("{secs}s")
+        } else {
+            format!("{}s", d.as_secs_f64())
+        }
+    } else if secs < 3600 {
+        format!("{}m{}s", secs / 60, secs % 60)
+    } else {
+        format!("{}h{}m{}s", secs / 3600, (secs % 3600) / 60, secs % 60)
+    }
+}
+
+/// Guaranteed, Burstable or BestEffort, from requests and limits (cpu and memory).
+pub fn qos_class(containers: &[Container]) -> &'static str {
+    let mut any = false;
+    let mut guaranteed = true;
+    for c in containers {
+        let r = c.resources.as_ref();
+        let requests = r.and_then(|r| r.requests.as_ref());
+        let limits = r.and_then(|r| r.limits.as_ref());
+        for res in ["cpu", "memory"] {
+            let req = requests.and_then(|m| m.get(res)).or_else(|| limits.and_then(|m| m.get(res)));
+            let lim = limits.and_then(|m| m.get(res));
+            if req.is_some() || lim.is_some() {
+                any = true;
+            }
+            match (req, lim) {
+                (Some(a), Some(b)) if a.0 == b.0 => {}
+                _ => guaranteed = false,
+            }
+        }
+    }
+    if !any {
+        "BestEffort"
+    } else if guaranteed {
+        "Guaranteed"
+    } else {
+        "Burstable"
+    }
+}

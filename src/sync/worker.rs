@@ -1,0 +1,504 @@
+//! A pod worker: owns one pod's state, serialises everything done to it, and is the only
+//! place that starts, restarts and stops its containers.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Pod, PodStatus};
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::runtime::{ContainerId, ContainerState, RuntimeError, StartRequest};
+use crate::time::{self, Timestamp};
+
+use super::plan::{self, Action};
+use super::record::{ContainerRecord, Instance, InstanceState, Terminated, Waiting};
+use super::status::{self, StatusInputs};
+use super::Deps;
+
+/// Messages a worker takes, in order.
+#[derive(Debug)]
+pub enum WorkerMsg {
+    /// The pod's spec changed (same UID).
+    Update(Box<Pod>),
+    /// One of the pod's containers exited.
+    Exited(ContainerId),
+    /// Look again (periodic resync, or an image arrived).
+    Resync,
+    /// The pod is no longer wanted: stop it gracefully, then forget it.
+    Terminate,
+}
+
+/// What the store keeps of a pod the agent runs (tree `podstates`, key = UID): the spec
+/// it acts on and the status it last computed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PodState {
+    pub pod: Pod,
+    pub status: PodStatus,
+    pub start_time: Timestamp,
+}
+
+pub(super) struct Worker {
+    deps: Arc<Deps>,
+    pod: Pod,
+    uid: String,
+    records: BTreeMap<String, ContainerRecord>,
+    state: Option<PodState>,
+    start_time: Timestamp,
+    wake: Option<Instant>,
+    registered: mpsc::Sender<(ContainerId, String)>,
+    /// Set for a pod that is only to be stopped (it was removed while the agent was down).
+    pub(super) terminate_first: bool,
+}
+
+impl Worker {
+    pub(super) fn new(
+        deps: Arc<Deps>,
+        pod: Pod,
+        registered: mpsc::Sender<(ContainerId, String)>,
+    ) -> Self {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let mut records = BTreeMap::new();
+        match deps.containers.scan_prefix(&format!("{uid}/")) {
+            Ok(found) => {
+                for (_, rec) in found {
+                    records.insert(rec.name.clone(), rec);
+                }
+            }
+            Err(e) => log::error!("pod {uid}: read container records: {e}"),
+        }
+        let state = match deps.podstates.get(&uid) {
+            Ok(s) => s,
+            Err(e) => {
+                log::error!("pod {uid}: read pod state: {e}");
+                None
+            }
+        };
+        let start_time = state.as_ref().map(|s| s.start_time).unwrap_or_else(time::now);
+        Worker {
+            deps,
+            pod,
+            uid,
+            records,
+            state,
+            start_time,
+            wake: None,
+            registered,
+            terminate_first: false,
+        }
+    }
+
+    pub(super) async fn run(mut self, mut rx: mpsc::Receiver<WorkerMsg>) {
+        if self.terminate_first {
+            self.refresh().await;
+            self.terminate().await;
+            return;
+        }
+        self.sync().await;
+        loop {
+            let wake = self.wake;
+            let msg = tokio::select! {
+                msg = rx.recv() => msg,
+                _ = sleep_until(wake) => Some(WorkerMsg::Resync),
+            };
+            match msg {
+                // The agent is stopping: containers outlive it, so leave them be.
+                None => return,
+                Some(WorkerMsg::Terminate) => {
+                    self.terminate().await;
+                    return;
+                }
+                Some(WorkerMsg::Update(pod)) => self.pod = *pod,
+                Some(WorkerMsg::Exited(_)) | Some(WorkerMsg::Resync) => {}
+            }
+            self.sync().await;
+        }
+    }
+
+    fn name(&self) -> String {
+        format!(
+            "{}/{}",
+            self.pod.metadata.namespace.as_deref().unwrap_or("default"),
+            self.pod.metadata.name.as_deref().unwrap_or("")
+        )
+    }
+
+    /// Brings the pod's containers toward its spec, then records and reports the result.
+    async fn sync(&mut self) {
+        self.wake = None;
+        self.refresh().await;
+        let policy = self
+            .pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.restart_policy.clone())
+            .unwrap_or_else(|| "Always".to_string());
+        let containers = self
+            .pod
+            .spec
+            .as_ref()
+            .map(|s| s.containers.clone())
+            .unwrap_or_default();
+        for c in &containers {
+            let rec = self
+                .records
+                .entry(c.name.clone())
+                .or_insert_with(|| ContainerRecord::new(&c.name))
+                .clone();
+            match plan::plan(&policy, &rec, time::now(), &self.deps.backoff) {
+                Action::Keep => {}
+                Action::Start => self.start(c, rec).await,
+                Action::Restart => {
+                    let mut rec = rec;
+                    if let Some(cur) = rec.current.take() {
+                        self.remove_container(&cur.id).await;
+                        if let InstanceState::Terminated(t) = cur.state {
+                            rec.last = Some(t);
+                        }
+                    }
+                    rec.restart_count = rec.restart_count.saturating_add(1);
+                    self.start(c, rec).await;
+                }
+                Action::BackOff { until, .. } => self.wake_at(until),
+            }
+        }
+        self.persist();
+    }
+
+    fn wake_at(&mut self, at: Timestamp) {
+        let left = at.duration_since(time::now());
+        let left = Duration::try_from(left).unwrap_or(Duration::ZERO);
+        let at = Instant::now() + left;
+        self.wake = Some(match self.wake {
+            Some(w) if w < at => w,
+            _ => at,
+        });
+    }
+
+    /// Reads the runtime's view of every running instance.
+    async fn refresh(&mut self) {
+        let reset = self.deps.crash_loop_reset;
+        let names: Vec<String> = self.records.keys().cloned().collect();
+        for name in names {
+            let Some(rec) = self.records.get(&name) else { continue };
+            let Some(cur) = &rec.current else { continue };
+            let InstanceState::Running { started_at } = cur.state else {
+                continue;
+            };
+            let id = cur.id.clone();
+            let state = self.runtime_state(&id).await;
+            let ended = match state {
+                Ok(ContainerState::Exited(exit)) => Some(Terminated::from_exit(&id, &exit)),
+                Ok(ContainerState::Unknown) => {
+                    Some(Terminated::lost(&id, Some(started_at), time::now()))
+                }
+                Ok(_) => None,
+                Err(e) => {
+                    log::warn!("pod {}: container {name}: {e}", self.name());
+                    None
+                }
+            };
+            let pod_name = self.name();
+            if let (Some(t), Some(rec)) = (ended, self.records.get_mut(&name)) {
+                log::info!(
+                    "pod {pod_name}: container {name} exited with code {} ({})",
+                    t.exit_code,
+                    t.reason
+                );
+                if let Some(cur) = rec.current.as_mut() {
+                    cur.state = InstanceState::Terminated(t);
+                }
+                plan::count_exit(rec, reset);
+            }
+        }
+    }
+
+    async fn runtime_state(&self, id: &ContainerId) -> Result<ContainerState, RuntimeError> {
+        let rt = self.deps.runtime.clone();
+        let id = id.clone();
+        blocking(move || rt.state(&id)).await
+    }
+
+    async fn start(&mut self, c: &k8s_openapi::api::core::v1::Container, mut rec: ContainerRecord) {
+        let image_ref = c.image.clone().unwrap_or_default();
+        let id = ContainerId::derive(&self.uid, &c.name, rec.restart_count);
+
+        // A container created just before the agent last died is adopted, not doubled.
+        match self.runtime_state(&id).await {
+            Ok(ContainerState::Running { started_at, .. }) => {
+                rec.current = Some(Instance {
+                    id: id.clone(),
+                    image: image_ref,
+                    image_id: String::new(),
+                    state: InstanceState::Running { started_at },
+                });
+                rec.waiting = None;
+                self.register(&id).await;
+                self.records.insert(c.name.clone(), rec);
+                return;
+            }
+            Ok(ContainerState::Unknown) | Ok(ContainerState::Exited(_)) | Err(_) => {
+                self.remove_container(&id).await;
+            }
+            Ok(ContainerState::Created) => {}
+        }
+
+        let images = self.deps.images.clone();
+        let lookup = image_ref.clone();
+        let resolved = blocking(move || images.resolve(&lookup)).await;
+        let image = match resolved {
+            Ok(Some(image)) => image,
+            Ok(None) => {
+                rec.waiting = Some(Waiting {
+                    reason: "ErrImageNeverPull".into(),
+                    message: Some(format!(
+                        "Container image \"{image_ref}\" is not present with pull policy of Never"
+                    )),
+                });
+                log::warn!("pod {}: container {}: image {image_ref} is not present", self.name(), c.name);
+                self.records.insert(c.name.clone(), rec);
+                return;
+            }
+            Err(e) => {
+                let reason = e.kubelet_reason();
+                log::error!("pod {}: container {}: {e}", self.name(), c.name);
+                rec.waiting = Some(Waiting {
+                    reason: reason.into(),
+                    message: Some(e.to_string()),
+                });
+                self.records.insert(c.name.clone(), rec);
+                return;
+            }
+        };
+
+        let log_path = self.log_dir().join(&c.name).join(format!("{}.log", rec.restart_count));
+        let rt = self.deps.runtime.clone();
+        let pod = self.pod.clone();
+        let container = c.clone();
+        let node = self.deps.node_name.clone();
+        let restart_count = rec.restart_count;
+        let image_id = image.image_id.clone();
+        let start_id = id.clone();
+        let started = blocking(move || {
+            let req = StartRequest {
+                id: start_id,
+                pod: &pod,
+                container: &container,
+                restart_count,
+                image: &image,
+                node_name: &node,
+                log_path,
+            };
+            rt.start(&req)
+        })
+        .await;
+        match started {
+            Ok(s) => {
+                log::info!("pod {}: container {} started (pid {})", self.name(), c.name, s.pid);
+                rec.current = Some(Instance {
+                    id: id.clone(),
+                    image: image_ref,
+                    image_id,
+                    state: InstanceState::Running {
+                        started_at: s.started_at,
+                    },
+                });
+                rec.waiting = None;
+                self.register(&id).await;
+            }
+            Err(RuntimeError::Start { message, .. }) => {
+                log::error!("pod {}: container {}: {message}", self.name(), c.name);
+                let now = time::now();
+                rec.current = Some(Instance {
+                    id: id.clone(),
+                    image: image_ref,
+                    image_id,
+                    state: InstanceState::Terminated(Terminated {
+                        container_id: Some(id.uri()),
+                        exit_code: 128,
+                        signal: None,
+                        reason: "StartError".into(),
+                        message: Some(message),
+                        started_at: None,
+                        finished_at: now,
+                    }),
+                });
+                rec.waiting = None;
+                plan::count_exit(&mut rec, self.deps.crash_loop_reset);
+            }
+            Err(e) => {
+                log::error!("pod {}: container {}: {e}", self.name(), c.name);
+                rec.waiting = Some(Waiting {
+                    reason: e.reason().into(),
+                    message: Some(e.to_string()),
+                });
+                self.remove_container(&id).await;
+            }
+        }
+        self.records.insert(c.name.clone(), rec);
+    }
+
+    async fn register(&self, id: &ContainerId) {
+        let _ = self.registered.send((id.clone(), self.uid.clone())).await;
+    }
+
+    async fn remove_container(&self, id: &ContainerId) {
+        let rt = self.deps.runtime.clone();
+        let rid = id.clone();
+        if let Err(e) = blocking(move || rt.remove(&rid)).await {
+            log::warn!("pod {}: remove container {id}: {e}", self.name());
+        }
+    }
+
+    fn log_dir(&self) -> PathBuf {
+        self.deps.root_dir.join("logs").join("pods").join(format!(
+            "{}_{}_{}",
+            self.pod.metadata.namespace.as_deref().unwrap_or("default"),
+            self.pod.metadata.name.as_deref().unwrap_or(""),
+            self.uid
+        ))
+    }
+
+    /// Writes records and status that changed; nothing when nothing did.
+    fn persist(&mut self) {
+        for rec in self.records.values() {
+            let key = ContainerRecord::key(&self.uid, &rec.name);
+            if let Err(e) = self.deps.containers.put(&key, rec) {
+                log::error!("pod {}: save container record: {e}", self.name());
+            }
+        }
+        let host_ip = self.deps.host_ip.as_deref();
+        let inputs = StatusInputs {
+            now: time::now(),
+            backoff: &self.deps.backoff,
+            start_time: Some(self.start_time),
+            host_ip,
+            previous: self.state.as_ref().map(|s| &s.status),
+        };
+        let status = status::pod_status(&self.pod, &self.records, &inputs);
+        let changed = match &self.state {
+            Some(s) => s.status != status || s.pod != self.pod,
+            None => true,
+        };
+        if !changed {
+            return;
+        }
+        let state = PodState {
+            pod: self.pod.clone(),
+            status,
+            start_time: self.start_time,
+        };
+        if let Err(e) = self.deps.podstates.put(&self.uid, &state) {
+            log::error!("pod {}: save status: {e}", self.name());
+        }
+        self.state = Some(state);
+    }
+
+    /// Stops every container: SIGTERM, up to the grace period, SIGKILL; then removes
+    /// the containers, the pod's logs and everything the store knew of it.
+    async fn terminate(&mut self) {
+        let grace = self
+            .pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.termination_grace_period_seconds)
+            .unwrap_or(30)
+            .max(0) as u64;
+        log::info!("pod {}: stopping (grace period {grace}s)", self.name());
+        let running: Vec<ContainerId> = self
+            .records
+            .values()
+            .filter_map(|r| r.current.as_ref())
+            .filter(|c| matches!(c.state, InstanceState::Running { .. }))
+            .map(|c| c.id.clone())
+            .collect();
+        let sigterm = nix::sys::signal::Signal::SIGTERM as i32;
+        let sigkill = nix::sys::signal::Signal::SIGKILL as i32;
+        if grace > 0 {
+            self.signal_all(&running, sigterm).await;
+            self.wait_exited(&running, Duration::from_secs(grace)).await;
+        }
+        let left = self.still_running(&running).await;
+        if !left.is_empty() {
+            log::info!("pod {}: grace period over, killing {} container(s)", self.name(), left.len());
+            self.signal_all(&left, sigkill).await;
+            self.wait_exited(&left, Duration::from_secs(10)).await;
+        }
+        let all: Vec<ContainerId> = self
+            .records
+            .values()
+            .filter_map(|r| r.current.as_ref())
+            .map(|c| c.id.clone())
+            .collect();
+        for id in &all {
+            self.remove_container(id).await;
+        }
+        for name in self.records.keys() {
+            let _ = self.deps.containers.remove(&ContainerRecord::key(&self.uid, name));
+        }
+        let _ = self.deps.podstates.remove(&self.uid);
+        if let Err(e) = self.deps.store.flush() {
+            log::error!("pod {}: flush store: {e}", self.name());
+        }
+        let dir = self.log_dir();
+        if let Err(e) = std::fs::remove_dir_all(&dir) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                log::warn!("pod {}: remove logs {}: {e}", self.name(), dir.display());
+            }
+        }
+        log::info!("pod {}: stopped and removed", self.name());
+    }
+
+    async fn signal_all(&self, ids: &[ContainerId], signal: i32) {
+        for id in ids {
+            let rt = self.deps.runtime.clone();
+            let rid = id.clone();
+            if let Err(e) = blocking(move || rt.kill(&rid, signal)).await {
+                log::warn!("pod {}: signal {signal} to {id}: {e}", self.name());
+            }
+        }
+    }
+
+    async fn still_running(&self, ids: &[ContainerId]) -> Vec<ContainerId> {
+        let mut left = Vec::new();
+        for id in ids {
+            match self.runtime_state(id).await {
+                Ok(ContainerState::Running { .. }) | Ok(ContainerState::Created) => {
+                    left.push(id.clone())
+                }
+                _ => {}
+            }
+        }
+        left
+    }
+
+    async fn wait_exited(&self, ids: &[ContainerId], within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            if self.still_running(ids).await.is_empty() || Instant::now() >= deadline {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Runs blocking runtime, image or store work off the async threads.
+async fn blocking<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> R {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(r) => r,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        // Cancelled: the runtime is shutting down and this task with it.
+        Err(_) => std::future::pending().await,
+    }
+}

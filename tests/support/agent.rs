@@ -1,0 +1,341 @@
+//! A real `holdfast run` process on a private root dir, manifest dir and cgroup root,
+//! for integration tests (as root). Everything it creates is removed on drop, even when
+//! the test fails.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+#[path = "oci.rs"]
+pub mod oci;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_holdfast");
+
+/// Skips the calling test (with a printed reason) when not root: containers need it.
+pub fn need_root() -> bool {
+    if nix::unistd::geteuid().is_root() {
+        true
+    } else {
+        eprintln!("skipped: needs root to run containers");
+        false
+    }
+}
+
+/// The busybox image tar, built once per test binary.
+fn busybox_tar() -> &'static Path {
+    static TAR: OnceLock<PathBuf> = OnceLock::new();
+    TAR.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("holdfast-it-image-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("image dir");
+        let tar = dir.join("busybox.tar");
+        oci::busybox_image("docker.io/library/busybox:demo")
+            .and_then(|image| image.write_layout_tar(&tar))
+            .expect("busybox image");
+        tar
+    })
+}
+
+pub struct Agent {
+    pub name: String,
+    pub dir: PathBuf,
+    pub root: PathBuf,
+    pub manifests: PathBuf,
+    pub cgroup_root: String,
+    pub log: PathBuf,
+    child: Option<Child>,
+}
+
+impl Agent {
+    /// A new agent (not started) with a short crash-loop back-off (1 s doubling to 4 s).
+    pub fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("holdfast-it-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let root = dir.join("root");
+        let manifests = dir.join("manifests");
+        std::fs::create_dir_all(root.join("images")).expect("root dir");
+        std::fs::create_dir_all(&manifests).expect("manifest dir");
+        let cgroup_root = format!("/holdfast-it-{name}-{}", std::process::id());
+        let agent = Agent {
+            name: name.to_string(),
+            dir: dir.clone(),
+            root,
+            manifests,
+            cgroup_root: cgroup_root.clone(),
+            log: dir.join("agent.log"),
+            child: None,
+        };
+        agent.write_config("");
+        std::fs::copy(busybox_tar(), agent.root.join("images/busybox.tar")).expect("copy image");
+        agent
+    }
+
+    /// Writes the config file; `extra` is appended under the `holdfast:` section's
+    /// siblings (top-level KubeletConfiguration keys).
+    pub fn write_config(&self, extra: &str) {
+        let cfg = format!(
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
+             fileCheckFrequency: 2s\nsyncFrequency: 5s\ncgroupRoot: {}\n\
+             holdfast:\n  crashLoopBackOffInitial: 1s\n  crashLoopBackOffMax: 4s\n{extra}",
+            self.cgroup_root
+        );
+        std::fs::write(self.dir.join("config.yaml"), cfg).expect("config");
+    }
+
+    pub fn start(&mut self) {
+        assert!(self.child.is_none(), "agent already running");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("agent log");
+        let child = Command::new(BIN)
+            .arg("run")
+            .arg("--config")
+            .arg(self.dir.join("config.yaml"))
+            .arg("--root-dir")
+            .arg(&self.root)
+            .arg("--pod-manifest-path")
+            .arg(&self.manifests)
+            .arg("--hostname-override")
+            .arg("node-1")
+            .arg("--v=2")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log fd"))
+            .stderr(log)
+            .spawn()
+            .expect("spawn holdfast run");
+        self.child = Some(child);
+        self.wait_until("the agent to answer", Duration::from_secs(60), |a| {
+            a.try_pods().is_some()
+        });
+    }
+
+    /// SIGKILL: the agent dies at once, as in a crash.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM and wait: an orderly stop.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let pid = nix::unistd::Pid::from_raw(c.id() as i32);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+            panic!("agent did not stop within 30s of SIGTERM\n{}", self.agent_log());
+        }
+    }
+
+    pub fn agent_log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn write_manifest(&self, file: &str, yaml: &str) {
+        // Write then rename, as editors and config managers do, so the agent never
+        // reads half a file.
+        let tmp = self.manifests.join(format!(".{file}.tmp"));
+        std::fs::write(&tmp, yaml).expect("write manifest");
+        std::fs::rename(&tmp, self.manifests.join(file)).expect("rename manifest");
+    }
+
+    pub fn remove_manifest(&self, file: &str) {
+        std::fs::remove_file(self.manifests.join(file)).expect("remove manifest");
+    }
+
+    fn try_pods(&self) -> Option<Vec<Value>> {
+        let out = Command::new(BIN)
+            .args(["pods", "-o", "json", "--root-dir"])
+            .arg(&self.root)
+            .output()
+            .ok()?;
+        if !out.status.success() {
+            return None;
+        }
+        serde_json::from_slice(&out.stdout).ok()
+    }
+
+    /// Pod states (`{pod, status, start_time}`) as `holdfast pods -o json` prints them.
+    pub fn pods(&self) -> Vec<Value> {
+        self.try_pods().expect("holdfast pods -o json")
+    }
+
+    /// The table `holdfast pods` prints.
+    pub fn pods_table(&self) -> String {
+        let out = Command::new(BIN)
+            .args(["pods", "--root-dir"])
+            .arg(&self.root)
+            .output()
+            .expect("holdfast pods");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// The pod whose name starts with `name` (static pods are suffixed with the node).
+    pub fn pod(&self, name: &str) -> Option<Value> {
+        let full = format!("{name}-node-1");
+        self.pods()
+            .into_iter()
+            .find(|p| p["pod"]["metadata"]["name"] == full.as_str())
+    }
+
+    pub fn wait_until(&self, what: &str, within: Duration, mut cond: impl FnMut(&Self) -> bool) {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if cond(self) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!(
+            "timed out after {within:?} waiting for {what}\n--- pods ---\n{}\n--- agent log ---\n{}",
+            self.pods_table(),
+            self.agent_log()
+        );
+    }
+
+    /// Waits until pod `name` exists and `cond` holds for it; returns it.
+    pub fn wait_pod(&self, name: &str, what: &str, within: Duration, cond: impl Fn(&Value) -> bool) -> Value {
+        let mut found = None;
+        self.wait_until(&format!("pod {name}: {what}"), within, |a| {
+            match a.pod(name) {
+                Some(p) if cond(&p) => {
+                    found = Some(p);
+                    true
+                }
+                _ => false,
+            }
+        });
+        found.expect("pod")
+    }
+
+    pub fn wait_gone(&self, name: &str, within: Duration) {
+        self.wait_until(&format!("pod {name} to be gone"), within, |a| a.pod(name).is_none());
+    }
+
+    /// A pod's log file for a container and restart, read whole.
+    pub fn container_log(&self, pod: &Value, container: &str, restart: u32) -> String {
+        let m = &pod["pod"]["metadata"];
+        let dir = format!(
+            "{}_{}_{}",
+            m["namespace"].as_str().unwrap_or("default"),
+            m["name"].as_str().unwrap_or(""),
+            m["uid"].as_str().unwrap_or("")
+        );
+        let path = self
+            .root
+            .join("logs/pods")
+            .join(dir)
+            .join(container)
+            .join(format!("{restart}.log"));
+        std::fs::read_to_string(&path).unwrap_or_default()
+    }
+
+    /// Asserts nothing of this agent's is left: no mount under its dir, no cgroup under
+    /// its cgroup root, no process started from its root. Call after `reset`.
+    pub fn assert_clean(&self) {
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let dir = self.dir.display().to_string();
+        let left: Vec<&str> = mounts.lines().filter(|l| l.contains(&dir)).collect();
+        assert!(left.is_empty(), "mounts left behind: {left:#?}");
+        for cg in cgroup_dirs(&self.cgroup_root) {
+            assert!(!cg.exists(), "cgroup left behind: {}", cg.display());
+        }
+    }
+
+    /// Stops the agent and removes everything (`holdfast reset`).
+    pub fn reset(&mut self) {
+        self.kill9();
+        let out = Command::new(BIN)
+            .args(["reset", "--root-dir"])
+            .arg(&self.root)
+            .arg("--cgroup-root")
+            .arg(&self.cgroup_root)
+            .output()
+            .expect("holdfast reset");
+        assert!(
+            out.status.success(),
+            "holdfast reset failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// Where a cgroup path lives on this host: one dir per v1 controller, or one on v2.
+pub fn cgroup_dirs(path: &str) -> Vec<PathBuf> {
+    let rel = path.trim_start_matches('/');
+    let base = Path::new("/sys/fs/cgroup");
+    if base.join("cgroup.controllers").exists() {
+        return vec![base.join(rel)];
+    }
+    let mut out = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(base) {
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() && !p.is_symlink() {
+                out.push(p.join(rel));
+            }
+        }
+    }
+    out
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.kill9();
+        let _ = Command::new(BIN)
+            .args(["reset", "--root-dir"])
+            .arg(&self.root)
+            .arg("--cgroup-root")
+            .arg(&self.cgroup_root)
+            .output();
+        // Belt and braces, should reset itself have failed.
+        if let Ok(mounts) = std::fs::read_to_string("/proc/self/mountinfo") {
+            let dir = self.dir.display().to_string();
+            for l in mounts.lines() {
+                if let Some(mp) = l.split_whitespace().nth(4) {
+                    if mp.starts_with(&dir) {
+                        let _ = nix::mount::umount2(mp, nix::mount::MntFlags::MNT_DETACH);
+                    }
+                }
+            }
+        }
+        for cg in cgroup_dirs(&self.cgroup_root) {
+            let _ = std::fs::remove_dir(&cg);
+        }
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        } else {
+            eprintln!("agent dir kept for inspection: {}", self.dir.display());
+            let _ = std::fs::remove_dir_all(self.root.join("content"));
+        }
+    }
+}
+
+/// A field of a container's status, by container name.
+pub fn container<'a>(pod: &'a Value, name: &str) -> &'a Value {
+    pod["status"]["containerStatuses"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["name"] == name))
+        .unwrap_or(&Value::Null)
+}
+
+pub fn condition<'a>(pod: &'a Value, type_: &str) -> &'a Value {
+    pod["status"]["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == type_))
+        .unwrap_or(&Value::Null)
+}
