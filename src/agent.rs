@@ -38,12 +38,10 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
             Err(e) => log::error!("import images: {e}"),
         }
     }
-    let runtime = Arc::new(LibcontainerRuntime::new(
-        &root,
-        &config.cgroup_root,
-        config.container_log_max_size,
-        config.container_log_max_files,
-    )?);
+    let runtime = Arc::new(
+        LibcontainerRuntime::new(&root, &config.cgroup_root, None)?
+            .with_log_limits(config.container_log_max_size, config.container_log_max_files),
+    );
 
     let (mut mux, initial) = Mux::open(&store)?;
     let (snap_tx, mut snap_rx) = mpsc::channel(8);

@@ -251,7 +251,7 @@ pub fn reset(args: &[String]) -> Result<(), Error> {
     if !root.exists() {
         return Ok(());
     }
-    let runtime = crate::runtime::LibcontainerRuntime::new(&root, &cgroup_root, 1 << 20, 2)?;
+    let runtime = crate::runtime::LibcontainerRuntime::new(&root, &cgroup_root, None)?;
     let removed = crate::runtime::remove_all(&runtime, std::time::Duration::from_secs(10))?;
     println!("removed {removed} container(s)");
     std::fs::remove_dir_all(&root).map_err(|source| Error::Io {

@@ -41,7 +41,7 @@ fn container_pid(agent: &Agent, pod: &serde_json::Value, c: &str) -> i64 {
     let started = std::fs::read_to_string(agent.root.join("containers").join(&id).join("started.json"))
         .expect("started.json");
     let v: serde_json::Value = serde_json::from_str(&started).expect("started.json parses");
-    v["pid"].as_i64().expect("pid")
+    v["init"]["pid"].as_i64().expect("init pid")
 }
 
 #[test]
