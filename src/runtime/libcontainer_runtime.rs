@@ -420,6 +420,12 @@ impl Runtime for LibcontainerRuntime {
                 }
                 ContainerState::Exited(_) | ContainerState::Unknown => {}
             }
+            // After the exit record the shim still cleans up; doing the same at once
+            // would race it.
+            let deadline = Instant::now() + DELETE_TIMEOUT;
+            while self.shim_alive(&dir)? && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
         }
         self.delete_state(id)?;
         cgroup::remove(&self.cgroups_path(id)).map_err(|message| RuntimeError::Create {

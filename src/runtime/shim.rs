@@ -33,8 +33,7 @@ use crate::time;
 /// Entry point of `holdfast shim <args>`; returns the process exit code. Must run before
 /// any thread or async runtime exists.
 pub fn shim_main(args: &[String]) -> i32 {
-    let _ = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
-        .try_init();
+    init_logging();
     let arg = |i: usize| args.get(i).map(String::as_str);
     match (arg(0), arg(1), arg(2)) {
         (Some("start"), Some(dir), None) => detach(Path::new(dir)),
@@ -45,6 +44,16 @@ pub fn shim_main(args: &[String]) -> i32 {
             2
         }
     }
+}
+
+/// Logs go to stderr, which the agent points at `shim.log`.
+fn init_logging() {
+    // libcontainer also logs from the container's init after it has taken the
+    // container's stdio, so those lines land in the container's own stderr; it warns
+    // about seccomp every time. Only its errors, such as a failed exec, belong there.
+    let filter = "warn,libcontainer::process::init=error,libcgroups=error";
+    let _ = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(filter))
+        .try_init();
 }
 
 fn detach(dir: &Path) -> i32 {
