@@ -112,12 +112,12 @@ fn run(dir: &Path) -> i32 {
             log::warn!("shim {}: {e}", config.id);
         }
     }
-    match create_and_start(config) {
+    match create_and_start(&config) {
         Ok(running) => {
             supervise::run(running);
             0
         }
-        Err((config, kind, message)) => {
+        Err((kind, message)) => {
             log::error!("shim {}: {message}", config.id);
             let rec = FailedRecord {
                 kind,
@@ -153,19 +153,18 @@ fn fail_early(dir: &Path, message: String) -> i32 {
     1
 }
 
-type Failure = (ShimConfig, FailureKind, String);
+type Failure = (FailureKind, String);
 
-fn create_and_start(config: ShimConfig) -> Result<Running, Failure> {
-    let create =
-        |config: &ShimConfig, message: String| (config.clone(), FailureKind::Create, message);
+fn create_and_start(config: &ShimConfig) -> Result<Running, Failure> {
+    let create = |message: String| (FailureKind::Create, message);
     let upper = config.container_dir.join("upper");
     let work = config.container_dir.join("work");
     let rootfs_dir = config.bundle.join("rootfs");
-    rootfs::mount(&config.layers, &upper, &work, &rootfs_dir).map_err(|m| create(&config, m))?;
+    rootfs::mount(&config.layers, &upper, &work, &rootfs_dir).map_err(create)?;
 
     let pipe = || nix::unistd::pipe2(OFlag::O_CLOEXEC);
-    let (out_r, out_w) = pipe().map_err(|e| create(&config, format!("create stdout pipe: {e}")))?;
-    let (err_r, err_w) = pipe().map_err(|e| create(&config, format!("create stderr pipe: {e}")))?;
+    let (out_r, out_w) = pipe().map_err(|e| create(format!("create stdout pipe: {e}")))?;
+    let (err_r, err_w) = pipe().map_err(|e| create(format!("create stderr pipe: {e}")))?;
 
     // The init must be our child, so not `as_sibling`: with it, libcontainer's
     // intermediate process (and so the init, cloned with CLONE_PARENT) would become
@@ -192,14 +191,11 @@ fn create_and_start(config: ShimConfig) -> Result<Running, Failure> {
             } else {
                 FailureKind::Create
             };
-            return Err((config, kind, message));
+            return Err((kind, message));
         }
     };
     let Some(init) = container.pid() else {
-        return Err(create(
-            &config,
-            "libcontainer reported no init pid".to_owned(),
-        ));
+        return Err(create("libcontainer reported no init pid".to_owned()));
     };
     if let Some(adj) = config.oom_score_adj {
         // Raising a score needs no privilege; the kernel refuses only lowering it.
@@ -211,7 +207,7 @@ fn create_and_start(config: ShimConfig) -> Result<Running, Failure> {
         let message = chain(&e);
         let _ = signal::kill(init, Signal::SIGKILL);
         let _ = waitpid(init, None);
-        return Err((config, FailureKind::Start, message));
+        return Err((FailureKind::Start, message));
     }
     let started_at = time::now();
     // Gone already (it exited at once): start time 0 matches no live process, and the
@@ -229,7 +225,7 @@ fn create_and_start(config: ShimConfig) -> Result<Running, Failure> {
         log::error!("shim {}: {e}", config.id);
     }
     Ok(Running {
-        config,
+        config: config.clone(),
         init,
         started_at,
         stdout: out_r,

@@ -66,7 +66,7 @@ fn no_db(user: &str, db: &str) -> RuntimeError {
     RuntimeError::Config(format!("image user {user:?}: the image has no /etc/{db}"))
 }
 
-fn find_entry<'a>(db: &'a str, pred: impl Fn(&[&str]) -> bool) -> Option<Vec<&'a str>> {
+fn find_entry(db: &str, pred: impl Fn(&[&str]) -> bool) -> Option<Vec<&str>> {
     db.lines()
         .filter(|l| !l.starts_with('#'))
         .map(|l| l.split(':').collect::<Vec<_>>())
