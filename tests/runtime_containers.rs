@@ -171,13 +171,9 @@ fn missing_command_is_a_start_error() {
 #[test]
 fn log_rotation_keeps_at_most_max_files() {
     let mut env = Env::new("rotate");
-    env.rt = LibcontainerRuntime::new(
-        env.root.join("rt"),
-        &env.cgroup_root,
-        Some(PathBuf::from(SHIM)),
-    )
-    .expect("runtime")
-    .with_log_limits(2048, 3);
+    env.rt = LibcontainerRuntime::new(env.root.join("rt"), &env.cgroup_root, Some(shim_binary()))
+        .expect("runtime")
+        .with_log_limits(2048, 3);
     let script = "i=0; while [ $i -lt 500 ]; do echo line $i; i=$((i+1)); done";
     let id = env.start("chatty", script, None).expect("start");
     assert_eq!(env.wait_exit(&id).exit_code, 0);

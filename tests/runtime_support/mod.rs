@@ -17,7 +17,13 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use oci_spec::image::{ConfigBuilder, ImageConfigurationBuilder};
 
 pub const BUSYBOX: &str = "/bin/busybox";
-pub const SHIM: &str = env!("CARGO_BIN_EXE_holdfast");
+/// The holdfast binary run as the shim: `HOLDFAST_TEST_SHIM` (a release build, say, to
+/// measure it) or the one cargo built for these tests.
+pub fn shim_binary() -> PathBuf {
+    std::env::var_os("HOLDFAST_TEST_SHIM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_holdfast")))
+}
 pub static SEQ: AtomicU32 = AtomicU32::new(0);
 
 /// One test's runtime root, cgroup root and image; Drop tears all of it down.
@@ -63,7 +69,7 @@ impl Env {
                 .expect("image"),
             layers: vec![layer],
         };
-        let rt = LibcontainerRuntime::new(root.join("rt"), &cgroup_root, Some(PathBuf::from(SHIM)))
+        let rt = LibcontainerRuntime::new(root.join("rt"), &cgroup_root, Some(shim_binary()))
             .expect("runtime");
         Env {
             root,
