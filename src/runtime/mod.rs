@@ -12,8 +12,48 @@
 //!   overlay mount), `upper/`, `work/`, `started.json`, `exit.json`.
 //! - `exits/<id>`: an empty file the shim creates after `exit.json`, to wake the agent.
 //! - `run/`: libcontainer's state root.
+//!
+//! How a container runs:
+//! - `start` builds the OCI spec ([`spec`], a pure function of the pod and image),
+//!   writes `shim.json` and `bundle/config.json`, and runs `holdfast shim start <dir>`,
+//!   which calls `setsid`, starts `holdfast shim run <dir>` and exits at once: the agent
+//!   reaps it, so no zombie, and the real shim is orphaned, so the agent's death (even
+//!   SIGKILL) does not reach it. `start` then polls for `started.json` or `failed.json`.
+//! - The shim (see [`shim`]) mounts the rootfs — an overlay of the image layers, the
+//!   upper and work directories in the container directory — creates the container
+//!   with libcontainer (not `as_sibling`, so the init is the shim's child), copies the
+//!   container's stdout and stderr into the CRI log (rotating it), reaps the init, reads
+//!   the cgroup's OOM counter, writes `exit.json`, creates `exits/<id>`, then has
+//!   libcontainer delete the container (its cgroup and state) and unmounts the rootfs.
+//! - The agent signals the init directly (`kill`), after checking by its start time in
+//!   `/proc/<pid>/stat` that the pid still names it. `state` reads the records and
+//!   `/proc`; the boot id in each record tells a pid of this boot from a stale one.
+//! - `remove` cleans up what a dead shim left (libcontainer state, through
+//!   `holdfast shim delete`, never in the agent; cgroup directories; mounts) and the
+//!   container directory. The CRI log is not the runtime's to delete.
+//! - `watch_exits` turns `exits/<id>` files into ids on a channel (inotify).
+//!
+//! A container's init is PID 1 of its own PID namespace, so the kernel drops signals
+//! for which it installed no handler (SIGTERM to a bare `sleep`); SIGKILL always works
+//! and takes the whole namespace with it.
 
 use std::path::PathBuf;
+
+mod cgroup;
+mod command;
+mod exits;
+mod libcontainer_runtime;
+mod logs;
+pub mod quantity;
+mod records;
+mod rootfs;
+mod shim;
+pub mod spec;
+mod supervise;
+mod user;
+
+pub use libcontainer_runtime::{LibcontainerRuntime, DEFAULT_LOG_MAX_FILES, DEFAULT_LOG_MAX_SIZE};
+pub use shim::shim_main;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 use serde::{Deserialize, Serialize};
@@ -115,6 +155,12 @@ pub enum RuntimeError {
     Start { id: String, message: String },
     #[error("container {id} not found")]
     NotFound { id: String },
+    /// Still being created: there is no process to signal yet.
+    #[error("container {id} is not running yet")]
+    NotRunning { id: String },
+    /// `remove` of a container that runs.
+    #[error("container {id} is still running")]
+    StillRunning { id: String },
     #[error("{context}")]
     Io {
         context: String,

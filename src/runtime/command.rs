@@ -1,0 +1,238 @@
+//! A container's command line and environment by Kubernetes rules: `command` replaces
+//! the image's Entrypoint and drops its Cmd, `args` alone replace Cmd, and `$(VAR)` in
+//! command, args and env values expands from the container's own env.
+
+use std::collections::HashMap;
+
+use k8s_openapi::api::core::v1::Container;
+use oci_spec::image::Config as ImageConfig;
+
+use super::RuntimeError;
+
+/// The container's environment as `NAME=value` strings: the image's Env, then the
+/// container's `env`, a later name replacing an earlier one in place.
+///
+/// Also returns the container's own variables, which are what `$(VAR)` refers to.
+pub fn environment(
+    container: &Container,
+    image: Option<&ImageConfig>,
+) -> Result<(Vec<String>, HashMap<String, String>), RuntimeError> {
+    let mut ordered: Vec<(String, String)> = Vec::new();
+    let set = |name: &str, value: String, ordered: &mut Vec<(String, String)>| match ordered
+        .iter_mut()
+        .find(|(n, _)| n == name)
+    {
+        Some(slot) => slot.1 = value,
+        None => ordered.push((name.to_owned(), value)),
+    };
+    for entry in image.and_then(|c| c.env().as_ref()).into_iter().flatten() {
+        let (name, value) = entry.split_once('=').unwrap_or((entry.as_str(), ""));
+        set(name, value.to_owned(), &mut ordered);
+    }
+
+    let mut own: HashMap<String, String> = HashMap::new();
+    for var in container.env.iter().flatten() {
+        if var.value_from.is_some() {
+            return Err(RuntimeError::Config(format!(
+                "env {:?} of container {:?}: valueFrom is not supported",
+                var.name, container.name
+            )));
+        }
+        if var.name.is_empty() || var.name.contains('=') {
+            return Err(RuntimeError::Config(format!(
+                "env name {:?} of container {:?} is not valid",
+                var.name, container.name
+            )));
+        }
+        let value = expand(var.value.as_deref().unwrap_or(""), &own);
+        own.insert(var.name.clone(), value.clone());
+        set(&var.name, value, &mut ordered);
+    }
+    let env = ordered
+        .into_iter()
+        .map(|(n, v)| format!("{n}={v}"))
+        .collect();
+    Ok((env, own))
+}
+
+/// The process's argv.
+pub fn argv(
+    container: &Container,
+    image: Option<&ImageConfig>,
+    env: &HashMap<String, String>,
+) -> Result<Vec<String>, RuntimeError> {
+    let entrypoint = image
+        .and_then(|c| c.entrypoint().clone())
+        .unwrap_or_default();
+    let cmd = image.and_then(|c| c.cmd().clone()).unwrap_or_default();
+    let command = container.command.clone().unwrap_or_default();
+    let args = container.args.clone().unwrap_or_default();
+
+    let command: Vec<String> = command.iter().map(|s| expand(s, env)).collect();
+    let args: Vec<String> = args.iter().map(|s| expand(s, env)).collect();
+    let argv: Vec<String> = match (command.is_empty(), args.is_empty()) {
+        (false, _) => command.into_iter().chain(args).collect(),
+        (true, false) => entrypoint.into_iter().chain(args).collect(),
+        (true, true) => entrypoint.into_iter().chain(cmd).collect(),
+    };
+    if argv.first().is_none_or(|a| a.is_empty()) {
+        return Err(RuntimeError::Config(format!(
+            "container {:?}: no command given and the image has none",
+            container.name
+        )));
+    }
+    Ok(argv)
+}
+
+/// Kubernetes `$(VAR)` expansion: a defined variable is replaced, `$$` is a literal `$`,
+/// anything else (unknown names, unclosed references) stays as written.
+pub fn expand(input: &str, vars: &HashMap<String, String>) -> String {
+    let mut out = String::with_capacity(input.len());
+    let mut rest = input;
+    while let Some(pos) = rest.find('$') {
+        out.push_str(&rest[..pos]);
+        let after = &rest[pos + 1..];
+        if let Some(tail) = after.strip_prefix('$') {
+            out.push('$');
+            rest = tail;
+        } else if let Some(inner) = after.strip_prefix('(') {
+            match inner.find(')') {
+                Some(end) => {
+                    let name = &inner[..end];
+                    match vars.get(name) {
+                        Some(value) => out.push_str(value),
+                        None => {
+                            out.push_str("$(");
+                            out.push_str(name);
+                            out.push(')');
+                        }
+                    }
+                    rest = &inner[end + 1..];
+                }
+                None => {
+                    out.push_str("$(");
+                    rest = inner;
+                }
+            }
+        } else {
+            out.push('$');
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{EnvVar, EnvVarSource};
+    use oci_spec::image::ConfigBuilder;
+
+    fn vars(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn image(entrypoint: &[&str], cmd: &[&str], env: &[&str]) -> ImageConfig {
+        let to = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        ConfigBuilder::default()
+            .entrypoint(to(entrypoint))
+            .cmd(to(cmd))
+            .env(to(env))
+            .build()
+            .expect("image config")
+    }
+
+    fn container(command: &[&str], args: &[&str], env: &[(&str, &str)]) -> Container {
+        let to = |v: &[&str]| (!v.is_empty()).then(|| v.iter().map(|s| s.to_string()).collect());
+        Container {
+            name: "c".into(),
+            command: to(command),
+            args: to(args),
+            env: Some(
+                env.iter()
+                    .map(|(n, v)| EnvVar {
+                        name: n.to_string(),
+                        value: Some(v.to_string()),
+                        value_from: None,
+                    })
+                    .collect(),
+            ),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn expansion() {
+        let v = vars(&[("A", "x"), ("B", "y y")]);
+        assert_eq!(expand("$(A)", &v), "x");
+        assert_eq!(expand("pre-$(A)-$(B)-post", &v), "pre-x-y y-post");
+        assert_eq!(expand("$$(A)", &v), "$(A)");
+        assert_eq!(expand("$(UNKNOWN)", &v), "$(UNKNOWN)");
+        assert_eq!(expand("$A $", &v), "$A $");
+        assert_eq!(expand("$(A", &v), "$(A");
+        assert_eq!(expand("$$$$", &v), "$$");
+        assert_eq!(expand("$()", &v), "$()");
+    }
+
+    #[test]
+    fn command_and_args_rules() {
+        let img = image(&["/entry"], &["cmd1", "cmd2"], &[]);
+        let env = HashMap::new();
+        let c = container(&[], &[], &[]);
+        assert_eq!(
+            argv(&c, Some(&img), &env).ok(),
+            Some(vec!["/entry".into(), "cmd1".into(), "cmd2".into()])
+        );
+        let c = container(&["/bin/sh", "-c"], &[], &[]);
+        assert_eq!(
+            argv(&c, Some(&img), &env).ok(),
+            Some(vec!["/bin/sh".into(), "-c".into()])
+        );
+        let c = container(&[], &["a1"], &[]);
+        assert_eq!(
+            argv(&c, Some(&img), &env).ok(),
+            Some(vec!["/entry".into(), "a1".into()])
+        );
+        let c = container(&["/x"], &["a1"], &[]);
+        assert_eq!(
+            argv(&c, Some(&img), &env).ok(),
+            Some(vec!["/x".into(), "a1".into()])
+        );
+        let empty = image(&[], &[], &[]);
+        assert!(matches!(
+            argv(&container(&[], &[], &[]), Some(&empty), &env),
+            Err(RuntimeError::Config(_))
+        ));
+    }
+
+    #[test]
+    fn env_merge_and_expansion() {
+        let img = image(&[], &["sh"], &["PATH=/bin", "A=image", "NOVALUE"]);
+        let c = container(
+            &["echo", "$(A)", "$(PATH)", "$$(A)"],
+            &[],
+            &[("A", "mine"), ("B", "$(A)-b")],
+        );
+        let (env, own) = environment(&c, Some(&img)).expect("env");
+        assert_eq!(env, vec!["PATH=/bin", "A=mine", "NOVALUE=", "B=mine-b"]);
+        // Only the container's own env expands: PATH came from the image.
+        let args = argv(&c, Some(&img), &own).expect("argv");
+        assert_eq!(args, vec!["echo", "mine", "$(PATH)", "$(A)"]);
+    }
+
+    #[test]
+    fn value_from_is_a_config_error() {
+        let mut c = container(&["x"], &[], &[]);
+        c.env = Some(vec![EnvVar {
+            name: "SECRET".into(),
+            value: None,
+            value_from: Some(EnvVarSource::default()),
+        }]);
+        let err = environment(&c, None).expect_err("valueFrom");
+        assert!(err.to_string().contains("valueFrom"), "{err}");
+    }
+}

@@ -1,0 +1,474 @@
+//! [`Runtime`] on libcontainer, through one shim per container. This side runs in the
+//! agent: it prepares the bundle, starts the shim and reads its records; it never calls
+//! libcontainer (see the module doc of [`super`]).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+
+use super::records::{self, FailedRecord, FailureKind, ShimConfig, ShimPid, StartedRecord};
+use super::{
+    cgroup, exits, rootfs, spec, user, ContainerId, ContainerState, ExitInfo, Runtime,
+    RuntimeError, StartRequest, Started,
+};
+
+/// containerLogMaxSize's default.
+pub const DEFAULT_LOG_MAX_SIZE: u64 = 10 * 1024 * 1024;
+/// containerLogMaxFiles' default.
+pub const DEFAULT_LOG_MAX_FILES: u32 = 5;
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+const DELETE_TIMEOUT: Duration = Duration::from_secs(30);
+
+pub struct LibcontainerRuntime {
+    root: PathBuf,
+    cgroup_root: String,
+    shim_binary: PathBuf,
+    log_max_size: u64,
+    log_max_files: u32,
+    start_timeout: Duration,
+    boot_id: String,
+}
+
+fn io_err(context: String) -> impl FnOnce(std::io::Error) -> RuntimeError {
+    move |source| RuntimeError::Io { context, source }
+}
+
+impl LibcontainerRuntime {
+    /// A runtime keeping its containers under `root` and their cgroups under
+    /// `cgroup_root` (such as `/holdfast`) in every hierarchy. `shim_binary` is the
+    /// holdfast executable run as the shim; `None` means this process's own.
+    pub fn new(
+        root: impl Into<PathBuf>,
+        cgroup_root: &str,
+        shim_binary: Option<PathBuf>,
+    ) -> Result<Self, RuntimeError> {
+        let root = root.into();
+        let shim_binary = match shim_binary {
+            Some(p) => p,
+            None => std::env::current_exe().map_err(io_err("find own executable".to_owned()))?,
+        };
+        let cgroup_root = format!("/{}", cgroup_root.trim_matches('/'));
+        let rt = LibcontainerRuntime {
+            root,
+            cgroup_root,
+            shim_binary,
+            log_max_size: DEFAULT_LOG_MAX_SIZE,
+            log_max_files: DEFAULT_LOG_MAX_FILES,
+            start_timeout: START_TIMEOUT,
+            boot_id: records::boot_id(),
+        };
+        for dir in [rt.root.join("containers"), rt.exits_dir(), rt.state_root()] {
+            std::fs::create_dir_all(&dir).map_err(io_err(format!("create {}", dir.display())))?;
+        }
+        Ok(rt)
+    }
+
+    /// Rotate each container log at `max_size` bytes, keeping `max_files` files.
+    pub fn with_log_limits(mut self, max_size: u64, max_files: u32) -> Self {
+        self.log_max_size = max_size;
+        self.log_max_files = max_files.max(1);
+        self
+    }
+
+    /// How long `start` waits for the shim to report (30 s by default).
+    pub fn with_start_timeout(mut self, timeout: Duration) -> Self {
+        self.start_timeout = timeout;
+        self
+    }
+
+    pub fn container_dir(&self, id: &ContainerId) -> PathBuf {
+        self.root.join("containers").join(&id.0)
+    }
+
+    /// The container's cgroup, relative to each hierarchy's mount point.
+    pub fn cgroups_path(&self, id: &ContainerId) -> String {
+        format!("{}/{}", self.cgroup_root.trim_end_matches('/'), id.0)
+    }
+
+    fn exits_dir(&self) -> PathBuf {
+        self.root.join("exits")
+    }
+
+    fn state_root(&self) -> PathBuf {
+        self.root.join("run")
+    }
+
+    fn check_id(id: &ContainerId) -> Result<(), RuntimeError> {
+        let ok = !id.0.is_empty()
+            && id.0.len() <= 128
+            && id
+                .0
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
+            && !id.0.starts_with('.');
+        if ok {
+            Ok(())
+        } else {
+            Err(RuntimeError::Config(format!(
+                "invalid container id {:?}",
+                id.0
+            )))
+        }
+    }
+
+    /// Everything up to spawning the shim; on error the caller removes the directory.
+    fn prepare(&self, req: &StartRequest<'_>, dir: &Path) -> Result<(), RuntimeError> {
+        let bundle = dir.join("bundle");
+        let rootfs = bundle.join("rootfs");
+        std::fs::create_dir_all(&rootfs).map_err(io_err(format!("create {}", rootfs.display())))?;
+
+        let hostname = spec::hostname(req.pod, req.node_name);
+        let hosts = dir.join("hosts");
+        let resolv_conf = dir.join("resolv.conf");
+        let hostname_file = dir.join("hostname");
+        let hosts_text = format!(
+            "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t{hostname}\n"
+        );
+        let resolv = match std::fs::read("/etc/resolv.conf") {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => return Err(io_err("read /etc/resolv.conf".to_owned())(e)),
+        };
+        for (path, content) in [
+            (&hosts, hosts_text.into_bytes()),
+            (&resolv_conf, resolv),
+            (&hostname_file, format!("{hostname}\n").into_bytes()),
+        ] {
+            std::fs::write(path, content).map_err(io_err(format!("write {}", path.display())))?;
+        }
+
+        let image_user = req
+            .image
+            .config
+            .config()
+            .as_ref()
+            .and_then(|c| c.user().clone())
+            .unwrap_or_default();
+        let ids = user::resolve(&image_user, &req.image.layers)?;
+        let nofile_hard_limit =
+            nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+                .map(|(_, hard)| hard)
+                .unwrap_or(1024);
+        let cgroups_path = self.cgroups_path(&req.id);
+        let oci = spec::build(&spec::SpecInput {
+            pod: req.pod,
+            container: req.container,
+            image: &req.image.config,
+            user: ids,
+            rootfs: &rootfs,
+            cgroups_path: &cgroups_path,
+            hosts: &hosts,
+            resolv_conf: &resolv_conf,
+            hostname_file: &hostname_file,
+            nofile_hard_limit,
+        })?;
+        let config_path = bundle.join("config.json");
+        oci.save(&config_path).map_err(|e| RuntimeError::Io {
+            context: format!("write {}", config_path.display()),
+            source: std::io::Error::other(e.to_string()),
+        })?;
+
+        let shim = ShimConfig {
+            id: req.id.0.clone(),
+            container_dir: dir.to_owned(),
+            bundle,
+            layers: req.image.layers.clone(),
+            log_path: req.log_path.clone(),
+            log_max_size: self.log_max_size,
+            log_max_files: self.log_max_files,
+            cgroups_path,
+            state_root: self.state_root(),
+            exits_dir: self.exits_dir(),
+            oom_score_adj: spec::is_best_effort(req.container).then_some(1000),
+            boot_id: self.boot_id.clone(),
+        };
+        records::write(dir, records::SHIM_CONFIG, &shim)
+    }
+
+    fn spawn_shim(&self, id: &ContainerId, dir: &Path) -> Result<(), RuntimeError> {
+        let log_path = dir.join(records::SHIM_LOG);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .map_err(io_err(format!("open {}", log_path.display())))?;
+        let log2 = log
+            .try_clone()
+            .map_err(io_err(format!("open {}", log_path.display())))?;
+        // `shim start` detaches `shim run` and exits at once: waiting for it leaves no
+        // zombie and does not wait for the container.
+        let status = Command::new(&self.shim_binary)
+            .arg("shim")
+            .arg("start")
+            .arg(dir)
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log2)
+            .status()
+            .map_err(io_err(format!("run shim {}", self.shim_binary.display())))?;
+        if !status.success() {
+            return Err(RuntimeError::Create {
+                id: id.0.clone(),
+                message: format!("shim start failed ({status}): {}", log_tail(&log_path)),
+            });
+        }
+        Ok(())
+    }
+
+    fn wait_started(&self, id: &ContainerId, dir: &Path) -> Result<Started, RuntimeError> {
+        let deadline = Instant::now() + self.start_timeout;
+        let mut pause = Duration::from_millis(5);
+        loop {
+            if let Some(s) = records::read::<StartedRecord>(dir, records::STARTED)? {
+                return Ok(Started {
+                    pid: s.init.pid,
+                    started_at: s.started_at,
+                });
+            }
+            if let Some(f) = records::read::<FailedRecord>(dir, records::FAILED)? {
+                let (id, message) = (id.0.clone(), f.message);
+                return Err(match f.kind {
+                    FailureKind::Create => RuntimeError::Create { id, message },
+                    FailureKind::Start => RuntimeError::Start { id, message },
+                });
+            }
+            let shim: Option<ShimPid> = records::read(dir, records::SHIM_PID)?;
+            if shim.is_some_and(|s| !s.process.is_alive())
+                && records::read::<StartedRecord>(dir, records::STARTED)?.is_none()
+                && records::read::<FailedRecord>(dir, records::FAILED)?.is_none()
+            {
+                return Err(RuntimeError::Create {
+                    id: id.0.clone(),
+                    message: format!(
+                        "shim exited without a record: {}",
+                        log_tail(&dir.join(records::SHIM_LOG))
+                    ),
+                });
+            }
+            if Instant::now() >= deadline {
+                return Err(RuntimeError::Create {
+                    id: id.0.clone(),
+                    message: format!("shim did not report within {:?}", self.start_timeout),
+                });
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(50));
+        }
+    }
+
+    fn shim_alive(&self, dir: &Path) -> Result<bool, RuntimeError> {
+        let shim: Option<ShimPid> = records::read(dir, records::SHIM_PID)?;
+        Ok(shim.is_some_and(|s| s.boot_id == self.boot_id && s.process.is_alive()))
+    }
+
+    fn delete_state(&self, id: &ContainerId) -> Result<(), RuntimeError> {
+        if !self.state_root().join(&id.0).exists() {
+            return Ok(());
+        }
+        let mut child = Command::new(&self.shim_binary)
+            .arg("shim")
+            .arg("delete")
+            .arg(self.state_root())
+            .arg(&id.0)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(io_err(format!("run shim delete for {id}")))?;
+        let deadline = Instant::now() + DELETE_TIMEOUT;
+        let status = loop {
+            match child
+                .try_wait()
+                .map_err(io_err(format!("wait for shim delete of {id}")))?
+            {
+                Some(status) => break status,
+                None if Instant::now() >= deadline => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(RuntimeError::Create {
+                        id: id.0.clone(),
+                        message: "libcontainer delete timed out".to_owned(),
+                    });
+                }
+                None => std::thread::sleep(Duration::from_millis(20)),
+            }
+        };
+        if !status.success() {
+            let mut stderr = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut e, &mut stderr);
+            }
+            return Err(RuntimeError::Create {
+                id: id.0.clone(),
+                message: format!("libcontainer delete: {}", stderr.trim()),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The end of a shim's log, for error messages.
+fn log_tail(path: &Path) -> String {
+    let text = std::fs::read(path).unwrap_or_default();
+    let start = text.len().saturating_sub(1000);
+    String::from_utf8_lossy(&text[start..]).trim().to_owned()
+}
+
+impl Runtime for LibcontainerRuntime {
+    fn start(&self, req: &StartRequest<'_>) -> Result<Started, RuntimeError> {
+        Self::check_id(&req.id)?;
+        let dir = self.container_dir(&req.id);
+        match std::fs::create_dir(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                return Err(RuntimeError::Create {
+                    id: req.id.0.clone(),
+                    message: "container already exists".to_owned(),
+                });
+            }
+            Err(e) => return Err(io_err(format!("create {}", dir.display()))(e)),
+        }
+        if let Err(e) = self
+            .prepare(req, &dir)
+            .and_then(|()| self.spawn_shim(&req.id, &dir))
+        {
+            // Nothing runs yet and nothing is mounted: the directory is all there is.
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(e);
+        }
+        self.wait_started(&req.id, &dir)
+    }
+
+    fn kill(&self, id: &ContainerId, signal: i32) -> Result<(), RuntimeError> {
+        Self::check_id(id)?;
+        let dir = self.container_dir(id);
+        if !dir.exists() {
+            return Err(RuntimeError::NotFound { id: id.0.clone() });
+        }
+        let sig = Signal::try_from(signal)
+            .map_err(|_| RuntimeError::Config(format!("invalid signal {signal}")))?;
+        if let Some(s) = records::read::<StartedRecord>(&dir, records::STARTED)? {
+            if s.boot_id == self.boot_id && s.init.is_alive() {
+                return match nix::sys::signal::kill(nix::unistd::Pid::from_raw(s.init.pid), sig) {
+                    Ok(()) | Err(nix::errno::Errno::ESRCH) => Ok(()),
+                    Err(e) => Err(RuntimeError::Io {
+                        context: format!("signal container {id}"),
+                        source: e.into(),
+                    }),
+                };
+            }
+            // Gone: its shim records (or has recorded) the exit.
+            return Ok(());
+        }
+        if dir.join(records::EXIT).exists() || dir.join(records::FAILED).exists() {
+            return Ok(());
+        }
+        Err(RuntimeError::NotRunning { id: id.0.clone() })
+    }
+
+    fn state(&self, id: &ContainerId) -> Result<ContainerState, RuntimeError> {
+        Self::check_id(id)?;
+        let dir = self.container_dir(id);
+        if !dir.exists() {
+            return Err(RuntimeError::NotFound { id: id.0.clone() });
+        }
+        let ended = |dir: &Path| -> Result<Option<ContainerState>, RuntimeError> {
+            if let Some(exit) = records::read::<ExitInfo>(dir, records::EXIT)? {
+                return Ok(Some(ContainerState::Exited(exit)));
+            }
+            if let Some(f) = records::read::<FailedRecord>(dir, records::FAILED)? {
+                return Ok(Some(ContainerState::Exited(ExitInfo {
+                    exit_code: 128,
+                    signal: None,
+                    oom_killed: false,
+                    started_at: None,
+                    finished_at: f.at,
+                    start_error: Some(f.message),
+                })));
+            }
+            Ok(None)
+        };
+        if let Some(s) = ended(&dir)? {
+            return Ok(s);
+        }
+        let shim_alive = self.shim_alive(&dir)?;
+        if let Some(s) = records::read::<StartedRecord>(&dir, records::STARTED)? {
+            // The init may be gone while its shim still drains its output: running
+            // until the exit record says otherwise.
+            if s.boot_id == self.boot_id && (s.init.is_alive() || shim_alive) {
+                return Ok(ContainerState::Running {
+                    pid: s.init.pid,
+                    started_at: s.started_at,
+                });
+            }
+        } else if shim_alive {
+            return Ok(ContainerState::Created);
+        }
+        // The shim may have written its exit record and gone since the first look.
+        Ok(ended(&dir)?.unwrap_or(ContainerState::Unknown))
+    }
+
+    fn remove(&self, id: &ContainerId) -> Result<(), RuntimeError> {
+        Self::check_id(id)?;
+        let dir = self.container_dir(id);
+        if dir.exists() {
+            match self.state(id)? {
+                ContainerState::Running { .. } | ContainerState::Created => {
+                    return Err(RuntimeError::StillRunning { id: id.0.clone() });
+                }
+                ContainerState::Exited(_) | ContainerState::Unknown => {}
+            }
+            // After the exit record the shim still cleans up; doing the same at once
+            // would race it.
+            let deadline = Instant::now() + DELETE_TIMEOUT;
+            while self.shim_alive(&dir)? && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        self.delete_state(id)?;
+        cgroup::remove(&self.cgroups_path(id)).map_err(|message| RuntimeError::Create {
+            id: id.0.clone(),
+            message,
+        })?;
+        if dir.exists() {
+            rootfs::unmount_all_under(&dir).map_err(|message| RuntimeError::Create {
+                id: id.0.clone(),
+                message,
+            })?;
+            // remove_dir_all would walk into a mount and delete the image through it.
+            let left = rootfs::mounts_under(&dir)
+                .map_err(io_err("read /proc/self/mountinfo".to_owned()))?;
+            if !left.is_empty() {
+                return Err(RuntimeError::Create {
+                    id: id.0.clone(),
+                    message: format!("still mounted: {left:?}"),
+                });
+            }
+            std::fs::remove_dir_all(&dir).map_err(io_err(format!("remove {}", dir.display())))?;
+        }
+        let _ = std::fs::remove_file(self.exits_dir().join(&id.0));
+        Ok(())
+    }
+
+    fn list(&self) -> Result<Vec<ContainerId>, RuntimeError> {
+        let dir = self.root.join("containers");
+        let entries = std::fs::read_dir(&dir).map_err(io_err(format!("list {}", dir.display())))?;
+        let mut ids = Vec::new();
+        for e in entries {
+            let e = e.map_err(io_err(format!("list {}", dir.display())))?;
+            if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                if let Some(name) = e.file_name().to_str() {
+                    ids.push(ContainerId(name.to_owned()));
+                }
+            }
+        }
+        ids.sort();
+        Ok(ids)
+    }
+
+    fn watch_exits(&self, tx: tokio::sync::mpsc::Sender<ContainerId>) -> Result<(), RuntimeError> {
+        exits::spawn(&self.exits_dir(), tx)
+    }
+}

@@ -1,0 +1,274 @@
+//! The CRI container log a shim writes: one record per line,
+//! `<RFC 3339 nano timestamp> <stdout|stderr> <F|P> <bytes>`, F ending a line and P a
+//! piece of one longer than 16 KiB. When the file passes its size limit it is renamed
+//! `<name>.<YYYYmmdd-HHMMSS>` and the oldest rotated files are deleted so that at most
+//! `max_files` remain, the live one included.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use crate::time::{self, Timestamp};
+
+/// The longest record content; longer lines become several P records (containerd's size).
+pub const MAX_RECORD: usize = 16 * 1024;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+impl Stream {
+    fn name(self) -> &'static str {
+        match self {
+            Stream::Stdout => "stdout",
+            Stream::Stderr => "stderr",
+        }
+    }
+}
+
+pub struct CriLog {
+    path: PathBuf,
+    max_size: u64,
+    max_files: u32,
+    file: File,
+    size: u64,
+}
+
+impl CriLog {
+    /// Opens (appending to) the log at `path`. `max_size` 0 means never rotate.
+    pub fn open(path: &Path, max_size: u64, max_files: u32) -> std::io::Result<Self> {
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        let file = OpenOptions::new().create(true).append(true).open(path)?;
+        let size = file.metadata()?.len();
+        Ok(CriLog {
+            path: path.to_owned(),
+            max_size,
+            max_files: max_files.max(1),
+            file,
+            size,
+        })
+    }
+
+    /// Writes one record; `full` says whether it ends a line.
+    pub fn record(
+        &mut self,
+        at: Timestamp,
+        stream: Stream,
+        full: bool,
+        content: &[u8],
+    ) -> std::io::Result<()> {
+        let ts = time::rfc3339_nano(at);
+        let mut line = Vec::with_capacity(ts.len() + content.len() + 12);
+        line.extend_from_slice(ts.as_bytes());
+        line.push(b' ');
+        line.extend_from_slice(stream.name().as_bytes());
+        line.extend_from_slice(if full { b" F " } else { b" P " });
+        line.extend_from_slice(content);
+        line.push(b'\n');
+        if self.max_size > 0 && self.size > 0 && self.size + line.len() as u64 > self.max_size {
+            self.rotate(at)?;
+        }
+        // One write per record, so a reader following the file never sees a torn line.
+        self.file.write_all(&line)?;
+        self.size += line.len() as u64;
+        Ok(())
+    }
+
+    fn rotate(&mut self, at: Timestamp) -> std::io::Result<()> {
+        let name = file_name(&self.path);
+        let stamp = at.strftime("%Y%m%d-%H%M%S").to_string();
+        let mut target = self.path.with_file_name(format!("{name}.{stamp}"));
+        let mut n = 1;
+        while target.exists() {
+            target = self.path.with_file_name(format!("{name}.{stamp}.{n:03}"));
+            n += 1;
+        }
+        std::fs::rename(&self.path, &target)?;
+        self.file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.path)?;
+        self.size = 0;
+        self.prune()
+    }
+
+    /// Deletes the oldest rotated files beyond `max_files - 1`.
+    fn prune(&self) -> std::io::Result<()> {
+        let mut rotated = rotated_files(&self.path)?;
+        // Timestamps in the names sort as the files' ages do.
+        rotated.sort();
+        let keep = (self.max_files as usize).saturating_sub(1);
+        let excess = rotated.len().saturating_sub(keep);
+        for old in rotated.into_iter().take(excess) {
+            std::fs::remove_file(old)?;
+        }
+        Ok(())
+    }
+}
+
+fn file_name(path: &Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// Rotated siblings of the live log `path`.
+pub fn rotated_files(path: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let prefix = format!("{}.", file_name(path));
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        if entry.file_name().to_string_lossy().starts_with(&prefix) {
+            out.push(entry.path());
+        }
+    }
+    Ok(out)
+}
+
+/// One stream's bytes not yet written as a record (a line still being written).
+pub struct LineBuffer {
+    stream: Stream,
+    pending: Vec<u8>,
+}
+
+impl LineBuffer {
+    pub fn new(stream: Stream) -> Self {
+        LineBuffer {
+            stream,
+            pending: Vec::new(),
+        }
+    }
+
+    /// Writes every complete line in `pending + data`; keeps the rest unless it
+    /// reaches [`MAX_RECORD`].
+    pub fn feed(&mut self, log: &mut CriLog, data: &[u8]) -> std::io::Result<()> {
+        let at = time::now();
+        self.pending.extend_from_slice(data);
+        let mut start = 0;
+        while let Some(nl) = self.pending[start..].iter().position(|&b| b == b'\n') {
+            let end = start + nl;
+            let mut line = &self.pending[start..end];
+            while line.len() > MAX_RECORD {
+                log.record(at, self.stream, false, &line[..MAX_RECORD])?;
+                line = &line[MAX_RECORD..];
+            }
+            log.record(at, self.stream, true, line)?;
+            start = end + 1;
+        }
+        while self.pending.len() - start >= MAX_RECORD {
+            log.record(
+                at,
+                self.stream,
+                false,
+                &self.pending[start..start + MAX_RECORD],
+            )?;
+            start += MAX_RECORD;
+        }
+        self.pending.drain(..start);
+        Ok(())
+    }
+
+    /// At end of stream, a last line without a newline is still a whole line
+    /// (containerd does the same).
+    pub fn finish(&mut self, log: &mut CriLog) -> std::io::Result<()> {
+        if !self.pending.is_empty() {
+            log.record(time::now(), self.stream, true, &self.pending)?;
+            self.pending.clear();
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmp(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("holdfast-logs-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        dir
+    }
+
+    fn records(path: &Path) -> Vec<(String, String, String)> {
+        let text = std::fs::read_to_string(path).expect("read log");
+        text.lines()
+            .map(|l| {
+                let mut it = l.splitn(4, ' ');
+                let ts = it.next().expect("ts");
+                assert!(ts.parse::<Timestamp>().is_ok(), "timestamp {ts}");
+                let s = it.next().expect("stream").to_owned();
+                let t = it.next().expect("tag").to_owned();
+                (s, t, it.next().unwrap_or("").to_owned())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn full_partial_and_long_lines() {
+        let dir = tmp("lines");
+        let path = dir.join("0.log");
+        let mut log = CriLog::open(&path, 0, 5).expect("open");
+        let mut out = LineBuffer::new(Stream::Stdout);
+        let mut err = LineBuffer::new(Stream::Stderr);
+        out.feed(&mut log, b"hel").expect("feed");
+        out.feed(&mut log, b"lo\nwor").expect("feed");
+        err.feed(&mut log, b"oops\n").expect("feed");
+        let long = vec![b'x'; MAX_RECORD * 2 + 10];
+        out.feed(&mut log, b"ld\n").expect("feed");
+        out.feed(&mut log, &long).expect("feed");
+        out.feed(&mut log, b"\ntail").expect("feed");
+        out.finish(&mut log).expect("finish");
+        let r = records(&path);
+        let short: Vec<(&str, &str, usize)> = r
+            .iter()
+            .map(|(s, t, c)| (s.as_str(), t.as_str(), c.len()))
+            .collect();
+        assert_eq!(
+            short,
+            vec![
+                ("stdout", "F", 5),
+                ("stderr", "F", 4),
+                ("stdout", "F", 5),
+                ("stdout", "P", MAX_RECORD),
+                ("stdout", "P", MAX_RECORD),
+                ("stdout", "F", 10),
+                ("stdout", "F", 4),
+            ]
+        );
+        assert_eq!(r[0].2, "hello");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn rotation_keeps_at_most_max_files() {
+        let dir = tmp("rotate");
+        let path = dir.join("2.log");
+        // Another restart's log in the same folder must survive pruning.
+        std::fs::write(dir.join("1.log"), b"older restart\n").expect("write");
+        let mut log = CriLog::open(&path, 200, 3).expect("open");
+        let mut out = LineBuffer::new(Stream::Stdout);
+        for i in 0..100 {
+            out.feed(
+                &mut log,
+                format!("line {i} of the test output\n").as_bytes(),
+            )
+            .expect("feed");
+        }
+        let rotated = rotated_files(&path).expect("list");
+        assert_eq!(rotated.len(), 2, "{rotated:?}");
+        assert!(std::fs::metadata(&path).expect("live").len() <= 200);
+        assert!(dir.join("1.log").exists());
+        let last = records(&path);
+        assert_eq!(
+            last.last().map(|r| r.2.as_str()),
+            Some("line 99 of the test output")
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,156 @@
+//! Kubernetes resource quantities (`64Mi`, `1G`, `129e6`, `500m`, `1.5`) as the runtime
+//! needs them: memory in bytes, CPU in millicores. Values round up, as the API's
+//! `Value()` and `MilliValue()` do, so a limit is never tighter than asked.
+
+use super::RuntimeError;
+
+/// Bytes in a memory quantity such as `64Mi`, `1G`, `128974848`, `129e6` or `123M`.
+pub fn parse_bytes(quantity: &str) -> Result<u64, RuntimeError> {
+    parse_scaled(quantity, 0)
+}
+
+/// Millicores in a CPU quantity such as `500m`, `1` or `1.5`.
+pub fn parse_millicpu(quantity: &str) -> Result<u64, RuntimeError> {
+    parse_scaled(quantity, 3)
+}
+
+fn invalid(quantity: &str, reason: &str) -> RuntimeError {
+    RuntimeError::Config(format!("invalid quantity {quantity:?}: {reason}"))
+}
+
+/// `ceil(quantity * 10^target_exp10)`.
+fn parse_scaled(quantity: &str, target_exp10: i32) -> Result<u64, RuntimeError> {
+    let s = quantity.trim();
+    let s = s.strip_prefix('+').unwrap_or(s);
+    if s.starts_with('-') {
+        return Err(invalid(quantity, "negative"));
+    }
+    let number_len = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (number, suffix) = s.split_at(number_len);
+    let (int_part, frac_part) = match number.split_once('.') {
+        Some((i, f)) => (i, f),
+        None => (number, ""),
+    };
+    if int_part.is_empty() && frac_part.is_empty() {
+        return Err(invalid(quantity, "no number"));
+    }
+    if frac_part.contains('.') {
+        return Err(invalid(quantity, "more than one decimal point"));
+    }
+    let digits = format!("{int_part}{frac_part}");
+    let digits = digits.trim_start_matches('0');
+    // u128 holds 38 decimal digits; a quantity with more is not a real limit.
+    if digits.len() > 30 {
+        return Err(invalid(quantity, "too many digits"));
+    }
+    let mantissa: u128 = if digits.is_empty() {
+        0
+    } else {
+        digits
+            .parse()
+            .map_err(|_| invalid(quantity, "bad number"))?
+    };
+    let frac_len = i32::try_from(frac_part.len()).map_err(|_| invalid(quantity, "too long"))?;
+    let (exp10, bin_shift) =
+        suffix_scale(suffix).ok_or_else(|| invalid(quantity, "unknown suffix"))?;
+    let exp10 = exp10 - frac_len + target_exp10;
+
+    let overflow = || invalid(quantity, "too large");
+    let mut numerator = mantissa
+        .checked_mul(1u128 << bin_shift)
+        .ok_or_else(overflow)?;
+    let mut denominator: u128 = 1;
+    if exp10 >= 0 {
+        let factor = 10u128
+            .checked_pow(exp10.unsigned_abs())
+            .ok_or_else(overflow)?;
+        numerator = numerator.checked_mul(factor).ok_or_else(overflow)?;
+    } else {
+        denominator = 10u128
+            .checked_pow(exp10.unsigned_abs())
+            .ok_or_else(overflow)?;
+    }
+    let value = numerator.div_ceil(denominator);
+    u64::try_from(value).map_err(|_| overflow())
+}
+
+/// (decimal exponent, binary shift) of a suffix.
+fn suffix_scale(suffix: &str) -> Option<(i32, u32)> {
+    let scale = match suffix {
+        "" => (0, 0),
+        "n" => (-9, 0),
+        "u" => (-6, 0),
+        "m" => (-3, 0),
+        "k" => (3, 0),
+        "M" => (6, 0),
+        "G" => (9, 0),
+        "T" => (12, 0),
+        "P" => (15, 0),
+        "E" => (18, 0),
+        "Ki" => (0, 10),
+        "Mi" => (0, 20),
+        "Gi" => (0, 30),
+        "Ti" => (0, 40),
+        "Pi" => (0, 50),
+        "Ei" => (0, 60),
+        _ => {
+            let exponent = suffix.strip_prefix(['e', 'E'])?;
+            let exponent: i32 = exponent.parse().ok()?;
+            if exponent.abs() > 30 {
+                return None;
+            }
+            (exponent, 0)
+        }
+    };
+    Some(scale)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_quantities() {
+        assert_eq!(parse_bytes("64Mi").ok(), Some(64 * 1024 * 1024));
+        assert_eq!(parse_bytes("1G").ok(), Some(1_000_000_000));
+        assert_eq!(parse_bytes("128974848").ok(), Some(128_974_848));
+        assert_eq!(parse_bytes("129e6").ok(), Some(129_000_000));
+        assert_eq!(parse_bytes("123M").ok(), Some(123_000_000));
+        assert_eq!(parse_bytes("1.5Gi").ok(), Some(1_610_612_736));
+        assert_eq!(parse_bytes("1E").ok(), Some(1_000_000_000_000_000_000));
+        assert_eq!(parse_bytes("1E3").ok(), Some(1000));
+        assert_eq!(parse_bytes("16Ki").ok(), Some(16384));
+        // Fractions of a byte round up.
+        assert_eq!(parse_bytes("1500m").ok(), Some(2));
+    }
+
+    #[test]
+    fn cpu_quantities() {
+        assert_eq!(parse_millicpu("500m").ok(), Some(500));
+        assert_eq!(parse_millicpu("1").ok(), Some(1000));
+        assert_eq!(parse_millicpu("1.5").ok(), Some(1500));
+        assert_eq!(parse_millicpu("0.1").ok(), Some(100));
+        assert_eq!(parse_millicpu(".25").ok(), Some(250));
+        assert_eq!(parse_millicpu("100u").ok(), Some(1));
+    }
+
+    #[test]
+    fn bad_quantities() {
+        for q in [
+            "",
+            "-1",
+            "1Xi",
+            "abc",
+            "1..2",
+            "1.2.3",
+            "1e",
+            "99999999999999999999999999999999Ei",
+            "1Ei0",
+        ] {
+            assert!(parse_bytes(q).is_err(), "{q:?} should not parse");
+        }
+        assert!(parse_bytes("20Ei").is_err(), "does not fit u64");
+    }
+}

@@ -1,0 +1,196 @@
+//! The files through which the agent and a container's shim talk: `shim.json` (what to
+//! run), `shim-pid.json`, `started.json`, `exit.json`, `failed.json`. Each is written
+//! whole (temp file, fsync, rename) so a reader never sees half a record, even after a
+//! power cut. Also the `/proc` facts that tell a live process from a reused pid.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use super::RuntimeError;
+use crate::time::Timestamp;
+
+pub const SHIM_CONFIG: &str = "shim.json";
+pub const SHIM_PID: &str = "shim-pid.json";
+pub const STARTED: &str = "started.json";
+pub const EXIT: &str = "exit.json";
+pub const FAILED: &str = "failed.json";
+pub const SHIM_LOG: &str = "shim.log";
+
+/// What a shim needs to run one container.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShimConfig {
+    pub id: String,
+    pub container_dir: PathBuf,
+    pub bundle: PathBuf,
+    /// Image layer directories, lowest first.
+    pub layers: Vec<PathBuf>,
+    pub log_path: PathBuf,
+    pub log_max_size: u64,
+    pub log_max_files: u32,
+    /// Relative to each cgroup hierarchy's mount point.
+    pub cgroups_path: String,
+    /// libcontainer's state root.
+    pub state_root: PathBuf,
+    pub exits_dir: PathBuf,
+    /// Written to the container's init before it starts (never to the shim, which must
+    /// outlive its container to record its exit).
+    pub oom_score_adj: Option<i32>,
+    pub boot_id: String,
+}
+
+/// A process as the kernel knows it: pid plus start time (clock ticks since boot), which
+/// together name one process even after the pid is reused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessRef {
+    pub pid: i32,
+    pub start_time: u64,
+}
+
+impl ProcessRef {
+    pub fn of(pid: i32) -> Option<Self> {
+        start_time(pid).map(|start_time| ProcessRef { pid, start_time })
+    }
+
+    /// Whether this very process still exists (a zombie counts as gone).
+    pub fn is_alive(&self) -> bool {
+        matches!(stat_fields(self.pid), Some((state, t)) if t == self.start_time && state != 'Z' && state != 'X')
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShimPid {
+    pub process: ProcessRef,
+    pub boot_id: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StartedRecord {
+    pub init: ProcessRef,
+    pub started_at: Timestamp,
+    pub boot_id: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FailureKind {
+    /// libcontainer, the rootfs or the shim failed.
+    Create,
+    /// The container was set up but its process could not run.
+    Start,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FailedRecord {
+    pub kind: FailureKind,
+    pub message: String,
+    pub at: Timestamp,
+}
+
+fn io(context: String) -> impl FnOnce(std::io::Error) -> RuntimeError {
+    move |source| RuntimeError::Io { context, source }
+}
+
+/// Writes `value` as JSON to `dir/name` atomically.
+pub fn write<T: Serialize>(dir: &Path, name: &str, value: &T) -> Result<(), RuntimeError> {
+    let path = dir.join(name);
+    let tmp = dir.join(format!(".{name}.tmp"));
+    let bytes = serde_json::to_vec_pretty(value).map_err(|e| RuntimeError::Io {
+        context: format!("encode {}", path.display()),
+        source: std::io::Error::other(e),
+    })?;
+    let mut file = std::fs::File::create(&tmp).map_err(io(format!("create {}", tmp.display())))?;
+    file.write_all(&bytes)
+        .and_then(|()| file.sync_all())
+        .map_err(io(format!("write {}", tmp.display())))?;
+    std::fs::rename(&tmp, &path).map_err(io(format!(
+        "rename {} to {}",
+        tmp.display(),
+        path.display()
+    )))?;
+    // The rename itself must survive a power cut too.
+    if let Ok(d) = std::fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
+/// Reads `dir/name`; `Ok(None)` when it does not exist.
+pub fn read<T: DeserializeOwned>(dir: &Path, name: &str) -> Result<Option<T>, RuntimeError> {
+    let path = dir.join(name);
+    let bytes = match std::fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io(format!("read {}", path.display()))(e)),
+    };
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(|e| RuntimeError::Io {
+            context: format!("decode {}", path.display()),
+            source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+        })
+}
+
+/// This boot's id: pids and start times from another boot mean nothing.
+pub fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default()
+}
+
+/// Field 22 of `/proc/<pid>/stat`.
+pub fn start_time(pid: i32) -> Option<u64> {
+    stat_fields(pid).map(|(_, t)| t)
+}
+
+/// (state, start time) from `/proc/<pid>/stat`.
+fn stat_fields(pid: i32) -> Option<(char, u64)> {
+    if pid <= 0 {
+        return None;
+    }
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces and parentheses; fields resume after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    // `rest` starts at field 3 (state); start time is field 22.
+    let start = fields.nth(18)?.parse().ok()?;
+    Some((state, start))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_process_is_alive_and_records_round_trip() {
+        let me = ProcessRef::of(std::process::id() as i32).expect("own stat");
+        assert!(me.is_alive());
+        assert!(!ProcessRef {
+            start_time: me.start_time + 1,
+            ..me
+        }
+        .is_alive());
+        assert!(!boot_id().is_empty());
+
+        let dir = std::env::temp_dir().join(format!("holdfast-records-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        let rec = StartedRecord {
+            init: me,
+            started_at: crate::time::now(),
+            boot_id: boot_id(),
+        };
+        write(&dir, STARTED, &rec).expect("write");
+        assert_eq!(
+            read::<StartedRecord>(&dir, STARTED).expect("read"),
+            Some(rec)
+        );
+        assert_eq!(
+            read::<StartedRecord>(&dir, EXIT).expect("read missing"),
+            None
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

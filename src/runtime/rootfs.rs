@@ -1,0 +1,123 @@
+//! A container's root filesystem: an overlay of the image's layers (read-only, shared
+//! by every container of the image) under a per-container upper directory, so no
+//! container ever writes to an image.
+
+use std::path::{Path, PathBuf};
+
+use nix::mount::{MntFlags, MsFlags};
+
+/// The kernel takes mount options in one page.
+const MAX_OPTIONS: usize = 4000;
+
+/// Mounts the overlay of `layers` (lowest first) at `target`.
+pub fn mount(layers: &[PathBuf], upper: &Path, work: &Path, target: &Path) -> Result<(), String> {
+    if layers.is_empty() {
+        return Err("image has no layers".to_owned());
+    }
+    for dir in [upper, work, target] {
+        std::fs::create_dir_all(dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+    }
+    let mut all: Vec<&Path> = layers.iter().rev().map(PathBuf::as_path).collect();
+    all.extend([upper, work]);
+    for p in &all {
+        let s = p.to_string_lossy();
+        // ':' separates lower dirs and ',' options; the kernel has no escape for either.
+        if s.contains([':', ',']) || !p.is_absolute() {
+            return Err(format!("path {s:?} cannot be an overlay directory"));
+        }
+    }
+    let lower: Vec<String> = layers
+        .iter()
+        .rev()
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect();
+    let options = format!(
+        "lowerdir={},upperdir={},workdir={}",
+        lower.join(":"),
+        upper.to_string_lossy(),
+        work.to_string_lossy()
+    );
+    if options.len() > MAX_OPTIONS {
+        return Err(format!(
+            "overlay options for {} layers exceed one page",
+            layers.len()
+        ));
+    }
+    nix::mount::mount(
+        Some("overlay"),
+        target,
+        Some("overlay"),
+        MsFlags::empty(),
+        Some(options.as_str()),
+    )
+    .map_err(|e| format!("mount overlay at {}: {e}", target.display()))
+}
+
+/// Detaches every mount at or below `dir`, deepest first.
+pub fn unmount_all_under(dir: &Path) -> Result<(), String> {
+    let mut points = mounts_under(dir).map_err(|e| format!("read mountinfo: {e}"))?;
+    points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    for p in points {
+        match nix::mount::umount2(&p, MntFlags::MNT_DETACH) {
+            Ok(()) | Err(nix::errno::Errno::EINVAL) | Err(nix::errno::Errno::ENOENT) => {}
+            Err(e) => return Err(format!("unmount {}: {e}", p.display())),
+        }
+    }
+    Ok(())
+}
+
+/// Mount points at or below `dir` in this process's mount namespace.
+pub fn mounts_under(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo")?;
+    Ok(info
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|p| PathBuf::from(unescape(p)))
+        .filter(|p| p.starts_with(dir))
+        .collect())
+}
+
+/// mountinfo writes space, tab, newline and backslash as `\ooo`.
+fn unescape(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\'
+            && i + 3 < bytes.len()
+            && bytes[i + 1..i + 4]
+                .iter()
+                .all(|b| (b'0'..=b'7').contains(b))
+        {
+            let v = (bytes[i + 1] - b'0') as u32 * 64
+                + (bytes[i + 2] - b'0') as u32 * 8
+                + (bytes[i + 3] - b'0') as u32;
+            out.push(v as u8);
+            i += 4;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_escapes() {
+        assert_eq!(unescape(r"/a\040b"), "/a b");
+        assert_eq!(unescape(r"/plain"), "/plain");
+        assert_eq!(unescape(r"/x\134"), "/x\\");
+        assert_eq!(unescape(r"/end\04"), r"/end\04");
+    }
+
+    #[test]
+    fn bad_overlay_paths_are_refused() {
+        let t = Path::new("/nonexistent-holdfast/t");
+        let err = mount(&[], t, t, t).expect_err("no layers");
+        assert!(err.contains("no layers"));
+    }
+}

@@ -1,0 +1,324 @@
+//! The shim: `holdfast shim ...`, one process per container, single-threaded, so it may
+//! call libcontainer (which forks with raw clone3).
+//!
+//! - `shim start <container dir>`: started by the agent, which waits for it. It leaves
+//!   the agent's session, starts `shim run` and exits at once, so the agent reaps it and
+//!   `shim run` is orphaned: nothing the agent does, even dying to SIGKILL, reaches it.
+//! - `shim run <container dir>`: mounts the rootfs, creates and starts the container
+//!   (its init is this process's child), writes `started.json`, copies its output into
+//!   the CRI log, reaps it, writes `exit.json`, notifies `exits/<id>` and cleans up.
+//! - `shim delete <state root> <id>`: libcontainer's delete of a container whose shim
+//!   died, run for the agent, which must never call libcontainer itself.
+//!
+//! A shim never panics on bad input: every failure ends in `failed.json` or `shim.log`.
+
+use std::ffi::c_int;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+
+use libcontainer::container::builder::ContainerBuilder;
+use libcontainer::container::Container;
+use libcontainer::syscall::syscall::SyscallType;
+use nix::fcntl::OFlag;
+use nix::sys::signal::{self, SaFlags, SigAction, SigHandler, SigSet, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag};
+use nix::unistd::Pid;
+
+use super::records::{
+    self, FailedRecord, FailureKind, ProcessRef, ShimConfig, ShimPid, StartedRecord,
+};
+use super::{rootfs, supervise};
+use crate::time;
+
+/// Entry point of `holdfast shim <args>`; returns the process exit code. Must run before
+/// any thread or async runtime exists.
+pub fn shim_main(args: &[String]) -> i32 {
+    init_logging();
+    let arg = |i: usize| args.get(i).map(String::as_str);
+    match (arg(0), arg(1), arg(2)) {
+        (Some("start"), Some(dir), None) => detach(Path::new(dir)),
+        (Some("run"), Some(dir), None) => run(Path::new(dir)),
+        (Some("delete"), Some(root), Some(id)) => delete(Path::new(root), id),
+        _ => {
+            eprintln!("usage: holdfast shim start|run <container dir> | holdfast shim delete <state root> <id>");
+            2
+        }
+    }
+}
+
+/// Logs go to stderr, which the agent points at `shim.log`.
+fn init_logging() {
+    // libcontainer also logs from the container's init after it has taken the
+    // container's stdio, so those lines land in the container's own stderr; it warns
+    // about seccomp every time. Only its errors, such as a failed exec, belong there.
+    let filter = "warn,libcontainer::process::init=error,libcgroups=error";
+    let _ = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(filter))
+        .try_init();
+}
+
+fn detach(dir: &Path) -> i32 {
+    // Fails only for a process group leader, which `Command` never makes us.
+    if let Err(e) = nix::unistd::setsid() {
+        eprintln!("shim start: setsid: {e}");
+        return 1;
+    }
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(e) => {
+            eprintln!("shim start: find own executable: {e}");
+            return 1;
+        }
+    };
+    match std::process::Command::new(exe)
+        .arg("shim")
+        .arg("run")
+        .arg(dir)
+        .spawn()
+    {
+        // Not waited for: exiting now orphans it, which is the point.
+        Ok(_child) => 0,
+        Err(e) => {
+            eprintln!("shim start: spawn shim run: {e}");
+            1
+        }
+    }
+}
+
+/// The container as the shim holds it while it runs.
+pub struct Running {
+    pub config: ShimConfig,
+    pub init: Pid,
+    pub started_at: time::Timestamp,
+    pub stdout: OwnedFd,
+    pub stderr: OwnedFd,
+}
+
+fn run(dir: &Path) -> i32 {
+    let config: ShimConfig = match records::read(dir, records::SHIM_CONFIG) {
+        Ok(Some(c)) => c,
+        Ok(None) => return fail_early(dir, "shim.json is missing".to_owned()),
+        Err(e) => return fail_early(dir, e.to_string()),
+    };
+    if let Err(e) = set_signal_dispositions() {
+        log::warn!("shim {}: set signal dispositions: {e}", config.id);
+    }
+    let me = ProcessRef::of(std::process::id() as i32);
+    if let Some(process) = me {
+        let rec = ShimPid {
+            process,
+            boot_id: config.boot_id.clone(),
+        };
+        if let Err(e) = records::write(dir, records::SHIM_PID, &rec) {
+            log::warn!("shim {}: {e}", config.id);
+        }
+    }
+    match create_and_start(&config) {
+        Ok(running) => {
+            supervise::run(running);
+            0
+        }
+        Err((kind, message)) => {
+            log::error!("shim {}: {message}", config.id);
+            let rec = FailedRecord {
+                kind,
+                message,
+                at: time::now(),
+            };
+            if let Err(e) = records::write(&config.container_dir, records::FAILED, &rec) {
+                log::error!("shim {}: {e}", config.id);
+            }
+            notify_exit(&config);
+            cleanup(&config);
+            // Reap whatever libcontainer left (an init that failed before exec).
+            while let Ok(status) = waitpid(None::<Pid>, Some(WaitPidFlag::WNOHANG)) {
+                if status == nix::sys::wait::WaitStatus::StillAlive {
+                    break;
+                }
+            }
+            1
+        }
+    }
+}
+
+fn fail_early(dir: &Path, message: String) -> i32 {
+    eprintln!("shim run {}: {message}", dir.display());
+    let rec = FailedRecord {
+        kind: FailureKind::Create,
+        message,
+        at: time::now(),
+    };
+    if let Err(e) = records::write(dir, records::FAILED, &rec) {
+        eprintln!("shim run {}: {e}", dir.display());
+    }
+    1
+}
+
+type Failure = (FailureKind, String);
+
+fn create_and_start(config: &ShimConfig) -> Result<Running, Failure> {
+    let create = |message: String| (FailureKind::Create, message);
+    let upper = config.container_dir.join("upper");
+    let work = config.container_dir.join("work");
+    let rootfs_dir = config.bundle.join("rootfs");
+    rootfs::mount(&config.layers, &upper, &work, &rootfs_dir).map_err(create)?;
+
+    let pipe = || nix::unistd::pipe2(OFlag::O_CLOEXEC);
+    let (out_r, out_w) = pipe().map_err(|e| create(format!("create stdout pipe: {e}")))?;
+    let (err_r, err_w) = pipe().map_err(|e| create(format!("create stderr pipe: {e}")))?;
+
+    // The init must be our child, so not `as_sibling`: with it, libcontainer's
+    // intermediate process (and so the init, cloned with CLONE_PARENT) would become
+    // children of our parent.
+    let built = ContainerBuilder::new(config.id.clone(), SyscallType::default())
+        .with_root_path(&config.state_root)
+        .map(|b| {
+            b.with_stdout(out_w)
+                .with_stderr(err_w)
+                .as_init(&config.bundle)
+                .with_systemd(false)
+                .with_detach(true)
+                .as_sibling(false)
+        })
+        .and_then(|b| b.build());
+    let mut container = match built {
+        Ok(c) => c,
+        Err(e) => {
+            let message = chain(&e);
+            // libcontainer reports the init's own failures, the missing executable
+            // among them, as "error in executing process".
+            let kind = if is_exec_failure(&message) {
+                FailureKind::Start
+            } else {
+                FailureKind::Create
+            };
+            return Err((kind, message));
+        }
+    };
+    let Some(init) = container.pid() else {
+        return Err(create("libcontainer reported no init pid".to_owned()));
+    };
+    if let Some(adj) = config.oom_score_adj {
+        // Raising a score needs no privilege; the kernel refuses only lowering it.
+        if let Err(e) = std::fs::write(format!("/proc/{init}/oom_score_adj"), adj.to_string()) {
+            log::warn!("shim {}: set oom_score_adj of {init}: {e}", config.id);
+        }
+    }
+    if let Err(e) = container.start() {
+        let message = chain(&e);
+        let _ = signal::kill(init, Signal::SIGKILL);
+        let _ = waitpid(init, None);
+        return Err((FailureKind::Start, message));
+    }
+    let started_at = time::now();
+    // Gone already (it exited at once): start time 0 matches no live process, and the
+    // exit is still ours to reap and record.
+    let init_ref = ProcessRef::of(init.as_raw()).unwrap_or(ProcessRef {
+        pid: init.as_raw(),
+        start_time: 0,
+    });
+    let rec = StartedRecord {
+        init: init_ref,
+        started_at,
+        boot_id: config.boot_id.clone(),
+    };
+    if let Err(e) = records::write(&config.container_dir, records::STARTED, &rec) {
+        log::error!("shim {}: {e}", config.id);
+    }
+    Ok(Running {
+        config: config.clone(),
+        init,
+        started_at,
+        stdout: out_r,
+        stderr: err_r,
+    })
+}
+
+fn is_exec_failure(message: &str) -> bool {
+    message.contains("error in executing process")
+        && (message.contains("not found")
+            || message.contains("permission")
+            || message.contains("invalid executable"))
+}
+
+/// An error and its sources, as one line.
+pub fn chain(err: &dyn std::error::Error) -> String {
+    let mut out = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = s.source();
+    }
+    out
+}
+
+/// Creates `exits/<id>`, which wakes the agent's exit watcher.
+pub fn notify_exit(config: &ShimConfig) {
+    let path = config.exits_dir.join(&config.id);
+    if let Err(e) = std::fs::File::create(&path) {
+        log::error!("shim {}: create {}: {e}", config.id, path.display());
+    }
+}
+
+/// Deletes the container from libcontainer (its cgroup and state) and unmounts the
+/// rootfs. Best effort: what fails here, the agent's remove retries.
+pub fn cleanup(config: &ShimConfig) {
+    let state = config.state_root.join(&config.id);
+    if state.exists() {
+        match Container::load(state) {
+            Ok(mut c) => {
+                if let Err(e) = c.delete(true) {
+                    log::error!("shim {}: libcontainer delete: {}", config.id, chain(&e));
+                }
+            }
+            Err(e) => log::error!("shim {}: libcontainer load: {}", config.id, chain(&e)),
+        }
+    }
+    if let Err(e) = rootfs::unmount_all_under(&config.bundle) {
+        log::error!("shim {}: {e}", config.id);
+    }
+}
+
+fn delete(state_root: &Path, id: &str) -> i32 {
+    let state: PathBuf = state_root.join(id);
+    if !state.exists() {
+        return 0;
+    }
+    match Container::load(state).and_then(|mut c| c.delete(true)) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("shim delete {id}: {}", chain(&e));
+            1
+        }
+    }
+}
+
+extern "C" fn ignore_signal(_: c_int) {}
+
+/// The shim is detached, but a stray SIGTERM/SIGINT/SIGHUP (a session teardown, a
+/// careless `kill`) must not cost a container its exit record: catch them with a
+/// handler that does nothing. Not SIG_IGN: that survives execve into the container's
+/// process, a handler does not. SIGPIPE and SIGCHLD go back to their defaults for the
+/// same reason (Rust's runtime ignores SIGPIPE; the agent may have touched SIGCHLD).
+#[allow(unsafe_code)]
+fn set_signal_dispositions() -> nix::Result<()> {
+    let noop = SigAction::new(
+        SigHandler::Handler(ignore_signal),
+        SaFlags::SA_RESTART,
+        SigSet::empty(),
+    );
+    let default = SigAction::new(SigHandler::SigDfl, SaFlags::empty(), SigSet::empty());
+    for sig in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
+        // SAFETY: the handler does nothing, so it is async-signal-safe, and the process
+        // is single-threaded here.
+        unsafe { signal::sigaction(sig, &noop) }?;
+    }
+    for sig in [Signal::SIGPIPE, Signal::SIGCHLD] {
+        // SAFETY: restoring a default disposition installs no code at all.
+        unsafe { signal::sigaction(sig, &default) }?;
+    }
+    Ok(())
+}

@@ -1,0 +1,174 @@
+//! The shim's life while its container runs: copy the container's stdout and stderr
+//! into the CRI log, reap the init when it exits, and record how it ended.
+//!
+//! No SIGCHLD handling: blocking it (for a signalfd) would be inherited by the
+//! container's processes. Instead `poll` on the output pipes wakes on output and on
+//! their EOF, which comes when the init dies (the kernel kills the rest of its PID
+//! namespace with it), and a slow timeout bounds the wait for an init that closed its
+//! output early; once both pipes are closed a blocking `waitpid` is all that is left.
+
+use std::fs::File;
+use std::io::{ErrorKind, Read};
+use std::os::fd::AsFd;
+use std::time::{Duration, Instant};
+
+use nix::poll::{PollFd, PollFlags, PollTimeout};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+
+use super::logs::{CriLog, LineBuffer, Stream};
+use super::records;
+use super::shim::{cleanup, notify_exit, Running};
+use super::ExitInfo;
+use crate::time;
+
+const POLL_INTERVAL_MS: u16 = 2000;
+/// How long output may still arrive after the init is gone.
+const DRAIN_LIMIT: Duration = Duration::from_secs(5);
+
+struct Pipe {
+    file: File,
+    buffer: LineBuffer,
+    open: bool,
+}
+
+pub fn run(running: Running) {
+    let Running {
+        config,
+        init,
+        started_at,
+        stdout,
+        stderr,
+    } = running;
+    let mut log = match CriLog::open(&config.log_path, config.log_max_size, config.log_max_files) {
+        Ok(l) => Some(l),
+        Err(e) => {
+            log::error!(
+                "shim {}: open log {}: {e}",
+                config.id,
+                config.log_path.display()
+            );
+            None
+        }
+    };
+    let mut pipes = [
+        Pipe {
+            file: File::from(stdout),
+            buffer: LineBuffer::new(Stream::Stdout),
+            open: true,
+        },
+        Pipe {
+            file: File::from(stderr),
+            buffer: LineBuffer::new(Stream::Stderr),
+            open: true,
+        },
+    ];
+
+    let status = loop {
+        if pipes.iter().all(|p| !p.open) {
+            break wait_blocking(init);
+        }
+        pump(
+            &mut pipes,
+            &mut log,
+            PollTimeout::from(POLL_INTERVAL_MS),
+            &config.id,
+        );
+        match waitpid(init, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) => {}
+            Ok(s @ (WaitStatus::Exited(..) | WaitStatus::Signaled(..))) => break Some(s),
+            Ok(_) => {}
+            Err(e) => {
+                log::error!("shim {}: waitpid {init}: {e}", config.id);
+                break None;
+            }
+        }
+    };
+    let finished_at = time::now();
+
+    let deadline = Instant::now() + DRAIN_LIMIT;
+    while pipes.iter().any(|p| p.open) && Instant::now() < deadline {
+        pump(&mut pipes, &mut log, PollTimeout::from(100u16), &config.id);
+    }
+    if let Some(log) = log.as_mut() {
+        for p in pipes.iter_mut() {
+            let _ = p.buffer.finish(log);
+        }
+    }
+
+    let (exit_code, signal) = match status {
+        Some(WaitStatus::Exited(_, code)) => (code, None),
+        Some(WaitStatus::Signaled(_, sig, _)) => (128 + sig as i32, Some(sig as i32)),
+        // Lost track of the init: say so rather than invent a success.
+        _ => (255, None),
+    };
+    // Before cleanup: deleting the container deletes its cgroup and the OOM counter.
+    let oom_killed = super::cgroup::oom_killed(&config.cgroups_path);
+    let info = ExitInfo {
+        exit_code,
+        signal,
+        oom_killed,
+        started_at: Some(started_at),
+        finished_at,
+        start_error: None,
+    };
+    if let Err(e) = records::write(&config.container_dir, records::EXIT, &info) {
+        log::error!("shim {}: {e}", config.id);
+    }
+    notify_exit(&config);
+    cleanup(&config);
+}
+
+fn wait_blocking(init: nix::unistd::Pid) -> Option<WaitStatus> {
+    loop {
+        match waitpid(init, None) {
+            Ok(s @ (WaitStatus::Exited(..) | WaitStatus::Signaled(..))) => return Some(s),
+            Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => return None,
+        }
+    }
+}
+
+/// Waits up to `timeout` for output and copies whatever is there.
+fn pump(pipes: &mut [Pipe; 2], log: &mut Option<CriLog>, timeout: PollTimeout, id: &str) {
+    let ready: Vec<bool> = {
+        let mut fds: Vec<PollFd<'_>> = pipes
+            .iter()
+            .filter(|p| p.open)
+            .map(|p| PollFd::new(p.file.as_fd(), PollFlags::POLLIN))
+            .collect();
+        match nix::poll::poll(&mut fds, timeout) {
+            Ok(0) | Err(nix::errno::Errno::EINTR) => return,
+            Ok(_) => fds
+                .iter()
+                .map(|f| f.revents().is_some_and(|r| !r.is_empty()))
+                .collect(),
+            Err(e) => {
+                log::error!("shim {id}: poll: {e}");
+                return;
+            }
+        }
+    };
+    let mut ready = ready.into_iter();
+    let mut buf = vec![0u8; 64 * 1024];
+    for p in pipes.iter_mut().filter(|p| p.open) {
+        if !ready.next().unwrap_or(false) {
+            continue;
+        }
+        match p.file.read(&mut buf) {
+            Ok(0) => p.open = false,
+            Ok(n) => {
+                if let Some(log) = log.as_mut() {
+                    if let Err(e) = p.buffer.feed(log, &buf[..n]) {
+                        // Keep reading even so: a full pipe would block the container.
+                        log::error!("shim {id}: write log: {e}");
+                    }
+                }
+            }
+            Err(e) if e.kind() == ErrorKind::Interrupted || e.kind() == ErrorKind::WouldBlock => {}
+            Err(e) => {
+                log::error!("shim {id}: read output: {e}");
+                p.open = false;
+            }
+        }
+    }
+}
