@@ -82,6 +82,11 @@ impl LibcontainerRuntime {
         self.root.join("containers").join(&id.0)
     }
 
+    /// The cgroup under which every container's cgroup is made.
+    pub fn cgroup_root(&self) -> &str {
+        &self.cgroup_root
+    }
+
     /// The container's cgroup, relative to each hierarchy's mount point.
     pub fn cgroups_path(&self, id: &ContainerId) -> String {
         format!("{}/{}", self.cgroup_root.trim_end_matches('/'), id.0)

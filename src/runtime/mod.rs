@@ -46,6 +46,7 @@ mod libcontainer_runtime;
 mod logs;
 pub mod quantity;
 mod records;
+mod reset;
 mod rootfs;
 mod shim;
 pub mod spec;
@@ -53,6 +54,7 @@ mod supervise;
 mod user;
 
 pub use libcontainer_runtime::{LibcontainerRuntime, DEFAULT_LOG_MAX_FILES, DEFAULT_LOG_MAX_SIZE};
+pub use reset::remove_all;
 pub use shim::shim_main;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
