@@ -61,7 +61,10 @@ impl std::fmt::Display for ContainerId {
 pub enum ContainerState {
     /// Being created by its shim; not yet running.
     Created,
-    Running { pid: i32, started_at: Timestamp },
+    Running {
+        pid: i32,
+        started_at: Timestamp,
+    },
     Exited(ExitInfo),
     /// No shim, no process, no exit record: lost (for example to a reboot).
     Unknown,
@@ -146,8 +149,5 @@ pub trait Runtime: Send + Sync + 'static {
     fn list(&self) -> Result<Vec<ContainerId>, RuntimeError>;
     /// Starts watching for container exits; each exit sends the container's id, soon
     /// after its exit record is written. Events may repeat; receivers read `state`.
-    fn watch_exits(
-        &self,
-        tx: tokio::sync::mpsc::Sender<ContainerId>,
-    ) -> Result<(), RuntimeError>;
+    fn watch_exits(&self, tx: tokio::sync::mpsc::Sender<ContainerId>) -> Result<(), RuntimeError>;
 }

@@ -110,9 +110,13 @@ impl Store {
                 Ok(())
             }
             Some(bytes) => {
-                let raw: [u8; 4] = bytes.as_ref().try_into().map_err(|_| StoreError::BadSchema {
-                    path: self.path.clone(),
-                })?;
+                let raw: [u8; 4] =
+                    bytes
+                        .as_ref()
+                        .try_into()
+                        .map_err(|_| StoreError::BadSchema {
+                            path: self.path.clone(),
+                        })?;
                 let found = u32::from_be_bytes(raw);
                 if found > SCHEMA_VERSION {
                     return Err(StoreError::TooNew {
@@ -145,12 +149,15 @@ impl Store {
 
     /// Makes every write so far durable.
     pub fn flush(&self) -> Result<(), StoreError> {
-        self.db.flush().map(|_| ()).map_err(|source| StoreError::Db {
-            op: "flush",
-            tree: "*",
-            key: String::new(),
-            source,
-        })
+        self.db
+            .flush()
+            .map(|_| ())
+            .map_err(|source| StoreError::Db {
+                op: "flush",
+                tree: "*",
+                key: String::new(),
+                source,
+            })
     }
 
     /// Where the store lives on disk.
