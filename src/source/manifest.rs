@@ -115,7 +115,7 @@ pub(super) fn read_manifest_file(path: &Path, node_name: &str) -> FileRead {
         let pod = match decoded {
             Some(Ok(pod)) => pod,
             Some(Err(e)) => {
-                errors.push(manifest_err(format!("{at}{e}")));
+                errors.push(manifest_err(format!("{at}decode pod: {e}")));
                 continue;
             }
             None => {
@@ -156,7 +156,7 @@ fn check_kind(doc: &Value) -> Result<(), String> {
     match (field("apiVersion"), field("kind")) {
         (Some("v1"), Some("Pod")) => Ok(()),
         (api, kind) => Err(format!(
-            "apiVersion/kind: expected v1/Pod, got {}/{}: only pods can be static manifests",
+            "expected apiVersion v1 and kind Pod, got apiVersion {} and kind {}: only pods can be static manifests",
             api.unwrap_or("<missing>"),
             kind.unwrap_or("<missing>")
         )),
