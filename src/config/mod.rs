@@ -1,7 +1,28 @@
 //! config: flags and the config file. Nothing else reads the environment.
+//!
+//! Precedence, as with the kubelet: a flag beats the config file, which beats the
+//! defaults documented on [`Config`]'s fields.
 
-use std::path::PathBuf;
+mod duration;
+mod file;
+mod flags;
+mod names;
+mod quantity;
+
+use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+pub use duration::parse_duration;
+pub use file::{parse_config, read_config_file, FileConfig};
+pub use flags::{parse_flags, RunFlags, USAGE};
+pub use names::{check_dns1123_label, check_dns1123_subdomain};
+pub use quantity::parse_quantity;
+
+const DEFAULT_ROOT_DIR: &str = "/var/lib/holdfast";
+const DEFAULT_STATIC_POD_PATH: &str = "/etc/kubernetes/manifests";
+const DEFAULT_CGROUP_ROOT: &str = "/holdfast";
+/// Where Linux keeps the kernel's host name; the same value gethostname(2) returns.
+const HOSTNAME_FILE: &str = "/proc/sys/kernel/hostname";
 
 /// Everything `holdfast run` needs to know, after the file and the flags are merged.
 #[derive(Debug, Clone, PartialEq)]
@@ -47,6 +68,137 @@ impl Default for BackoffConfig {
     }
 }
 
+impl Config {
+    /// Every setting at its default, for the given node.
+    pub fn with_defaults(node_name: String) -> Config {
+        Config {
+            root_dir: PathBuf::from(DEFAULT_ROOT_DIR),
+            static_pod_path: PathBuf::from(DEFAULT_STATIC_POD_PATH),
+            node_name,
+            file_check_frequency: Duration::from_secs(20),
+            sync_frequency: Duration::from_secs(60),
+            container_log_max_size: 10 * 1024 * 1024,
+            container_log_max_files: 5,
+            cgroup_root: DEFAULT_CGROUP_ROOT.into(),
+            crash_loop: BackoffConfig::default(),
+            verbosity: None,
+        }
+    }
+}
+
+/// Parses `holdfast run`'s arguments (those after `run`), reads the config file they
+/// name and logs a warning for each ignored key. Warnings logged before the logger is
+/// set up are lost: a caller that sets the log level from [`Config::verbosity`] should
+/// use [`load_run_args`] and log the warnings itself.
+pub fn parse_run_args(args: &[String]) -> Result<Config, ConfigError> {
+    let (config, warnings) = load_run_args(args)?;
+    for warning in warnings {
+        log::warn!("{warning}");
+    }
+    Ok(config)
+}
+
+/// Like [`parse_run_args`], returning the warnings (unknown config keys) to log.
+pub fn load_run_args(args: &[String]) -> Result<(Config, Vec<String>), ConfigError> {
+    load(&parse_flags(args)?)
+}
+
+/// Merges the flags, the config file they name and the defaults, and settles the node
+/// name. Returns the warnings to log.
+pub fn load(flags: &RunFlags) -> Result<(Config, Vec<String>), ConfigError> {
+    let (file, warnings) = match &flags.config {
+        Some(path) => read_config_file(path)?,
+        None => (FileConfig::default(), Vec::new()),
+    };
+    let config = merge(flags, &file, machine_hostname)?;
+    Ok((config, warnings))
+}
+
+fn merge(
+    flags: &RunFlags,
+    file: &FileConfig,
+    hostname: impl FnOnce() -> Result<String, ConfigError>,
+) -> Result<Config, ConfigError> {
+    let (raw_name, origin) = match (&flags.hostname_override, &file.hostname_override) {
+        (Some(name), _) => (name.clone(), "--hostname-override"),
+        (None, Some(name)) => (name.clone(), "holdfast.hostnameOverride"),
+        (None, None) => (hostname()?, "the machine's hostname"),
+    };
+    let node_name = raw_name.trim().to_lowercase();
+    check_dns1123_subdomain(&node_name).map_err(|reason| ConfigError::NodeName {
+        name: node_name.clone(),
+        origin,
+        reason,
+    })?;
+
+    let mut config = Config::with_defaults(node_name);
+    let pick_path = |flag: &Option<PathBuf>, from_file: &Option<PathBuf>, default: &mut PathBuf| {
+        if let Some(p) = flag.as_ref().or(from_file.as_ref()) {
+            *default = p.clone();
+        }
+    };
+    pick_path(&flags.root_dir, &file.root_dir, &mut config.root_dir);
+    pick_path(
+        &flags.pod_manifest_path,
+        &file.static_pod_path,
+        &mut config.static_pod_path,
+    );
+    if let Some(d) = file.file_check_frequency {
+        config.file_check_frequency = d;
+    }
+    if let Some(d) = file.sync_frequency {
+        config.sync_frequency = d;
+    }
+    if let Some(n) = file.container_log_max_size {
+        config.container_log_max_size = n;
+    }
+    if let Some(n) = file.container_log_max_files {
+        config.container_log_max_files = n;
+    }
+    if let Some(root) = &file.cgroup_root {
+        config.cgroup_root = root.clone();
+    }
+    if let Some(d) = file.crash_loop_initial {
+        config.crash_loop.initial = d;
+    }
+    if let Some(d) = file.crash_loop_max {
+        config.crash_loop.max = d;
+    }
+    if let Some(d) = file.crash_loop_reset {
+        config.crash_loop.reset = d;
+    }
+    // Checked again after the merge: one of the two may be a default.
+    if config.crash_loop.initial > config.crash_loop.max {
+        return Err(ConfigError::Key {
+            path: flags.config.clone().unwrap_or_default(),
+            key: "holdfast.crashLoopBackOffInitial".into(),
+            reason: format!(
+                "must not exceed holdfast.crashLoopBackOffMax ({:?} > {:?})",
+                config.crash_loop.initial, config.crash_loop.max
+            ),
+        });
+    }
+    config.verbosity = flags.verbosity;
+    Ok(config)
+}
+
+fn machine_hostname() -> Result<String, ConfigError> {
+    read_hostname(Path::new(HOSTNAME_FILE))
+}
+
+fn read_hostname(path: &Path) -> Result<String, ConfigError> {
+    let raw = std::fs::read_to_string(path).map_err(|e| ConfigError::Hostname {
+        reason: format!("read {}: {e}", path.display()),
+    })?;
+    let name = raw.trim();
+    if name.is_empty() {
+        return Err(ConfigError::Hostname {
+            reason: "the machine's hostname is empty".into(),
+        });
+    }
+    Ok(name.to_string())
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("config file {path}: {reason}")]
@@ -59,6 +211,185 @@ pub enum ConfigError {
     },
     #[error("flag {flag}: {reason}")]
     Flag { flag: String, reason: String },
+    #[error(
+        "node name {name:?} (from {origin}): {reason}; set --hostname-override to a valid name"
+    )]
+    NodeName {
+        name: String,
+        origin: &'static str,
+        reason: String,
+    },
+    #[error("cannot learn the node name: {reason}; set --hostname-override")]
+    Hostname { reason: String },
     #[error("{0}")]
     Usage(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    fn no_hostname() -> Result<String, ConfigError> {
+        panic!("the machine's hostname was consulted although a name was given")
+    }
+
+    fn temp_file(name: &str, text: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!(
+            "holdfast-config-test-{}-{name}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        let path = dir.join("config.yaml");
+        std::fs::write(&path, text).expect("write");
+        path
+    }
+
+    #[test]
+    fn defaults() {
+        let flags = parse_flags(&args(&["--hostname-override", "gw-1"])).expect("flags");
+        let config = merge(&flags, &FileConfig::default(), no_hostname).expect("merge");
+        assert_eq!(config, Config::with_defaults("gw-1".into()));
+        assert_eq!(config.root_dir, PathBuf::from("/var/lib/holdfast"));
+        assert_eq!(
+            config.static_pod_path,
+            PathBuf::from("/etc/kubernetes/manifests")
+        );
+        assert_eq!(config.file_check_frequency, Duration::from_secs(20));
+        assert_eq!(config.sync_frequency, Duration::from_secs(60));
+        assert_eq!(config.container_log_max_size, 10 * 1024 * 1024);
+        assert_eq!(config.container_log_max_files, 5);
+        assert_eq!(config.cgroup_root, "/holdfast");
+        assert_eq!(config.crash_loop, BackoffConfig::default());
+        assert_eq!(config.verbosity, None);
+    }
+
+    #[test]
+    fn flags_override_the_file() {
+        let path = temp_file(
+            "precedence",
+            "staticPodPath: /from-file/manifests
+syncFrequency: 30s
+holdfast:
+  rootDir: /from-file/root
+  hostnameOverride: File-Name
+  crashLoopBackOffInitial: 2s
+",
+        );
+        let p = path.display().to_string();
+        let (config, warnings) = load_run_args(&args(&[
+            "--config",
+            &p,
+            "--root-dir=/from-flag/root",
+            "--hostname-override",
+            "Flag-Name",
+            "-v",
+            "2",
+        ]))
+        .expect("load");
+        assert!(warnings.is_empty());
+        assert_eq!(config.root_dir, PathBuf::from("/from-flag/root"));
+        assert_eq!(config.node_name, "flag-name");
+        assert_eq!(
+            config.static_pod_path,
+            PathBuf::from("/from-file/manifests")
+        );
+        assert_eq!(config.sync_frequency, Duration::from_secs(30));
+        assert_eq!(config.crash_loop.initial, Duration::from_secs(2));
+        assert_eq!(config.verbosity, Some(2));
+
+        let (config, _) =
+            load_run_args(&args(&["--config", &p, "--pod-manifest-path", "/m"])).expect("load");
+        assert_eq!(config.static_pod_path, PathBuf::from("/m"));
+        assert_eq!(config.root_dir, PathBuf::from("/from-file/root"));
+        assert_eq!(config.node_name, "file-name");
+        let _ = std::fs::remove_dir_all(path.parent().expect("parent"));
+    }
+
+    #[test]
+    fn unknown_keys_come_back_as_warnings() {
+        let path = temp_file(
+            "warnings",
+            "maxPods: 110
+holdfast:
+  hostnameOverride: gw
+",
+        );
+        let p = path.display().to_string();
+        let (config, warnings) = load_run_args(&args(&["--config", &p])).expect("load");
+        assert_eq!(config.node_name, "gw");
+        assert_eq!(warnings.len(), 1);
+        assert!(warnings[0].contains("maxPods"), "{}", warnings[0]);
+        assert!(parse_run_args(&args(&["--config", &p])).is_ok());
+        let _ = std::fs::remove_dir_all(path.parent().expect("parent"));
+    }
+
+    #[test]
+    fn missing_config_file_is_an_error() {
+        match load_run_args(&args(&["--config", "/nonexistent/holdfast.yaml"])) {
+            Err(ConfigError::File { path, reason }) => {
+                assert_eq!(path, PathBuf::from("/nonexistent/holdfast.yaml"));
+                assert!(reason.starts_with("read:"), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn node_name_is_lowercased_and_validated() {
+        let flags = RunFlags {
+            hostname_override: Some("GW-1.Site".into()),
+            ..RunFlags::default()
+        };
+        let config = merge(&flags, &FileConfig::default(), no_hostname).expect("merge");
+        assert_eq!(config.node_name, "gw-1.site");
+
+        let flags = RunFlags {
+            hostname_override: Some("gw_1".into()),
+            ..RunFlags::default()
+        };
+        match merge(&flags, &FileConfig::default(), no_hostname) {
+            Err(e @ ConfigError::NodeName { .. }) => {
+                let msg = e.to_string();
+                assert!(msg.contains("\"gw_1\""), "{msg}");
+                assert!(msg.contains("--hostname-override"), "{msg}");
+                assert!(msg.contains("DNS-1123"), "{msg}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn machine_hostname_is_the_fallback() {
+        let config = merge(&RunFlags::default(), &FileConfig::default(), || {
+            Ok("Edge-Gateway\n".to_string())
+        })
+        .expect("merge");
+        assert_eq!(config.node_name, "edge-gateway");
+        assert!(matches!(
+            read_hostname(Path::new("/nonexistent/hostname")),
+            Err(ConfigError::Hostname { .. })
+        ));
+    }
+
+    #[test]
+    fn backoff_bounds_are_checked_after_merge() {
+        let file = FileConfig {
+            crash_loop_initial: Some(Duration::from_secs(600)),
+            ..FileConfig::default()
+        };
+        let flags = RunFlags {
+            hostname_override: Some("gw".into()),
+            ..RunFlags::default()
+        };
+        match merge(&flags, &file, no_hostname) {
+            Err(ConfigError::Key { key, .. }) => {
+                assert_eq!(key, "holdfast.crashLoopBackOffInitial")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 }

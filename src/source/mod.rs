@@ -5,8 +5,22 @@
 //! one set per source, persists it in the store, and turns differences into
 //! [`PodChange`]s for the sync loop, as the kubelet's config mux does.
 
+mod file;
+mod manifest;
+mod mux;
+mod static_pod;
+mod validate;
+
 use k8s_openapi::api::core::v1::Pod;
 use serde::{Deserialize, Serialize};
+
+pub use file::{read_manifests, spawn_file_source, SOURCE_FILE};
+pub use mux::Mux;
+pub use static_pod::{
+    apply_api_defaults, default_pull_policy, make_static_pod, static_pod_uid, CONFIG_HASH,
+    CONFIG_SEEN, CONFIG_SOURCE,
+};
+pub use validate::validate_pod;
 
 /// The full set of pods one source wants on this node, as of now.
 #[derive(Debug, Clone)]

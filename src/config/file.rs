@@ -1,0 +1,455 @@
+//! The config file: a KubeletConfiguration-shaped YAML subset plus holdfast's own keys
+//! under `holdfast:`. Read key by key from a mapping so that every error names its key;
+//! unknown keys are warnings, because a kubelet config file carries many keys holdfast
+//! has no use for.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_yaml::{Mapping, Value};
+
+use super::duration::parse_duration;
+use super::quantity::parse_quantity;
+use super::ConfigError;
+
+const API_VERSION: &str = "kubelet.config.k8s.io/v1beta1";
+const KIND: &str = "KubeletConfiguration";
+
+/// What the file sets; `None` for keys it leaves out.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FileConfig {
+    pub static_pod_path: Option<PathBuf>,
+    pub file_check_frequency: Option<Duration>,
+    pub sync_frequency: Option<Duration>,
+    pub container_log_max_size: Option<u64>,
+    pub container_log_max_files: Option<u32>,
+    pub cgroup_root: Option<String>,
+    pub crash_loop_initial: Option<Duration>,
+    pub crash_loop_max: Option<Duration>,
+    pub crash_loop_reset: Option<Duration>,
+    pub root_dir: Option<PathBuf>,
+    pub hostname_override: Option<String>,
+}
+
+/// Reads and parses the config file at `path`; returns what it sets and a warning for
+/// every key that is ignored.
+pub fn read_config_file(path: &Path) -> Result<(FileConfig, Vec<String>), ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|e| ConfigError::File {
+        path: path.to_path_buf(),
+        reason: format!("read: {e}"),
+    })?;
+    parse_config(path, &text)
+}
+
+/// Parses config file text; `path` names the file in errors and anchors relative paths.
+pub fn parse_config(path: &Path, text: &str) -> Result<(FileConfig, Vec<String>), ConfigError> {
+    let value: Value = serde_yaml::from_str(text).map_err(|e| ConfigError::File {
+        path: path.to_path_buf(),
+        reason: format!("not valid YAML: {e}"),
+    })?;
+    let top = match value {
+        Value::Null => Mapping::new(),
+        Value::Mapping(m) => m,
+        _ => {
+            return Err(ConfigError::File {
+                path: path.to_path_buf(),
+                reason: "expected a mapping of keys at the top level".into(),
+            })
+        }
+    };
+    let reader = Reader { path };
+    // Relative paths in the file are relative to the file, as with the kubelet, so a
+    // config file and its manifests can move together.
+    let base = path.parent().unwrap_or(Path::new(""));
+    let mut out = FileConfig::default();
+    let mut warnings = Vec::new();
+    for (key, value) in &top {
+        let key = reader.key_name(key, "")?;
+        match key.as_str() {
+            "apiVersion" => {
+                let v = reader.string(&key, value)?;
+                if v != API_VERSION {
+                    return Err(reader.err(&key, format!("expected {API_VERSION}, got {v:?}")));
+                }
+            }
+            "kind" => {
+                let v = reader.string(&key, value)?;
+                if v != KIND {
+                    return Err(reader.err(&key, format!("expected {KIND}, got {v:?}")));
+                }
+            }
+            "staticPodPath" => {
+                out.static_pod_path = Some(base.join(reader.path_value(&key, value)?));
+            }
+            "fileCheckFrequency" => {
+                out.file_check_frequency = Some(reader.positive_duration(&key, value)?);
+            }
+            "syncFrequency" => out.sync_frequency = Some(reader.positive_duration(&key, value)?),
+            "containerLogMaxSize" => {
+                out.container_log_max_size = Some(reader.quantity(&key, value)?);
+            }
+            "containerLogMaxFiles" => {
+                out.container_log_max_files = Some(reader.log_max_files(&key, value)?);
+            }
+            "cgroupRoot" => {
+                let v = reader.string(&key, value)?;
+                if !v.starts_with('/') {
+                    return Err(reader.err(
+                        &key,
+                        format!("expected an absolute cgroup path like /holdfast, got {v:?}"),
+                    ));
+                }
+                out.cgroup_root = Some(v);
+            }
+            "holdfast" => {
+                let section = match value {
+                    Value::Mapping(m) => m,
+                    Value::Null => continue,
+                    other => {
+                        return Err(reader.err(
+                            &key,
+                            format!("expected a mapping, got {}", type_name(other)),
+                        ))
+                    }
+                };
+                reader.holdfast_section(section, base, &mut out, &mut warnings)?;
+            }
+            _ => warnings.push(format!(
+                "config file {}: unknown key {key} ignored",
+                path.display()
+            )),
+        }
+    }
+    if let (Some(initial), Some(max)) = (out.crash_loop_initial, out.crash_loop_max) {
+        if initial > max {
+            return Err(reader.err(
+                "holdfast.crashLoopBackOffInitial",
+                format!("must not exceed holdfast.crashLoopBackOffMax ({initial:?} > {max:?})"),
+            ));
+        }
+    }
+    Ok((out, warnings))
+}
+
+struct Reader<'a> {
+    path: &'a Path,
+}
+
+impl Reader<'_> {
+    fn err(&self, key: &str, reason: String) -> ConfigError {
+        ConfigError::Key {
+            path: self.path.to_path_buf(),
+            key: key.to_string(),
+            reason,
+        }
+    }
+
+    fn key_name(&self, key: &Value, prefix: &str) -> Result<String, ConfigError> {
+        match key {
+            Value::String(s) => Ok(format!("{prefix}{s}")),
+            other => Err(ConfigError::File {
+                path: self.path.to_path_buf(),
+                reason: format!(
+                    "keys must be strings, found {} key {}",
+                    type_name(other),
+                    short(other)
+                ),
+            }),
+        }
+    }
+
+    fn holdfast_section(
+        &self,
+        section: &Mapping,
+        base: &Path,
+        out: &mut FileConfig,
+        warnings: &mut Vec<String>,
+    ) -> Result<(), ConfigError> {
+        for (key, value) in section {
+            let key = self.key_name(key, "holdfast.")?;
+            match key.as_str() {
+                "holdfast.crashLoopBackOffInitial" => {
+                    out.crash_loop_initial = Some(self.positive_duration(&key, value)?);
+                }
+                "holdfast.crashLoopBackOffMax" => {
+                    out.crash_loop_max = Some(self.positive_duration(&key, value)?);
+                }
+                "holdfast.crashLoopBackOffReset" => {
+                    out.crash_loop_reset = Some(self.positive_duration(&key, value)?);
+                }
+                "holdfast.rootDir" => out.root_dir = Some(base.join(self.path_value(&key, value)?)),
+                "holdfast.hostnameOverride" => {
+                    let v = self.string(&key, value)?;
+                    if v.trim().is_empty() {
+                        return Err(
+                            self.err(&key, "expected a node name, got an empty string".into())
+                        );
+                    }
+                    out.hostname_override = Some(v);
+                }
+                _ => warnings.push(format!(
+                    "config file {}: unknown key {key} ignored",
+                    self.path.display()
+                )),
+            }
+        }
+        Ok(())
+    }
+
+    fn string(&self, key: &str, value: &Value) -> Result<String, ConfigError> {
+        match value {
+            Value::String(s) => Ok(s.clone()),
+            other => Err(self.err(
+                key,
+                format!(
+                    "expected a string, got {} {}",
+                    type_name(other),
+                    short(other)
+                ),
+            )),
+        }
+    }
+
+    fn path_value(&self, key: &str, value: &Value) -> Result<PathBuf, ConfigError> {
+        let s = self.string(key, value)?;
+        if s.is_empty() {
+            return Err(self.err(key, "expected a path, got an empty string".into()));
+        }
+        Ok(PathBuf::from(s))
+    }
+
+    fn positive_duration(&self, key: &str, value: &Value) -> Result<Duration, ConfigError> {
+        let s = match value {
+            Value::String(s) => s,
+            other => {
+                return Err(self.err(
+                    key,
+                    format!(
+                        "expected a duration string like 20s or 1m30s, got {} {}",
+                        type_name(other),
+                        short(other)
+                    ),
+                ))
+            }
+        };
+        let d = parse_duration(s).map_err(|reason| {
+            self.err(
+                key,
+                format!("expected a duration like 20s or 1m30s: {reason}"),
+            )
+        })?;
+        if d.is_zero() {
+            return Err(self.err(key, "must be greater than zero".into()));
+        }
+        Ok(d)
+    }
+
+    fn quantity(&self, key: &str, value: &Value) -> Result<u64, ConfigError> {
+        let bytes = match value {
+            Value::String(s) => parse_quantity(s).map_err(|reason| {
+                self.err(key, format!("expected a quantity like 10Mi: {reason}"))
+            })?,
+            Value::Number(n) => n
+                .as_u64()
+                .ok_or_else(|| self.err(key, format!("expected a quantity like 10Mi, got {n}")))?,
+            other => {
+                return Err(self.err(
+                    key,
+                    format!(
+                        "expected a quantity like 10Mi, got {} {}",
+                        type_name(other),
+                        short(other)
+                    ),
+                ))
+            }
+        };
+        if bytes == 0 {
+            return Err(self.err(key, "must be greater than zero".into()));
+        }
+        Ok(bytes)
+    }
+
+    fn log_max_files(&self, key: &str, value: &Value) -> Result<u32, ConfigError> {
+        let n = match value {
+            Value::Number(n) => n.as_u64().and_then(|n| u32::try_from(n).ok()),
+            _ => None,
+        };
+        match n {
+            Some(n) if n >= 2 => Ok(n),
+            _ => Err(self.err(
+                key,
+                format!("expected an integer of at least 2, got {}", short(value)),
+            )),
+        }
+    }
+}
+
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Sequence(_) => "list",
+        Value::Mapping(_) => "mapping",
+        Value::Tagged(_) => "tagged value",
+    }
+}
+
+/// A short rendering of a value for an error message; values can be whole subtrees.
+fn short(v: &Value) -> String {
+    match v {
+        Value::Null => "null".into(),
+        Value::Bool(b) => b.to_string(),
+        Value::Number(n) => n.to_string(),
+        Value::String(s) => format!("{s:?}"),
+        Value::Sequence(_) => "[...]".into(),
+        Value::Mapping(_) => "{...}".into(),
+        Value::Tagged(t) => format!("!{}", t.tag),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<(FileConfig, Vec<String>), ConfigError> {
+        parse_config(Path::new("/etc/holdfast/config.yaml"), text)
+    }
+
+    fn key_err(text: &str) -> (String, String) {
+        match parse(text) {
+            Err(ConfigError::Key { key, reason, .. }) => (key, reason),
+            other => panic!("expected a key error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn every_known_key() {
+        let (cfg, warnings) = parse(
+            "apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+staticPodPath: manifests
+fileCheckFrequency: 5s
+syncFrequency: 1m30s
+containerLogMaxSize: 20Mi
+containerLogMaxFiles: 3
+cgroupRoot: /edge
+holdfast:
+  crashLoopBackOffInitial: 1s
+  crashLoopBackOffMax: 1m0s
+  crashLoopBackOffReset: 10m
+  rootDir: /data/holdfast
+  hostnameOverride: gw-7
+",
+        )
+        .expect("parse");
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(
+            cfg,
+            FileConfig {
+                static_pod_path: Some(PathBuf::from("/etc/holdfast/manifests")),
+                file_check_frequency: Some(Duration::from_secs(5)),
+                sync_frequency: Some(Duration::from_secs(90)),
+                container_log_max_size: Some(20 * 1024 * 1024),
+                container_log_max_files: Some(3),
+                cgroup_root: Some("/edge".into()),
+                crash_loop_initial: Some(Duration::from_secs(1)),
+                crash_loop_max: Some(Duration::from_secs(60)),
+                crash_loop_reset: Some(Duration::from_secs(600)),
+                root_dir: Some(PathBuf::from("/data/holdfast")),
+                hostname_override: Some("gw-7".into()),
+            }
+        );
+    }
+
+    #[test]
+    fn empty_file_sets_nothing() {
+        assert_eq!(parse("").expect("parse"), (FileConfig::default(), vec![]));
+        assert_eq!(
+            parse("# only a comment\n").expect("parse").0,
+            FileConfig::default()
+        );
+    }
+
+    #[test]
+    fn unknown_keys_warn() {
+        let (cfg, warnings) = parse(
+            "evictionHard:\n  memory.available: 100Mi\nsyncFrequency: 10s\nholdfast:\n  colour: blue\n",
+        )
+        .expect("parse");
+        assert_eq!(cfg.sync_frequency, Some(Duration::from_secs(10)));
+        assert_eq!(warnings.len(), 2, "{warnings:?}");
+        assert!(
+            warnings[0].contains("unknown key evictionHard"),
+            "{}",
+            warnings[0]
+        );
+        assert!(
+            warnings[1].contains("unknown key holdfast.colour"),
+            "{}",
+            warnings[1]
+        );
+    }
+
+    #[test]
+    fn type_errors_name_the_key() {
+        let (key, reason) = key_err("fileCheckFrequency: 20\n");
+        assert_eq!(key, "fileCheckFrequency");
+        assert!(reason.contains("duration"), "{reason}");
+
+        let (key, reason) = key_err("syncFrequency: soon\n");
+        assert_eq!(key, "syncFrequency");
+        assert!(reason.contains("\"soon\""), "{reason}");
+
+        let (key, reason) = key_err("containerLogMaxFiles: 1\n");
+        assert_eq!(key, "containerLogMaxFiles");
+        assert!(reason.contains("at least 2"), "{reason}");
+
+        let (key, _) = key_err("containerLogMaxFiles: three\n");
+        assert_eq!(key, "containerLogMaxFiles");
+
+        let (key, reason) = key_err("containerLogMaxSize: 10MB\n");
+        assert_eq!(key, "containerLogMaxSize");
+        assert!(reason.contains("MB"), "{reason}");
+
+        let (key, reason) = key_err("staticPodPath: [a, b]\n");
+        assert_eq!(key, "staticPodPath");
+        assert!(reason.contains("expected a string, got list"), "{reason}");
+
+        let (key, _) = key_err("cgroupRoot: holdfast\n");
+        assert_eq!(key, "cgroupRoot");
+
+        let (key, _) = key_err("holdfast:\n  crashLoopBackOffMax: 5\n");
+        assert_eq!(key, "holdfast.crashLoopBackOffMax");
+
+        let (key, _) = key_err("holdfast: 3\n");
+        assert_eq!(key, "holdfast");
+
+        let (key, reason) = key_err("kind: Pod\n");
+        assert_eq!(key, "kind");
+        assert!(reason.contains("KubeletConfiguration"), "{reason}");
+
+        let (key, _) = key_err("apiVersion: v1\n");
+        assert_eq!(key, "apiVersion");
+
+        let (key, _) =
+            key_err("holdfast:\n  crashLoopBackOffInitial: 10m\n  crashLoopBackOffMax: 1m\n");
+        assert_eq!(key, "holdfast.crashLoopBackOffInitial");
+    }
+
+    #[test]
+    fn log_size_as_a_plain_number() {
+        let (cfg, _) = parse("containerLogMaxSize: 5000\n").expect("parse");
+        assert_eq!(cfg.container_log_max_size, Some(5000));
+    }
+
+    #[test]
+    fn bad_yaml_and_bad_shape() {
+        match parse("syncFrequency: [1m\n") {
+            Err(ConfigError::File { reason, .. }) => assert!(reason.contains("line"), "{reason}"),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(parse("- a\n- b\n"), Err(ConfigError::File { .. })));
+    }
+}

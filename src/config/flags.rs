@@ -1,0 +1,168 @@
+//! `holdfast run`'s command-line flags, spelled as the kubelet spells them so that
+//! a unit file written for the kubelet needs few changes.
+
+use std::path::PathBuf;
+
+use super::ConfigError;
+
+/// The flags as given; `None` where a flag was not given, so the config file and the
+/// defaults can fill in.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RunFlags {
+    pub config: Option<PathBuf>,
+    pub root_dir: Option<PathBuf>,
+    pub pod_manifest_path: Option<PathBuf>,
+    pub hostname_override: Option<String>,
+    pub verbosity: Option<u8>,
+}
+
+pub const USAGE: &str = "usage: holdfast run [flags]
+
+flags:
+  --config FILE               KubeletConfiguration-shaped YAML file
+  --root-dir DIR              state directory (default /var/lib/holdfast)
+  --pod-manifest-path DIR     static pod manifests (default /etc/kubernetes/manifests)
+  --hostname-override NAME    node name instead of the machine's hostname
+  --v N, -v N                 log verbosity (0 info, 2 debug, 4 trace)";
+
+/// Parses the arguments that follow `run`. Both `--flag value` and `--flag=value`.
+pub fn parse_flags(args: &[String]) -> Result<RunFlags, ConfigError> {
+    let mut flags = RunFlags::default();
+    let mut iter = args.iter();
+    while let Some(arg) = iter.next() {
+        if arg == "--help" || arg == "-h" {
+            return Err(ConfigError::Usage(USAGE.into()));
+        }
+        let (name, inline) = match arg.split_once('=') {
+            Some((n, v)) => (n, Some(v.to_string())),
+            None => (arg.as_str(), None),
+        };
+        let canonical = match name {
+            "--config" => "--config",
+            "--root-dir" => "--root-dir",
+            "--pod-manifest-path" => "--pod-manifest-path",
+            "--hostname-override" => "--hostname-override",
+            "--v" | "-v" => "--v",
+            _ if name.starts_with('-') => {
+                return Err(ConfigError::Flag {
+                    flag: name.to_string(),
+                    reason: "unknown flag (see holdfast run --help)".into(),
+                })
+            }
+            _ => {
+                return Err(ConfigError::Usage(format!(
+                    "unexpected argument {arg:?}\n{USAGE}"
+                )))
+            }
+        };
+        let value = match inline {
+            Some(v) => v,
+            None => iter.next().cloned().ok_or_else(|| ConfigError::Flag {
+                flag: canonical.into(),
+                reason: "needs a value".into(),
+            })?,
+        };
+        if value.is_empty() {
+            return Err(ConfigError::Flag {
+                flag: canonical.into(),
+                reason: "empty value".into(),
+            });
+        }
+        match canonical {
+            "--config" => flags.config = Some(PathBuf::from(value)),
+            "--root-dir" => flags.root_dir = Some(PathBuf::from(value)),
+            "--pod-manifest-path" => flags.pod_manifest_path = Some(PathBuf::from(value)),
+            "--hostname-override" => flags.hostname_override = Some(value),
+            _ => {
+                let level = value.parse::<u8>().map_err(|_| ConfigError::Flag {
+                    flag: canonical.into(),
+                    reason: format!("expected a number from 0 to 255, got {value:?}"),
+                })?;
+                flags.verbosity = Some(level);
+            }
+        }
+    }
+    Ok(flags)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn separate_and_joined_values() {
+        let f = parse_flags(&args(&[
+            "--config",
+            "/etc/holdfast/config.yaml",
+            "--root-dir=/data/holdfast",
+            "--pod-manifest-path",
+            "/m",
+            "--hostname-override=GW-1",
+            "--v=3",
+        ]))
+        .expect("parse");
+        assert_eq!(f.config, Some(PathBuf::from("/etc/holdfast/config.yaml")));
+        assert_eq!(f.root_dir, Some(PathBuf::from("/data/holdfast")));
+        assert_eq!(f.pod_manifest_path, Some(PathBuf::from("/m")));
+        assert_eq!(f.hostname_override.as_deref(), Some("GW-1"));
+        assert_eq!(f.verbosity, Some(3));
+    }
+
+    #[test]
+    fn verbosity_forms() {
+        for form in [&["--v", "4"][..], &["--v=4"], &["-v", "4"], &["-v=4"]] {
+            assert_eq!(parse_flags(&args(form)).expect("parse").verbosity, Some(4));
+        }
+        match parse_flags(&args(&["--v", "loud"])) {
+            Err(ConfigError::Flag { flag, reason }) => {
+                assert_eq!(flag, "--v");
+                assert!(reason.contains("\"loud\""), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn no_flags_is_all_unset() {
+        assert_eq!(parse_flags(&[]).expect("parse"), RunFlags::default());
+    }
+
+    #[test]
+    fn unknown_flag_is_named() {
+        match parse_flags(&args(&["--root-dir", "/x", "--kubeconfg=/k"])) {
+            Err(ConfigError::Flag { flag, .. }) => assert_eq!(flag, "--kubeconfg"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn missing_or_empty_value() {
+        match parse_flags(&args(&["--root-dir"])) {
+            Err(ConfigError::Flag { flag, reason }) => {
+                assert_eq!(flag, "--root-dir");
+                assert!(reason.contains("needs a value"));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            parse_flags(&args(&["--config="])),
+            Err(ConfigError::Flag { .. })
+        ));
+    }
+
+    #[test]
+    fn stray_argument_and_help() {
+        assert!(matches!(
+            parse_flags(&args(&["pods"])),
+            Err(ConfigError::Usage(_))
+        ));
+        assert!(matches!(
+            parse_flags(&args(&["--help"])),
+            Err(ConfigError::Usage(_))
+        ));
+    }
+}

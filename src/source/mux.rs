@@ -1,0 +1,398 @@
+//! The pod config mux: one set of pods per source, merged by UID into adds, updates and
+//! removes for the sync loop, and persisted so a restarted agent runs its pods before
+//! any source has spoken (the kubelet's PodConfig, with sled as its memory).
+
+use std::collections::{BTreeMap, HashMap};
+
+use k8s_openapi::api::core::v1::Pod;
+
+use super::static_pod::CONFIG_SEEN;
+use super::{DesiredPod, PodChange, SourceError, SourceSnapshot};
+use crate::store::{Store, Tree};
+
+/// The store tree holding the desired pods, keyed by pod UID.
+const PODS_TREE: &str = "pods";
+
+pub struct Mux {
+    store: Store,
+    pods: Tree<DesiredPod>,
+    /// Per source, its pods by UID, as they are in the store.
+    sets: HashMap<String, BTreeMap<String, Pod>>,
+    writes: u64,
+}
+
+impl Mux {
+    /// Loads the desired pods from the store; returns an `Add` for each, so they run
+    /// again without waiting for their sources.
+    pub fn open(store: &Store) -> Result<(Mux, Vec<PodChange>), SourceError> {
+        let pods: Tree<DesiredPod> = store.tree(PODS_TREE)?;
+        let mut sets: HashMap<String, BTreeMap<String, Pod>> = HashMap::new();
+        let mut changes = Vec::new();
+        for (uid, desired) in pods.entries()? {
+            changes.push(PodChange::Add(Box::new(desired.pod.clone())));
+            sets.entry(desired.source)
+                .or_default()
+                .insert(uid, desired.pod);
+        }
+        let mux = Mux {
+            store: store.clone(),
+            pods,
+            sets,
+            writes: 0,
+        };
+        Ok((mux, changes))
+    }
+
+    /// Replaces one source's set with `snapshot` and returns what changed: removes
+    /// first (so a replaced pod frees its name and ports before its successor starts),
+    /// then updates, then adds, each by UID. Writes to the store only what changed.
+    pub fn apply(&mut self, snapshot: SourceSnapshot) -> Result<Vec<PodChange>, SourceError> {
+        let source = snapshot.source;
+        let empty = BTreeMap::new();
+        let old = self.sets.get(source).unwrap_or(&empty);
+
+        let mut new: BTreeMap<String, Pod> = BTreeMap::new();
+        for pod in snapshot.pods {
+            let name = pod_name(&pod);
+            let Some(uid) = pod.metadata.uid.clone().filter(|u| !u.is_empty()) else {
+                log::error!("source {source}: pod {name} has no uid; ignored");
+                continue;
+            };
+            if let Some(owner) = self.owner_other_than(source, &uid) {
+                log::error!(
+                    "source {source}: pod {name} has uid {uid}, which belongs to a pod from source {owner}; ignored"
+                );
+                continue;
+            }
+            if new.contains_key(&uid) {
+                log::error!("source {source}: pod {name} repeats uid {uid}; ignored");
+                continue;
+            }
+            new.insert(uid, pod);
+        }
+
+        let mut removes = Vec::new();
+        let mut updates = Vec::new();
+        let mut adds = Vec::new();
+        for uid in old.keys() {
+            if !new.contains_key(uid) {
+                removes.push(uid.clone());
+            }
+        }
+        for (uid, pod) in &new {
+            match old.get(uid) {
+                None => adds.push(uid.clone()),
+                Some(before) if differs(before, pod) => updates.push(uid.clone()),
+                Some(_) => {}
+            }
+        }
+        if removes.is_empty() && updates.is_empty() && adds.is_empty() {
+            return Ok(Vec::new());
+        }
+
+        for uid in &removes {
+            if self.pods.remove(uid)?.is_some() {
+                self.writes += 1;
+            }
+        }
+        for uid in updates.iter().chain(&adds) {
+            let Some(pod) = new.get(uid) else { continue };
+            let record = DesiredPod {
+                source: source.to_string(),
+                pod: pod.clone(),
+            };
+            if self.pods.put(uid, &record)? {
+                self.writes += 1;
+            }
+        }
+        self.store.flush()?;
+
+        // Pods equal but for `config.seen` keep the stored copy, so memory and store
+        // agree and the first-seen time survives.
+        for (uid, pod) in new.iter_mut() {
+            if let Some(before) = old.get(uid) {
+                if !differs(before, pod) {
+                    *pod = before.clone();
+                }
+            }
+        }
+        let mut changes: Vec<PodChange> = removes.into_iter().map(PodChange::Remove).collect();
+        for uid in &updates {
+            if let Some(pod) = new.get(uid) {
+                changes.push(PodChange::Update(Box::new(pod.clone())));
+            }
+        }
+        for uid in &adds {
+            if let Some(pod) = new.get(uid) {
+                changes.push(PodChange::Add(Box::new(pod.clone())));
+            }
+        }
+        self.sets.insert(source.to_string(), new);
+        Ok(changes)
+    }
+
+    /// Every desired pod, in UID order within each source.
+    pub fn pods(&self) -> impl Iterator<Item = &Pod> {
+        self.sets.values().flat_map(|set| set.values())
+    }
+
+    /// The desired pod with this UID, from any source.
+    pub fn get(&self, uid: &str) -> Option<&Pod> {
+        self.sets.values().find_map(|set| set.get(uid))
+    }
+
+    /// Records written or removed since [`Mux::open`]: flash wear, for metrics.
+    pub fn writes(&self) -> u64 {
+        self.writes
+    }
+
+    fn owner_other_than(&self, source: &str, uid: &str) -> Option<&str> {
+        self.sets
+            .iter()
+            .find(|(name, set)| name.as_str() != source && set.contains_key(uid))
+            .map(|(name, _)| name.as_str())
+    }
+}
+
+/// Whether the sync loop must hear about the change, as the kubelet's
+/// podsDifferSemantically decides: spec, labels, annotations (but for when the pod was
+/// seen) and deletion.
+fn differs(a: &Pod, b: &Pod) -> bool {
+    let (ma, mb) = (&a.metadata, &b.metadata);
+    let annotations = |pod: &Pod| {
+        let mut ann = pod.metadata.annotations.clone().unwrap_or_default();
+        ann.remove(CONFIG_SEEN);
+        ann
+    };
+    a.spec != b.spec
+        || ma.labels.clone().unwrap_or_default() != mb.labels.clone().unwrap_or_default()
+        || annotations(a) != annotations(b)
+        || ma.deletion_timestamp != mb.deletion_timestamp
+        || ma.deletion_grace_period_seconds != mb.deletion_grace_period_seconds
+}
+
+fn pod_name(pod: &Pod) -> String {
+    format!(
+        "{}/{}",
+        pod.metadata.namespace.as_deref().unwrap_or("default"),
+        pod.metadata.name.as_deref().unwrap_or("<unnamed>")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    use k8s_openapi::api::core::v1::{Container, PodSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    struct TempDir(PathBuf);
+
+    impl TempDir {
+        fn new(tag: &str) -> Self {
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0);
+            TempDir(
+                std::env::temp_dir()
+                    .join(format!("holdfast-mux-{tag}-{}-{nanos}", std::process::id())),
+            )
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn pod(uid: &str, image: &str, seen: &str) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                name: Some(format!("p-{uid}")),
+                namespace: Some("default".into()),
+                uid: Some(uid.into()),
+                annotations: Some([(CONFIG_SEEN.to_string(), seen.to_string())].into()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(PodSpec {
+                containers: vec![Container {
+                    name: "c".into(),
+                    image: Some(image.into()),
+                    ..Container::default()
+                }],
+                ..PodSpec::default()
+            }),
+            status: None,
+        }
+    }
+
+    fn snap(source: &'static str, pods: Vec<Pod>) -> SourceSnapshot {
+        SourceSnapshot { source, pods }
+    }
+
+    fn summary(changes: &[PodChange]) -> Vec<String> {
+        changes
+            .iter()
+            .map(|c| match c {
+                PodChange::Add(p) => format!("add {}", p.metadata.uid.as_deref().unwrap_or("")),
+                PodChange::Update(p) => {
+                    format!("update {}", p.metadata.uid.as_deref().unwrap_or(""))
+                }
+                PodChange::Remove(uid) => format!("remove {uid}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn add_update_remove() {
+        let dir = TempDir::new("diff");
+        let store = Store::open(&dir.0).expect("store");
+        let (mut mux, initial) = Mux::open(&store).expect("open");
+        assert!(initial.is_empty());
+
+        let changes = mux
+            .apply(snap(
+                "file",
+                vec![pod("a", "busybox:1", "t0"), pod("b", "busybox:1", "t0")],
+            ))
+            .expect("apply");
+        assert_eq!(summary(&changes), ["add a", "add b"]);
+
+        let changes = mux
+            .apply(snap(
+                "file",
+                vec![pod("a", "busybox:2", "t1"), pod("c", "busybox:1", "t1")],
+            ))
+            .expect("apply");
+        assert_eq!(summary(&changes), ["remove b", "update a", "add c"]);
+
+        let tree: Tree<DesiredPod> = store.tree(PODS_TREE).expect("tree");
+        assert_eq!(tree.keys().expect("keys"), ["a", "c"]);
+        let stored = tree.get("a").expect("get").expect("a stored");
+        assert_eq!(stored.source, "file");
+        assert_eq!(stored.pod, pod("a", "busybox:2", "t1"));
+        assert_eq!(mux.get("a"), Some(&pod("a", "busybox:2", "t1")));
+        assert_eq!(mux.pods().count(), 2);
+    }
+
+    #[test]
+    fn nothing_changed_writes_nothing() {
+        let dir = TempDir::new("quiet");
+        let store = Store::open(&dir.0).expect("store");
+        let (mut mux, _) = Mux::open(&store).expect("open");
+        mux.apply(snap("file", vec![pod("a", "busybox:1", "t0")]))
+            .expect("apply");
+        let writes = mux.writes();
+        assert_eq!(writes, 1);
+
+        // Seen again later: only config.seen differs.
+        let changes = mux
+            .apply(snap("file", vec![pod("a", "busybox:1", "t9")]))
+            .expect("apply");
+        assert!(changes.is_empty());
+        assert_eq!(mux.writes(), writes);
+        let tree: Tree<DesiredPod> = store.tree(PODS_TREE).expect("tree");
+        let stored = tree.get("a").expect("get").expect("stored");
+        assert_eq!(
+            stored.pod,
+            pod("a", "busybox:1", "t0"),
+            "first-seen time kept"
+        );
+        assert!(!tree
+            .put(
+                "a",
+                &DesiredPod {
+                    source: "file".into(),
+                    pod: pod("a", "busybox:1", "t0")
+                }
+            )
+            .expect("put"));
+    }
+
+    #[test]
+    fn reopen_returns_the_same_pods() {
+        let dir = TempDir::new("reopen");
+        {
+            let store = Store::open(&dir.0).expect("store");
+            let (mut mux, _) = Mux::open(&store).expect("open");
+            mux.apply(snap(
+                "file",
+                vec![pod("a", "busybox:1", "t0"), pod("b", "busybox:1", "t0")],
+            ))
+            .expect("apply");
+            mux.apply(snap("api", vec![pod("z", "nginx:1", "t0")]))
+                .expect("apply");
+        }
+        let store = Store::open(&dir.0).expect("reopen");
+        let (mut mux, changes) = Mux::open(&store).expect("open");
+        assert_eq!(summary(&changes), ["add a", "add b", "add z"]);
+        assert_eq!(mux.get("z"), Some(&pod("z", "nginx:1", "t0")));
+
+        // The source, once it speaks, changes nothing it already said.
+        let changes = mux
+            .apply(snap(
+                "file",
+                vec![pod("a", "busybox:1", "t5"), pod("b", "busybox:1", "t5")],
+            ))
+            .expect("apply");
+        assert!(changes.is_empty());
+        assert_eq!(mux.writes(), 0);
+
+        // A manifest removed while the agent was down goes once the source speaks.
+        let changes = mux
+            .apply(snap("file", vec![pod("a", "busybox:1", "t5")]))
+            .expect("apply");
+        assert_eq!(summary(&changes), ["remove b"]);
+    }
+
+    #[test]
+    fn sources_do_not_disturb_each_other() {
+        let dir = TempDir::new("sources");
+        let store = Store::open(&dir.0).expect("store");
+        let (mut mux, _) = Mux::open(&store).expect("open");
+        mux.apply(snap("file", vec![pod("a", "busybox:1", "t0")]))
+            .expect("apply");
+        let changes = mux
+            .apply(snap("api", vec![pod("x", "nginx:1", "t0")]))
+            .expect("apply");
+        assert_eq!(summary(&changes), ["add x"]);
+
+        let changes = mux.apply(snap("api", vec![])).expect("apply");
+        assert_eq!(summary(&changes), ["remove x"]);
+        assert!(mux.get("a").is_some());
+
+        // A uid already owned by another source is refused, not stolen.
+        let changes = mux
+            .apply(snap("api", vec![pod("a", "evil:1", "t0")]))
+            .expect("apply");
+        assert!(changes.is_empty());
+        assert_eq!(mux.get("a"), Some(&pod("a", "busybox:1", "t0")));
+
+        let tree: Tree<DesiredPod> = store.tree(PODS_TREE).expect("tree");
+        assert_eq!(tree.keys().expect("keys"), ["a"]);
+    }
+
+    #[test]
+    fn pods_without_uid_or_with_a_repeated_uid_are_skipped() {
+        let dir = TempDir::new("uids");
+        let store = Store::open(&dir.0).expect("store");
+        let (mut mux, _) = Mux::open(&store).expect("open");
+        let mut no_uid = pod("a", "busybox:1", "t0");
+        no_uid.metadata.uid = None;
+        let changes = mux
+            .apply(snap(
+                "file",
+                vec![
+                    no_uid,
+                    pod("b", "busybox:1", "t0"),
+                    pod("b", "busybox:2", "t0"),
+                ],
+            ))
+            .expect("apply");
+        assert_eq!(summary(&changes), ["add b"]);
+        assert_eq!(mux.get("b"), Some(&pod("b", "busybox:1", "t0")));
+    }
+}
