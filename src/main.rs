@@ -63,7 +63,7 @@ fn main() -> ExitCode {
 }
 
 fn run(args: &[String]) -> Result<(), holdfast::Error> {
-    let (config, warnings) = holdfast::config::load(args)?;
+    let (config, warnings) = holdfast::config::load_run_args(args)?;
     init_logging(config.verbosity);
     for w in warnings {
         log::warn!("{w}");

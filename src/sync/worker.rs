@@ -112,7 +112,8 @@ impl Worker {
                     return;
                 }
                 Some(WorkerMsg::Update(pod)) => self.pod = *pod,
-                Some(WorkerMsg::Exited(_)) | Some(WorkerMsg::Resync) => {}
+                Some(WorkerMsg::Exited(id)) => log::debug!("pod {}: container {id} exited", self.name()),
+                Some(WorkerMsg::Resync) => {}
             }
             self.sync().await;
         }
