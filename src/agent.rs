@@ -24,6 +24,11 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
             source,
         })?;
     }
+    let _lock = crate::control::presence::lock(&root, std::time::Duration::from_secs(2))
+        .map_err(|source| Error::Io {
+            context: "lock the root dir".into(),
+            source,
+        })?;
     let store = Store::open(&root.join("db"))?;
     let images = Arc::new(ImageStore::open(&root, &store)?);
     {

@@ -34,9 +34,33 @@ fn root_dir(args: &[String]) -> Result<(PathBuf, Vec<String>), Error> {
 
 /// Sends `req` to the running agent, or carries it out on the store directly.
 fn request(root: &std::path::Path, req: Request) -> Result<Response, Error> {
-    match control::client::call(root, &req) {
+    let deadline = std::time::Instant::now() + AGENT_START_WAIT;
+    loop {
+        match control::client::call(root, &req) {
+            // An agent that is starting holds its lock before it answers: wait for it
+            // rather than take the store from under it.
+            Err(ControlError::NotRunning { .. })
+                if control::presence::agent_running(root)
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(100))
+            }
+            other => return answer(root, req, other),
+        }
+    }
+}
+
+/// How long the CLI waits for a starting agent to answer.
+const AGENT_START_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+fn answer(
+    root: &std::path::Path,
+    req: Request,
+    got: Result<Response, ControlError>,
+) -> Result<Response, Error> {
+    match got {
         Ok(resp) => Ok(resp),
-        Err(ControlError::NotRunning { .. }) => {
+        Err(ControlError::NotRunning { .. }) if !control::presence::agent_running(root) => {
             let store = Store::open(&root.join("db"))?;
             let images = ImageStore::open(root, &store)?;
             let (_, podstates) = crate::sync::Deps::trees(&store)?;

@@ -5,6 +5,7 @@
 //! agent runs they open the store themselves. One request line, one JSON answer.
 
 pub mod client;
+pub mod presence;
 pub mod server;
 
 use serde::{Deserialize, Serialize};

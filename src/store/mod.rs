@@ -6,7 +6,13 @@
 
 mod tree;
 
+use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::fcntl::{Flock, FlockArg};
 
 pub use tree::Tree;
 
@@ -18,6 +24,9 @@ const META_SCHEMA: &str = "schema_version";
 
 /// sled's page cache: small, for a device with 256 MiB of RAM.
 const CACHE_BYTES: u64 = 4 * 1024 * 1024;
+
+/// How long `open` waits for another process to let go of the store.
+pub const LOCK_WAIT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -32,6 +41,14 @@ pub enum StoreError {
         path: PathBuf,
         found: u32,
         supported: u32,
+    },
+    #[error("store at {path} is held by another process (is another holdfast running?)")]
+    Busy { path: PathBuf },
+    #[error("lock {path}")]
+    Lock {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
     },
     #[error("store at {path} has an unreadable schema version")]
     BadSchema { path: PathBuf },
@@ -64,26 +81,69 @@ pub enum StoreError {
 pub struct Store {
     db: sled::Db,
     path: PathBuf,
+    /// Our own lock beside sled's: sled's fails at once, with no way to tell contention
+    /// from other errors, so whoever holds this one is the only one to open sled.
+    _lock: Arc<Flock<File>>,
+}
+
+/// Takes `<path>.lock`, waiting up to [`LOCK_WAIT`] for a short-lived holder.
+fn lock(path: &Path) -> Result<Flock<File>, StoreError> {
+    let lock_path = path.with_extension("lock");
+    let io = |source| StoreError::Lock {
+        path: lock_path.clone(),
+        source,
+    };
+    if let Some(parent) = lock_path.parent() {
+        std::fs::create_dir_all(parent).map_err(io)?;
+    }
+    let deadline = Instant::now() + LOCK_WAIT;
+    loop {
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(io)?;
+        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(l) => return Ok(l),
+            Err((_, Errno::EWOULDBLOCK)) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            Err((_, Errno::EWOULDBLOCK)) => {
+                return Err(StoreError::Busy {
+                    path: path.to_path_buf(),
+                })
+            }
+            Err((_, e)) => return Err(io(std::io::Error::from(e))),
+        }
+    }
 }
 
 impl Store {
     /// Opens (or creates) the store at `path` and checks its schema version.
+    ///
+    /// One process holds the store at a time. A short-lived holder (`holdfast pods` run
+    /// while the agent starts) is waited for, up to [`LOCK_WAIT`].
     pub fn open(path: &Path) -> Result<Self, StoreError> {
-        let db = sled::Config::new()
-            .path(path)
-            .cache_capacity(CACHE_BYTES)
-            .mode(sled::Mode::LowSpace)
-            // sled's flusher writes only when something is dirty; a second keeps
-            // bursts of changes in one write without losing more than that on a cut.
-            .flush_every_ms(Some(1000))
-            .open()
-            .map_err(|source| StoreError::Open {
+        let lock = Arc::new(lock(path)?);
+        let db = {
+            let opened = sled::Config::new()
+                .path(path)
+                .cache_capacity(CACHE_BYTES)
+                .mode(sled::Mode::LowSpace)
+                // sled's flusher writes only when something is dirty; a second keeps
+                // bursts of changes in one write without losing more than that on a cut.
+                .flush_every_ms(Some(1000))
+                .open();
+            opened.map_err(|source| StoreError::Open {
                 path: path.to_path_buf(),
                 source,
-            })?;
+            })?
+        };
         let store = Store {
             db,
             path: path.to_path_buf(),
+            _lock: lock,
         };
         store.check_schema()?;
         Ok(store)

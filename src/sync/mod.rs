@@ -171,7 +171,12 @@ impl SyncLoop {
 
     async fn route_exit(&mut self, id: ContainerId) {
         let Some(uid) = self.owners.get(&id) else {
-            log::debug!("exit of container {id} that no pod owns");
+            // The exit can beat the news of the start (a container that exits at
+            // once): every worker looks, and the owner finds it.
+            log::debug!("exit of container {id} before its owner registered it");
+            for h in self.workers.values() {
+                let _ = h.tx.try_send(WorkerMsg::Exited(id.clone()));
+            }
             return;
         };
         if let Some(h) = self.workers.get(uid) {

@@ -166,7 +166,7 @@ impl Worker {
                 Action::BackOff { until, .. } => self.wake_at(until),
             }
         }
-        self.persist();
+        self.persist().await;
     }
 
     fn wake_at(&mut self, at: Timestamp) {
@@ -227,13 +227,15 @@ impl Worker {
         let image_ref = c.image.clone().unwrap_or_default();
         let id = ContainerId::derive(&self.uid, &c.name, rec.restart_count);
 
-        // A container created just before the agent last died is adopted, not doubled.
+        // A container created just before the agent last died (before its record was
+        // saved) is adopted, running or exited, not doubled.
         match self.runtime_state(&id).await {
             Ok(ContainerState::Running { started_at, .. }) => {
+                let image_id = self.image_id(&image_ref).await;
                 rec.current = Some(Instance {
                     id: id.clone(),
                     image: image_ref,
-                    image_id: String::new(),
+                    image_id,
                     state: InstanceState::Running { started_at },
                 });
                 rec.waiting = None;
@@ -241,10 +243,30 @@ impl Worker {
                 self.records.insert(c.name.clone(), rec);
                 return;
             }
-            Ok(ContainerState::Unknown) | Ok(ContainerState::Exited(_)) | Err(_) => {
+            Ok(ContainerState::Exited(exit)) => {
+                let image_id = self.image_id(&image_ref).await;
+                rec.current = Some(Instance {
+                    id: id.clone(),
+                    image: image_ref,
+                    image_id,
+                    state: InstanceState::Terminated(Terminated::from_exit(&id, &exit)),
+                });
+                rec.waiting = None;
+                plan::count_exit(&mut rec, self.deps.crash_loop_reset);
+                self.records.insert(c.name.clone(), rec);
+                // Policy decides about a restart on the next pass, as for any exit.
+                self.wake = Some(Instant::now());
+                return;
+            }
+            Ok(ContainerState::Created) => {
+                // Its shim is still setting it up: look again shortly.
+                self.wake = Some(Instant::now() + Duration::from_millis(200));
+                self.records.insert(c.name.clone(), rec);
+                return;
+            }
+            Ok(ContainerState::Unknown) | Err(_) => {
                 self.remove_container(&id).await;
             }
-            Ok(ContainerState::Created) => {}
         }
 
         let images = self.deps.images.clone();
@@ -342,6 +364,16 @@ impl Worker {
         self.records.insert(c.name.clone(), rec);
     }
 
+    /// The image id of an image already present, for containers adopted after a restart.
+    async fn image_id(&self, reference: &str) -> String {
+        let images = self.deps.images.clone();
+        let r = reference.to_string();
+        match blocking(move || images.resolve(&r)).await {
+            Ok(Some(image)) => image.image_id,
+            _ => String::new(),
+        }
+    }
+
     async fn register(&self, id: &ContainerId) {
         let _ = self.registered.send((id.clone(), self.uid.clone())).await;
     }
@@ -363,13 +395,19 @@ impl Worker {
         ))
     }
 
-    /// Writes records and status that changed; nothing when nothing did.
-    fn persist(&mut self) {
+    /// Writes records and status that changed, and makes them durable: the store is
+    /// what a restarted agent trusts. Nothing is written when nothing changed.
+    async fn persist(&mut self) {
+        let mut wrote = false;
         for rec in self.records.values() {
             let key = ContainerRecord::key(&self.uid, &rec.name);
-            if let Err(e) = self.deps.containers.put(&key, rec) {
-                log::error!("pod {}: save container record: {e}", self.name());
+            match self.deps.containers.put(&key, rec) {
+                Ok(w) => wrote |= w,
+                Err(e) => log::error!("pod {}: save container record: {e}", self.name()),
             }
+        }
+        if wrote {
+            self.flush().await;
         }
         let host_ip = self.deps.host_ip.as_deref();
         let inputs = StatusInputs {
@@ -396,6 +434,13 @@ impl Worker {
             log::error!("pod {}: save status: {e}", self.name());
         }
         self.state = Some(state);
+    }
+
+    async fn flush(&self) {
+        let store = self.deps.store.clone();
+        if let Err(e) = blocking(move || store.flush()).await {
+            log::error!("pod {}: flush store: {e}", self.name());
+        }
     }
 
     /// Stops every container: SIGTERM, up to the grace period, SIGKILL; then removes
@@ -441,9 +486,7 @@ impl Worker {
             let _ = self.deps.containers.remove(&ContainerRecord::key(&self.uid, name));
         }
         let _ = self.deps.podstates.remove(&self.uid);
-        if let Err(e) = self.deps.store.flush() {
-            log::error!("pod {}: flush store: {e}", self.name());
-        }
+        self.flush().await;
         let dir = self.log_dir();
         if let Err(e) = std::fs::remove_dir_all(&dir) {
             if e.kind() != std::io::ErrorKind::NotFound {

@@ -110,8 +110,9 @@ impl Agent {
             .spawn()
             .expect("spawn holdfast run");
         self.child = Some(child);
+        // The control socket appears once the agent holds its store and runs.
         self.wait_until("the agent to answer", Duration::from_secs(60), |a| {
-            a.try_pods().is_some()
+            a.root.join("holdfast.sock").exists() && a.try_pods().is_some()
         });
     }
 
