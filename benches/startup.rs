@@ -8,7 +8,6 @@
 //! Prints a table and writes `target/bench/startup.json`.
 
 #[path = "../tests/support/oci.rs"]
-#[allow(dead_code)]
 mod oci;
 
 use std::path::{Path, PathBuf};
@@ -34,12 +33,23 @@ fn main() {
         .and_then(|i| i.write_layout_tar(&root.join("images/busybox.tar")))
         .expect("busybox image");
     let cfg = dir.join("config.yaml");
-    std::fs::write(&cfg, "cgroupRoot: /holdfast-bench\nfileCheckFrequency: 20s\n").expect("config");
+    std::fs::write(
+        &cfg,
+        "cgroupRoot: /holdfast-bench\nfileCheckFrequency: 20s\n",
+    )
+    .expect("config");
 
     let mut agent = Agent::start(&root, &manifests, &cfg, &dir.join("agent.log"));
-    wait(Duration::from_secs(60), || root.join("holdfast.sock").exists());
+    wait(Duration::from_secs(60), || {
+        root.join("holdfast.sock").exists()
+    });
     // The image is imported (cached) before the clock starts.
-    wait(Duration::from_secs(60), || root.join("content/layers").read_dir().map(|mut d| d.next().is_some()).unwrap_or(false));
+    wait(Duration::from_secs(60), || {
+        root.join("content/layers")
+            .read_dir()
+            .map(|mut d| d.next().is_some())
+            .unwrap_or(false)
+    });
     std::thread::sleep(Duration::from_millis(500));
     let idle = memory(agent.pid());
 
@@ -92,16 +102,34 @@ fn main() {
         rows.push(("crun run -d", stats(c)));
     }
     println!("\nstart latency over {PODS} containers (busybox sleep, cached image)");
-    println!("{:<32} {:>10} {:>10} {:>10}", "", "p50 ms", "p95 ms", "max ms");
+    println!(
+        "{:<32} {:>10} {:>10} {:>10}",
+        "", "p50 ms", "p95 ms", "max ms"
+    );
     for (name, s) in &rows {
         println!("{name:<32} {:>10.1} {:>10.1} {:>10.1}", s.0, s.1, s.2);
     }
     println!("\nmemory (KiB)                          RSS        PSS");
     println!("{:<32} {:>10} {:>10}", "agent idle", idle.0, idle.1);
-    println!("{:<32} {:>10} {:>10}", format!("agent with {PODS} pods"), with_pods.0, with_pods.1);
-    println!("{:<32} {:>10} {:>10}", format!("shims ({} in all)", shims.0), shims.1, shims.2);
+    println!(
+        "{:<32} {:>10} {:>10}",
+        format!("agent with {PODS} pods"),
+        with_pods.0,
+        with_pods.1
+    );
+    println!(
+        "{:<32} {:>10} {:>10}",
+        format!("shims ({} in all)", shims.0),
+        shims.1,
+        shims.2
+    );
     if shims.0 > 0 {
-        println!("{:<32} {:>10} {:>10}", "per shim", shims.1 / shims.0 as u64, shims.2 / shims.0 as u64);
+        println!(
+            "{:<32} {:>10} {:>10}",
+            "per shim",
+            shims.1 / shims.0 as u64,
+            shims.2 / shims.0 as u64
+        );
     }
     let json = serde_json::json!({
         "pods": PODS,
@@ -112,7 +140,11 @@ fn main() {
     });
     let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench");
     std::fs::create_dir_all(&out).expect("target/bench");
-    std::fs::write(out.join("startup.json"), serde_json::to_vec_pretty(&json).expect("json")).expect("write json");
+    std::fs::write(
+        out.join("startup.json"),
+        serde_json::to_vec_pretty(&json).expect("json"),
+    )
+    .expect("write json");
     println!("\nwrote {}", out.join("startup.json").display());
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -163,7 +195,9 @@ fn started(root: &Path) -> usize {
     std::fs::read_dir(root.join("containers"))
         .map(|d| {
             d.flatten()
-                .filter(|e| e.path().join("started.json").exists() && !e.path().join("exit.json").exists())
+                .filter(|e| {
+                    e.path().join("started.json").exists() && !e.path().join("exit.json").exists()
+                })
                 .count()
         })
         .unwrap_or(0)
@@ -187,7 +221,9 @@ fn shim_memory(root: &Path) -> (usize, u64, u64) {
     let mut n = 0;
     let (mut rss, mut pss) = (0, 0);
     for e in std::fs::read_dir("/proc").expect("/proc").flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
         let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
         let cmd = String::from_utf8_lossy(&cmd);
         if cmd.contains("\0shim\0") && cmd.contains(&*root.display().to_string()) {
@@ -203,15 +239,27 @@ fn shim_memory(root: &Path) -> (usize, u64, u64) {
 fn make_bundle(layer: &Path, bundle: &Path) {
     let rootfs = bundle.join("rootfs");
     std::fs::create_dir_all(&rootfs).expect("bundle");
-    let ok = Command::new("cp").arg("-a").arg(format!("{}/.", layer.display())).arg(&rootfs).status();
+    let ok = Command::new("cp")
+        .arg("-a")
+        .arg(format!("{}/.", layer.display()))
+        .arg(&rootfs)
+        .status();
     assert!(matches!(ok, Ok(s) if s.success()), "copy rootfs");
-    let spec = Command::new("runc").arg("spec").current_dir(bundle).status();
+    let spec = Command::new("runc")
+        .arg("spec")
+        .current_dir(bundle)
+        .status();
     if !matches!(spec, Ok(s) if s.success()) {
         // Without runc there is no reference spec; crun writes the same one.
-        let _ = Command::new("crun").arg("spec").current_dir(bundle).status();
+        let _ = Command::new("crun")
+            .arg("spec")
+            .current_dir(bundle)
+            .status();
     }
     let path = bundle.join("config.json");
-    let Ok(text) = std::fs::read_to_string(&path) else { return };
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return;
+    };
     let mut v: serde_json::Value = serde_json::from_str(&text).expect("config.json");
     v["process"]["args"] = serde_json::json!(["sleep", "100000"]);
     v["process"]["terminal"] = serde_json::json!(false);
@@ -223,7 +271,12 @@ fn make_bundle(layer: &Path, bundle: &Path) {
 /// crun refuses this host's hybrid cgroup v1 layout unless the unified mount is hidden,
 /// so it runs in a private mount namespace without it (a few ms of `unshare` included).
 fn time_runtime(rt: &str, bundle: &Path, extra: &[&str]) -> Option<Vec<Duration>> {
-    if Command::new(rt).arg("--version").stdout(Stdio::null()).status().is_err() {
+    if Command::new(rt)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status()
+        .is_err()
+    {
         eprintln!("{rt} not installed (apt-get install {rt}); left out");
         return None;
     }
@@ -234,26 +287,42 @@ fn time_runtime(rt: &str, bundle: &Path, extra: &[&str]) -> Option<Vec<Duration>
         let id = format!("bench-{rt}-{i}");
         let mut cmd = if rt == "crun" && hybrid {
             let mut c = Command::new("unshare");
-            c.args(["-m", "sh", "-c", "umount /sys/fs/cgroup/unified 2>/dev/null; exec \"$@\"", "sh", rt]);
+            c.args([
+                "-m",
+                "sh",
+                "-c",
+                "umount /sys/fs/cgroup/unified 2>/dev/null; exec \"$@\"",
+                "sh",
+                rt,
+            ]);
             c
         } else {
             Command::new(rt)
         };
-        cmd.arg("--root").arg(&state).args(extra).args(["run", "-d", "--bundle"]).arg(bundle).arg(&id);
-        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
+        cmd.arg("--root")
+            .arg(&state)
+            .args(extra)
+            .args(["run", "-d", "--bundle"])
+            .arg(bundle)
+            .arg(&id);
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
         let t0 = Instant::now();
         let ok = cmd.status().map(|s| s.success()).unwrap_or(false);
         let took = t0.elapsed();
-        let _ = Command::new(rt).arg("--root").arg(&state).args(["delete", "-f", &id]).status();
+        let _ = Command::new(rt)
+            .arg("--root")
+            .arg(&state)
+            .args(["delete", "-f", &id])
+            .status();
         if !ok {
             eprintln!("{rt} run failed; left out");
             return None;
         }
         out.push(took);
     }
-    for cg in ["/sys/fs/cgroup/unified/holdfast-bench-oci"] {
-        let _ = std::fs::remove_dir(cg);
-    }
+    let _ = std::fs::remove_dir("/sys/fs/cgroup/unified/holdfast-bench-oci");
     if let Ok(d) = std::fs::read_dir("/sys/fs/cgroup") {
         for e in d.flatten() {
             let _ = std::fs::remove_dir(e.path().join("holdfast-bench-oci/c"));

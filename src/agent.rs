@@ -24,11 +24,12 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
             source,
         })?;
     }
-    let _lock = crate::control::presence::lock(&root, std::time::Duration::from_secs(2))
-        .map_err(|source| Error::Io {
+    let _lock = crate::control::presence::lock(&root, std::time::Duration::from_secs(2)).map_err(
+        |source| Error::Io {
             context: "lock the root dir".into(),
             source,
-        })?;
+        },
+    )?;
     let store = Store::open(&root.join("db"))?;
     let images = Arc::new(ImageStore::open(&root, &store)?);
     {
@@ -36,7 +37,11 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         let imported = tokio::task::spawn_blocking(move || images.import_dropins()).await;
         match imported {
             Ok(Ok(found)) if !found.is_empty() => {
-                log::info!("imported {} image(s) from {}", found.len(), root.join("images").display())
+                log::info!(
+                    "imported {} image(s) from {}",
+                    found.len(),
+                    root.join("images").display()
+                )
             }
             Ok(Ok(_)) => {}
             Ok(Err(e)) => log::error!("import images from {}: {e}", root.join("images").display()),
@@ -44,8 +49,10 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         }
     }
     let runtime = Arc::new(
-        LibcontainerRuntime::new(&root, &config.cgroup_root, None)?
-            .with_log_limits(config.container_log_max_size, config.container_log_max_files),
+        LibcontainerRuntime::new(&root, &config.cgroup_root, None)?.with_log_limits(
+            config.container_log_max_size,
+            config.container_log_max_files,
+        ),
     );
 
     let (mut mux, initial) = Mux::open(&store)?;

@@ -78,7 +78,12 @@ fn answer(
 /// `holdfast pods`: pods and their containers, like `crictl pods` and `crictl ps`.
 pub fn pods(args: &[String]) -> Result<(), Error> {
     let (root, rest) = root_dir(args)?;
-    let json = match rest.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
+    let json = match rest
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .as_slice()
+    {
         [] => false,
         ["-o", "json"] | ["-ojson"] | ["--output=json"] | ["-o=json"] => true,
         other => return Err(Error::Cli(format!("pods: unexpected arguments {other:?}"))),
@@ -87,8 +92,8 @@ pub fn pods(args: &[String]) -> Result<(), Error> {
         return Err(Error::Cli("pods: unexpected answer".into()));
     };
     if json {
-        let out = serde_json::to_string(&pods)
-            .map_err(|e| Error::Cli(format!("pods: encode: {e}")))?;
+        let out =
+            serde_json::to_string(&pods).map_err(|e| Error::Cli(format!("pods: encode: {e}")))?;
         println!("{out}");
     } else {
         print!("{}", render_pods(&pods, crate::time::now()));
@@ -139,7 +144,11 @@ fn container_state(c: &k8s_openapi::api::core::v1::ContainerStatus) -> (&'static
         return ("Unknown", String::new());
     };
     if let Some(r) = &st.running {
-        let since = r.started_at.as_ref().map(|t| t.0.to_string()).unwrap_or_default();
+        let since = r
+            .started_at
+            .as_ref()
+            .map(|t| t.0.to_string())
+            .unwrap_or_default();
         return ("Running", format!("started {since}"));
     }
     if let Some(t) = &st.terminated {
@@ -149,7 +158,10 @@ fn container_state(c: &k8s_openapi::api::core::v1::ContainerStatus) -> (&'static
                 "exit {} {} finished {}",
                 t.exit_code,
                 t.reason.as_deref().unwrap_or(""),
-                t.finished_at.as_ref().map(|t| t.0.to_string()).unwrap_or_default()
+                t.finished_at
+                    .as_ref()
+                    .map(|t| t.0.to_string())
+                    .unwrap_or_default()
             ),
         );
     }
@@ -203,7 +215,12 @@ pub fn image(args: &[String]) -> Result<(), Error> {
         }
         Some("rm") | Some("remove") => {
             let reference = rest.get(1).ok_or_else(usage)?.clone();
-            request(&root, Request::ImageRemove { reference: reference.clone() })?;
+            request(
+                &root,
+                Request::ImageRemove {
+                    reference: reference.clone(),
+                },
+            )?;
             println!("removed {reference}");
             Ok(())
         }

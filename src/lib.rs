@@ -16,6 +16,7 @@
 //! - [`cli`]: the `holdfast` subcommands other than `run`.
 //! - [`control`]: the local control socket `pods` and `image` use while an agent runs.
 //! - [`node`]: facts about the device (its address).
+//! - [`quantity`]: Kubernetes quantities (`64Mi`, `500m`).
 
 pub mod agent;
 pub mod backoff;
@@ -24,6 +25,7 @@ pub mod config;
 pub mod control;
 pub mod image;
 pub mod node;
+pub mod quantity;
 pub mod runtime;
 pub mod source;
 pub mod store;

@@ -38,8 +38,9 @@ fn container_pid(agent: &Agent, pod: &serde_json::Value, c: &str) -> i64 {
         .and_then(|s| s.strip_prefix("libcontainer://"))
         .expect("containerID")
         .to_string();
-    let started = std::fs::read_to_string(agent.root.join("containers").join(&id).join("started.json"))
-        .expect("started.json");
+    let started =
+        std::fs::read_to_string(agent.root.join("containers").join(&id).join("started.json"))
+            .expect("started.json");
     let v: serde_json::Value = serde_json::from_str(&started).expect("started.json parses");
     v["init"]["pid"].as_i64().expect("init pid")
 }
@@ -52,7 +53,15 @@ fn static_pod_runs_logs_in_cri_format_and_shows_running() {
     let mut a = Agent::new("basic");
     a.write_manifest(
         "web.yaml",
-        &pod_yaml("web", "Always", 2, &sh("main", "echo hello out; echo hello err >&2; exec sleep 1000")),
+        &pod_yaml(
+            "web",
+            "Always",
+            2,
+            &sh(
+                "main",
+                "echo hello out; echo hello err >&2; exec sleep 1000",
+            ),
+        ),
     );
     a.start();
     let p = a.wait_pod("web", "running", MIN, |p| running(p, "main"));
@@ -64,10 +73,24 @@ fn static_pod_runs_logs_in_cri_format_and_shows_running() {
     assert_eq!(c["started"], true);
     assert_eq!(c["restartCount"], 0);
     assert_eq!(c["image"], "busybox:demo");
-    assert!(c["imageID"].as_str().unwrap_or("").starts_with("sha256:"), "{c}");
-    assert!(c["containerID"].as_str().unwrap_or("").starts_with("libcontainer://"), "{c}");
+    assert!(
+        c["imageID"].as_str().unwrap_or("").starts_with("sha256:"),
+        "{c}"
+    );
+    assert!(
+        c["containerID"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("libcontainer://"),
+        "{c}"
+    );
     assert!(c["state"]["running"]["startedAt"].is_string());
-    for t in ["Ready", "ContainersReady", "Initialized", "PodReadyToStartContainers"] {
+    for t in [
+        "Ready",
+        "ContainersReady",
+        "Initialized",
+        "PodReadyToStartContainers",
+    ] {
         assert_eq!(condition(&p, t)["status"], "True", "condition {t}: {p}");
     }
     assert!(p["status"]["hostIP"].is_string());
@@ -85,12 +108,21 @@ fn static_pod_runs_logs_in_cri_format_and_shows_running() {
     for line in log.lines() {
         let f: Vec<&str> = line.splitn(4, ' ').collect();
         assert_eq!(f.len(), 4, "CRI line has four fields: {line:?}");
-        assert!(f[0].parse::<k8s_openapi::jiff::Timestamp>().is_ok(), "RFC 3339 time: {line:?}");
+        assert!(
+            f[0].parse::<k8s_openapi::jiff::Timestamp>().is_ok(),
+            "RFC 3339 time: {line:?}"
+        );
         assert!(f[1] == "stdout" || f[1] == "stderr", "stream: {line:?}");
         assert!(f[2] == "F" || f[2] == "P", "tag: {line:?}");
     }
-    assert!(log.lines().any(|l| l.ends_with(" stdout F hello out")), "{log}");
-    assert!(log.lines().any(|l| l.ends_with(" stderr F hello err")), "{log}");
+    assert!(
+        log.lines().any(|l| l.ends_with(" stdout F hello out")),
+        "{log}"
+    );
+    assert!(
+        log.lines().any(|l| l.ends_with(" stderr F hello err")),
+        "{log}"
+    );
 
     // A periodic resync writes nothing when nothing changed: the status is stable.
     let before = a.pod("web").expect("pod");
@@ -106,9 +138,18 @@ fn restart_policies_and_crash_loop_back_off() {
         return;
     }
     let mut a = Agent::new("restart");
-    a.write_manifest("always.yaml", &pod_yaml("always", "Always", 1, &sh("c", "echo run; exit 3")));
-    a.write_manifest("onfailure.yaml", &pod_yaml("onfailure", "OnFailure", 1, &sh("c", "exit 0")));
-    a.write_manifest("never.yaml", &pod_yaml("never", "Never", 1, &sh("c", "exit 1")));
+    a.write_manifest(
+        "always.yaml",
+        &pod_yaml("always", "Always", 1, &sh("c", "echo run; exit 3")),
+    );
+    a.write_manifest(
+        "onfailure.yaml",
+        &pod_yaml("onfailure", "OnFailure", 1, &sh("c", "exit 0")),
+    );
+    a.write_manifest(
+        "never.yaml",
+        &pod_yaml("never", "Never", 1, &sh("c", "exit 1")),
+    );
     a.start();
 
     let p = a.wait_pod("always", "restarted three times", MIN, |p| {
@@ -119,20 +160,31 @@ fn restart_policies_and_crash_loop_back_off() {
     assert_eq!(last["exitCode"], 3, "{c}");
     assert_eq!(last["reason"], "Error", "{c}");
     assert!(last["finishedAt"].is_string());
-    assert_eq!(p["status"]["phase"], "Running", "Always keeps a crashing pod Running");
+    assert_eq!(
+        p["status"]["phase"], "Running",
+        "Always keeps a crashing pod Running"
+    );
 
     let p = a.wait_pod("always", "in CrashLoopBackOff", MIN, |p| {
         container(p, "c")["state"]["waiting"]["reason"] == "CrashLoopBackOff"
     });
-    let msg = container(&p, "c")["state"]["waiting"]["message"].as_str().unwrap_or("").to_string();
+    let msg = container(&p, "c")["state"]["waiting"]["message"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
     assert!(msg.starts_with("back-off "), "{msg}");
-    assert!(msg.contains("restarting failed container=c pod=always-node-1_default("), "{msg}");
+    assert!(
+        msg.contains("restarting failed container=c pod=always-node-1_default("),
+        "{msg}"
+    );
 
     // Each run logged to its own file, `<restart>.log`.
     let log0 = a.container_log(&p, "c", 0);
     assert!(log0.contains("run"), "first run logged: {log0:?}");
 
-    let p = a.wait_pod("onfailure", "succeeded", MIN, |p| p["status"]["phase"] == "Succeeded");
+    let p = a.wait_pod("onfailure", "succeeded", MIN, |p| {
+        p["status"]["phase"] == "Succeeded"
+    });
     let c = container(&p, "c");
     assert_eq!(c["restartCount"], 0);
     assert_eq!(c["state"]["terminated"]["reason"], "Completed");
@@ -152,8 +204,15 @@ fn restart_policies_and_crash_loop_back_off() {
     });
     let first_line_time = |restart: u32| -> k8s_openapi::jiff::Timestamp {
         let log = a.container_log(&p, "c", restart);
-        let first = log.lines().next().unwrap_or_else(|| panic!("{restart}.log is empty"));
-        first.split(' ').next().and_then(|t| t.parse().ok()).expect("CRI timestamp")
+        let first = log
+            .lines()
+            .next()
+            .unwrap_or_else(|| panic!("{restart}.log is empty"));
+        first
+            .split(' ')
+            .next()
+            .and_then(|t| t.parse().ok())
+            .expect("CRI timestamp")
     };
     let starts: Vec<_> = (0..4).map(first_line_time).collect();
     let gaps: Vec<f64> = starts
@@ -162,7 +221,10 @@ fn restart_policies_and_crash_loop_back_off() {
         .collect();
     // Back-off of 1 s doubling to a 4 s cap: the waits before restarts 1, 2 and 3.
     for (gap, want) in gaps.iter().zip([1.0, 2.0, 4.0]) {
-        assert!(*gap >= want, "restart came after {gap:.2}s, before its {want}s back-off: {gaps:?}");
+        assert!(
+            *gap >= want,
+            "restart came after {gap:.2}s, before its {want}s back-off: {gaps:?}"
+        );
     }
     assert!(gaps[2] > gaps[0], "back-off grows: {gaps:?}");
     a.stop();
@@ -203,12 +265,23 @@ fn removed_manifest_stops_the_pod_gracefully() {
             "polite",
             "Always",
             20,
-            &sh("c", "trap 'echo got TERM; exit 0' TERM; while true; do sleep 0.1; done"),
+            &sh(
+                "c",
+                "trap 'echo got TERM; exit 0' TERM; while true; do sleep 0.1; done",
+            ),
         ),
     );
     a.write_manifest(
         "stubborn.yaml",
-        &pod_yaml("stubborn", "Always", 3, &sh("c", "trap 'echo ignoring TERM' TERM; while true; do sleep 0.1; done")),
+        &pod_yaml(
+            "stubborn",
+            "Always",
+            3,
+            &sh(
+                "c",
+                "trap 'echo ignoring TERM' TERM; while true; do sleep 0.1; done",
+            ),
+        ),
     );
     a.start();
     let polite = a.wait_pod("polite", "running", MIN, |p| running(p, "c"));
@@ -221,12 +294,22 @@ fn removed_manifest_stops_the_pod_gracefully() {
     let t0 = Instant::now();
     a.remove_manifest("polite.yaml");
     a.remove_manifest("stubborn.yaml");
-    a.wait_until("the polite container to exit", MIN, |_| !pid_alive(polite_pid));
+    a.wait_until("the polite container to exit", MIN, |_| {
+        !pid_alive(polite_pid)
+    });
     let polite_took = t0.elapsed();
-    a.wait_until("the stubborn container to be killed", MIN, |_| !pid_alive(stubborn_pid));
+    a.wait_until("the stubborn container to be killed", MIN, |_| {
+        !pid_alive(stubborn_pid)
+    });
     let stubborn_took = t0.elapsed();
-    assert!(polite_took < Duration::from_secs(15), "SIGTERM handled within its grace period: {polite_took:?}");
-    assert!(stubborn_took >= Duration::from_secs(3), "killed only after its 3 s grace period: {stubborn_took:?}");
+    assert!(
+        polite_took < Duration::from_secs(15),
+        "SIGTERM handled within its grace period: {polite_took:?}"
+    );
+    assert!(
+        stubborn_took >= Duration::from_secs(3),
+        "killed only after its 3 s grace period: {stubborn_took:?}"
+    );
     a.wait_gone("polite", MIN);
     a.wait_gone("stubborn", MIN);
     let log = a.agent_log();
@@ -242,10 +325,18 @@ fn containers_outlive_a_killed_agent_and_exits_are_not_lost() {
         return;
     }
     let mut a = Agent::new("outlive");
-    a.write_manifest("long.yaml", &pod_yaml("long", "Always", 1, &sh("c", "exec sleep 1000")));
+    a.write_manifest(
+        "long.yaml",
+        &pod_yaml("long", "Always", 1, &sh("c", "exec sleep 1000")),
+    );
     a.write_manifest(
         "short.yaml",
-        &pod_yaml("short", "Never", 1, &sh("c", "while [ ! -e /tmp/go ]; do sleep 0.1; done; exit 7")),
+        &pod_yaml(
+            "short",
+            "Never",
+            1,
+            &sh("c", "while [ ! -e /tmp/go ]; do sleep 0.1; done; exit 7"),
+        ),
     );
     a.start();
     let long = a.wait_pod("long", "running", MIN, |p| running(p, "c"));
@@ -273,15 +364,28 @@ fn containers_outlive_a_killed_agent_and_exits_are_not_lost() {
     });
     let t = &container(&short, "c")["state"]["terminated"];
     assert_eq!(t["exitCode"], 7, "{t}");
-    let finished: k8s_openapi::jiff::Timestamp =
-        t["finishedAt"].as_str().expect("finishedAt").parse().expect("time");
+    let finished: k8s_openapi::jiff::Timestamp = t["finishedAt"]
+        .as_str()
+        .expect("finishedAt")
+        .parse()
+        .expect("time");
     // Kubernetes times have whole seconds.
-    assert!(finished.as_second() <= t_exit.as_second() + 1, "finishedAt {finished} is the real exit time ({t_exit})");
-    assert!(finished < t_restart, "finishedAt {finished} is before the agent came back ({t_restart})");
+    assert!(
+        finished.as_second() <= t_exit.as_second() + 1,
+        "finishedAt {finished} is the real exit time ({t_exit})"
+    );
+    assert!(
+        finished < t_restart,
+        "finishedAt {finished} is before the agent came back ({t_restart})"
+    );
     assert_eq!(short["status"]["phase"], "Failed");
 
     let long = a.wait_pod("long", "adopted", MIN, |p| running(p, "c"));
-    assert_eq!(container(&long, "c")["containerID"], long_id, "the same container was adopted");
+    assert_eq!(
+        container(&long, "c")["containerID"],
+        long_id,
+        "the same container was adopted"
+    );
     assert_eq!(container(&long, "c")["restartCount"], 0);
     assert!(pid_alive(long_pid));
     a.stop();
@@ -295,8 +399,14 @@ fn restart_with_manifest_removed_or_edited_meanwhile() {
         return;
     }
     let mut a = Agent::new("edits");
-    a.write_manifest("gone.yaml", &pod_yaml("gone", "Always", 1, &sh("c", "exec sleep 1000")));
-    a.write_manifest("edit.yaml", &pod_yaml("edit", "Always", 1, &sh("c", "echo v1; exec sleep 1000")));
+    a.write_manifest(
+        "gone.yaml",
+        &pod_yaml("gone", "Always", 1, &sh("c", "exec sleep 1000")),
+    );
+    a.write_manifest(
+        "edit.yaml",
+        &pod_yaml("edit", "Always", 1, &sh("c", "echo v1; exec sleep 1000")),
+    );
     a.start();
     let gone = a.wait_pod("gone", "running", MIN, |p| running(p, "c"));
     let edit = a.wait_pod("edit", "running", MIN, |p| running(p, "c"));
@@ -306,15 +416,22 @@ fn restart_with_manifest_removed_or_edited_meanwhile() {
     a.stop();
 
     a.remove_manifest("gone.yaml");
-    a.write_manifest("edit.yaml", &pod_yaml("edit", "Always", 1, &sh("c", "echo v2; exec sleep 1000")));
+    a.write_manifest(
+        "edit.yaml",
+        &pod_yaml("edit", "Always", 1, &sh("c", "echo v2; exec sleep 1000")),
+    );
     a.start();
     a.wait_gone("gone", MIN);
-    a.wait_until("the removed pod's container to stop", MIN, |_| !pid_alive(gone_pid));
+    a.wait_until("the removed pod's container to stop", MIN, |_| {
+        !pid_alive(gone_pid)
+    });
     let edit = a.wait_pod("edit", "replaced", MIN, |p| {
         p["pod"]["metadata"]["uid"] != old_uid && running(p, "c")
     });
     a.wait_until("the old container to stop", MIN, |_| !pid_alive(edit_pid));
-    a.wait_until("the new version to log", MIN, |a| a.container_log(&edit, "c", 0).contains("v2"));
+    a.wait_until("the new version to log", MIN, |a| {
+        a.container_log(&edit, "c", 0).contains("v2")
+    });
     a.stop();
     a.reset();
     a.assert_clean();
@@ -326,13 +443,20 @@ fn bad_manifests_and_missing_images_do_not_disturb_good_pods() {
         return;
     }
     let mut a = Agent::new("bad");
-    a.write_manifest("good.yaml", &pod_yaml("good", "Always", 1, &sh("c", "exec sleep 1000")));
-    a.write_manifest("broken.yaml", "apiVersion: v1\nkind: Pod\nmetadata: [this is not\n");
+    a.write_manifest(
+        "good.yaml",
+        &pod_yaml("good", "Always", 1, &sh("c", "exec sleep 1000")),
+    );
+    a.write_manifest(
+        "broken.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: [this is not\n",
+    );
     a.write_manifest(
         "deploy.yaml",
         "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: nope\n",
     );
-    let missing = "    - name: c\n      image: example.org/not/here:1.0\n      command: [\"true\"]\n";
+    let missing =
+        "    - name: c\n      image: example.org/not/here:1.0\n      command: [\"true\"]\n";
     a.write_manifest("missing.yaml", &pod_yaml("missing", "Always", 1, missing));
     a.start();
     a.wait_pod("good", "running", MIN, |p| running(p, "c"));
@@ -340,11 +464,20 @@ fn bad_manifests_and_missing_images_do_not_disturb_good_pods() {
         container(p, "c")["state"]["waiting"]["reason"] == "ErrImageNeverPull"
     });
     assert_eq!(p["status"]["phase"], "Pending");
-    let msg = container(&p, "c")["state"]["waiting"]["message"].as_str().unwrap_or("").to_string();
+    let msg = container(&p, "c")["state"]["waiting"]["message"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
     assert!(msg.contains("example.org/not/here:1.0"), "{msg}");
     let log = a.agent_log();
-    assert!(log.contains("broken.yaml"), "the broken file is named: {log}");
-    assert!(log.contains("deploy.yaml"), "the wrong kind is named: {log}");
+    assert!(
+        log.contains("broken.yaml"),
+        "the broken file is named: {log}"
+    );
+    assert!(
+        log.contains("deploy.yaml"),
+        "the wrong kind is named: {log}"
+    );
     assert!(a.pod("nope").is_none());
     a.stop();
     a.reset();

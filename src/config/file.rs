@@ -9,8 +9,8 @@ use std::time::Duration;
 use serde_yaml::{Mapping, Value};
 
 use super::duration::parse_duration;
-use super::quantity::parse_quantity;
 use super::ConfigError;
+use crate::quantity::parse_bytes as parse_quantity;
 
 const API_VERSION: &str = "kubelet.config.k8s.io/v1beta1";
 const KIND: &str = "KubeletConfiguration";

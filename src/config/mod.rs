@@ -7,7 +7,6 @@ mod duration;
 mod file;
 mod flags;
 mod names;
-mod quantity;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -16,7 +15,6 @@ pub use duration::parse_duration;
 pub use file::{parse_config, read_config_file, FileConfig};
 pub use flags::{parse_flags, RunFlags, USAGE};
 pub use names::{check_dns1123_label, check_dns1123_subdomain};
-pub use quantity::parse_quantity;
 
 const DEFAULT_ROOT_DIR: &str = "/var/lib/holdfast";
 const DEFAULT_STATIC_POD_PATH: &str = "/etc/kubernetes/manifests";

@@ -20,7 +20,12 @@ pub fn call(root_dir: &Path, req: &Request) -> Result<Response, ControlError> {
         {
             return Err(ControlError::NotRunning { path: shown })
         }
-        Err(source) => return Err(ControlError::Io { path: shown, source }),
+        Err(source) => {
+            return Err(ControlError::Io {
+                path: shown,
+                source,
+            })
+        }
     };
     let io = |source| ControlError::Io {
         path: shown.clone(),

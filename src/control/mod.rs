@@ -25,10 +25,16 @@ pub enum Request {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "result", rename_all = "camelCase")]
 pub enum Response {
-    Pods { pods: Vec<crate::sync::PodState> },
-    Images { images: Vec<crate::image::ImageRecord> },
+    Pods {
+        pods: Vec<crate::sync::PodState>,
+    },
+    Images {
+        images: Vec<crate::image::ImageRecord>,
+    },
     Done,
-    Error { message: String },
+    Error {
+        message: String,
+    },
 }
 
 #[derive(Debug, thiserror::Error)]

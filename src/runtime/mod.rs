@@ -44,7 +44,6 @@ mod command;
 mod exits;
 mod libcontainer_runtime;
 mod logs;
-pub mod quantity;
 mod records;
 mod reset;
 mod rootfs;

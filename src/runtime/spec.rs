@@ -14,7 +14,8 @@ use oci_spec::runtime::{
     ProcessBuilder, RootBuilder, Spec, SpecBuilder, UserBuilder,
 };
 
-use super::{command, quantity, RuntimeError};
+use super::{command, RuntimeError};
+use crate::quantity;
 
 /// The kubelet's CFS period.
 const CPU_PERIOD: u64 = 100_000;
@@ -219,7 +220,7 @@ fn resources(container: &Container) -> Result<oci_spec::runtime::LinuxResources,
 
     let mut builder = LinuxResourcesBuilder::default().devices(device_rules()?);
     if let Some(q) = quantity_of(limits, "memory") {
-        let bytes = quantity::parse_bytes(&q)?;
+        let bytes = quantity::parse_bytes(&q).map_err(RuntimeError::Config)?;
         let limit = i64::try_from(bytes)
             .map_err(|_| RuntimeError::Config(format!("memory limit {q} is too large")))?;
         builder = builder.memory(
@@ -235,12 +236,13 @@ fn resources(container: &Container) -> Result<oci_spec::runtime::LinuxResources,
     // like the kubelet, take the limit then.
     let request = quantity_of(requests, "cpu").or_else(|| quantity_of(limits, "cpu"));
     let shares = match request {
-        Some(q) => (quantity::parse_millicpu(&q)? * 1024 / 1000).max(MIN_SHARES),
+        Some(q) => (quantity::parse_millicpu(&q).map_err(RuntimeError::Config)? * 1024 / 1000)
+            .max(MIN_SHARES),
         None => MIN_SHARES,
     };
     cpu = cpu.shares(shares);
     if let Some(q) = quantity_of(limits, "cpu") {
-        let milli = quantity::parse_millicpu(&q)?;
+        let milli = quantity::parse_millicpu(&q).map_err(RuntimeError::Config)?;
         let quota = i64::try_from(milli.saturating_mul(CPU_PERIOD) / 1000)
             .map_err(|_| RuntimeError::Config(format!("cpu limit {q} is too large")))?
             .max(MIN_QUOTA);

@@ -131,7 +131,10 @@ mod tests {
 
     #[test]
     fn first_instance_starts() {
-        assert_eq!(plan("Always", &ContainerRecord::new("c"), ts(0), &B), Action::Start);
+        assert_eq!(
+            plan("Always", &ContainerRecord::new("c"), ts(0), &B),
+            Action::Start
+        );
     }
 
     #[test]
@@ -149,9 +152,18 @@ mod tests {
 
     #[test]
     fn never_and_on_failure_keep_finished_containers() {
-        assert_eq!(plan("Never", &exited(1, 0, 1, 1), ts(100), &B), Action::Keep);
-        assert_eq!(plan("OnFailure", &exited(0, 0, 1, 1), ts(100), &B), Action::Keep);
-        assert_eq!(plan("OnFailure", &exited(3, 0, 1, 1), ts(100), &B), Action::Restart);
+        assert_eq!(
+            plan("Never", &exited(1, 0, 1, 1), ts(100), &B),
+            Action::Keep
+        );
+        assert_eq!(
+            plan("OnFailure", &exited(0, 0, 1, 1), ts(100), &B),
+            Action::Keep
+        );
+        assert_eq!(
+            plan("OnFailure", &exited(3, 0, 1, 1), ts(100), &B),
+            Action::Restart
+        );
     }
 
     #[test]

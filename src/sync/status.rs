@@ -29,7 +29,11 @@ pub struct StatusInputs<'a> {
     pub previous: Option<&'a PodStatus>,
 }
 
-pub fn pod_status(pod: &Pod, records: &BTreeMap<String, ContainerRecord>, i: &StatusInputs<'_>) -> PodStatus {
+pub fn pod_status(
+    pod: &Pod,
+    records: &BTreeMap<String, ContainerRecord>,
+    i: &StatusInputs<'_>,
+) -> PodStatus {
     let spec = pod.spec.as_ref();
     let policy = spec
         .and_then(|s| s.restart_policy.as_deref())
@@ -70,7 +74,10 @@ pub fn pod_status(pod: &Pod, records: &BTreeMap<String, ContainerRecord>, i: &St
         (
             "False",
             Some("ContainersNotReady"),
-            Some(format!("containers with unready status: [{}]", unready.join(" "))),
+            Some(format!(
+                "containers with unready status: [{}]",
+                unready.join(" ")
+            )),
         )
     };
     let sandbox = if terminal { "False" } else { "True" };
@@ -128,16 +135,21 @@ pub fn phase(policy: &str, statuses: &[ContainerStatus]) -> &'static str {
     let (mut running, mut waiting, mut stopped, mut succeeded, mut unknown) = (0, 0, 0, 0, 0);
     for s in statuses {
         match s.state.as_ref() {
-            Some(ContainerState { running: Some(_), .. }) => running += 1,
             Some(ContainerState {
-                terminated: Some(t), ..
+                running: Some(_), ..
+            }) => running += 1,
+            Some(ContainerState {
+                terminated: Some(t),
+                ..
             }) => {
                 stopped += 1;
                 if t.exit_code == 0 {
                     succeeded += 1;
                 }
             }
-            Some(ContainerState { waiting: Some(_), .. }) => {
+            Some(ContainerState {
+                waiting: Some(_), ..
+            }) => {
                 let had_run = s
                     .last_state
                     .as_ref()
@@ -291,7 +303,9 @@ pub fn qos_class(containers: &[Container]) -> &'static str {
         let requests = r.and_then(|r| r.requests.as_ref());
         let limits = r.and_then(|r| r.limits.as_ref());
         for res in ["cpu", "memory"] {
-            let req = requests.and_then(|m| m.get(res)).or_else(|| limits.and_then(|m| m.get(res)));
+            let req = requests
+                .and_then(|m| m.get(res))
+                .or_else(|| limits.and_then(|m| m.get(res)));
             let lim = limits.and_then(|m| m.get(res));
             if req.is_some() || lim.is_some() {
                 any = true;

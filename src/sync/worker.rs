@@ -77,7 +77,10 @@ impl Worker {
                 None
             }
         };
-        let start_time = state.as_ref().map(|s| s.start_time).unwrap_or_else(time::now);
+        let start_time = state
+            .as_ref()
+            .map(|s| s.start_time)
+            .unwrap_or_else(time::now);
         Worker {
             deps,
             pod,
@@ -112,7 +115,9 @@ impl Worker {
                     return;
                 }
                 Some(WorkerMsg::Update(pod)) => self.pod = *pod,
-                Some(WorkerMsg::Exited(id)) => log::debug!("pod {}: container {id} exited", self.name()),
+                Some(WorkerMsg::Exited(id)) => {
+                    log::debug!("pod {}: container {id} exited", self.name())
+                }
                 Some(WorkerMsg::Resync) => {}
             }
             self.sync().await;
@@ -184,7 +189,9 @@ impl Worker {
         let reset = self.deps.crash_loop_reset;
         let names: Vec<String> = self.records.keys().cloned().collect();
         for name in names {
-            let Some(rec) = self.records.get(&name) else { continue };
+            let Some(rec) = self.records.get(&name) else {
+                continue;
+            };
             let Some(cur) = &rec.current else { continue };
             let InstanceState::Running { started_at } = cur.state else {
                 continue;
@@ -281,7 +288,11 @@ impl Worker {
                         "Container image \"{image_ref}\" is not present with pull policy of Never"
                     )),
                 });
-                log::warn!("pod {}: container {}: image {image_ref} is not present", self.name(), c.name);
+                log::warn!(
+                    "pod {}: container {}: image {image_ref} is not present",
+                    self.name(),
+                    c.name
+                );
                 self.records.insert(c.name.clone(), rec);
                 return;
             }
@@ -297,7 +308,10 @@ impl Worker {
             }
         };
 
-        let log_path = self.log_dir().join(&c.name).join(format!("{}.log", rec.restart_count));
+        let log_path = self
+            .log_dir()
+            .join(&c.name)
+            .join(format!("{}.log", rec.restart_count));
         let rt = self.deps.runtime.clone();
         let pod = self.pod.clone();
         let container = c.clone();
@@ -320,7 +334,12 @@ impl Worker {
         .await;
         match started {
             Ok(s) => {
-                log::info!("pod {}: container {} started (pid {})", self.name(), c.name, s.pid);
+                log::info!(
+                    "pod {}: container {} started (pid {})",
+                    self.name(),
+                    c.name,
+                    s.pid
+                );
                 rec.current = Some(Instance {
                     id: id.clone(),
                     image: image_ref,
@@ -469,7 +488,11 @@ impl Worker {
         }
         let left = self.still_running(&running).await;
         if !left.is_empty() {
-            log::info!("pod {}: grace period over, killing {} container(s)", self.name(), left.len());
+            log::info!(
+                "pod {}: grace period over, killing {} container(s)",
+                self.name(),
+                left.len()
+            );
             self.signal_all(&left, sigkill).await;
             self.wait_exited(&left, Duration::from_secs(10)).await;
         }
@@ -483,7 +506,10 @@ impl Worker {
             self.remove_container(id).await;
         }
         for name in self.records.keys() {
-            let _ = self.deps.containers.remove(&ContainerRecord::key(&self.uid, name));
+            let _ = self
+                .deps
+                .containers
+                .remove(&ContainerRecord::key(&self.uid, name));
         }
         let _ = self.deps.podstates.remove(&self.uid);
         self.flush().await;

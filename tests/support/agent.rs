@@ -30,12 +30,16 @@ pub fn need_root() -> bool {
 fn busybox_tar() -> &'static Path {
     static TAR: OnceLock<PathBuf> = OnceLock::new();
     TAR.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("holdfast-it-image-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("image dir");
-        let tar = dir.join("busybox.tar");
+        // Under target/ (removed by `cargo clean`), rebuilt once per test run, swapped in
+        // whole so a concurrent reader never sees half of it.
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR"));
+        std::fs::create_dir_all(dir).expect("target tmp dir");
+        let tar = dir.join("busybox-demo.tar");
+        let tmp = dir.join(format!(".busybox-demo.tar.{}", std::process::id()));
         oci::busybox_image("docker.io/library/busybox:demo")
-            .and_then(|image| image.write_layout_tar(&tar))
+            .and_then(|image| image.write_layout_tar(&tmp))
             .expect("busybox image");
+        std::fs::rename(&tmp, &tar).expect("rename image tar");
         tar
     })
 }
@@ -138,7 +142,10 @@ impl Agent {
             }
             let _ = c.kill();
             let _ = c.wait();
-            panic!("agent did not stop within 30s of SIGTERM\n{}", self.agent_log());
+            panic!(
+                "agent did not stop within 30s of SIGTERM\n{}",
+                self.agent_log()
+            );
         }
     }
 
@@ -209,7 +216,13 @@ impl Agent {
     }
 
     /// Waits until pod `name` exists and `cond` holds for it; returns it.
-    pub fn wait_pod(&self, name: &str, what: &str, within: Duration, cond: impl Fn(&Value) -> bool) -> Value {
+    pub fn wait_pod(
+        &self,
+        name: &str,
+        what: &str,
+        within: Duration,
+        cond: impl Fn(&Value) -> bool,
+    ) -> Value {
         let mut found = None;
         self.wait_until(&format!("pod {name}: {what}"), within, |a| {
             match a.pod(name) {
@@ -224,7 +237,9 @@ impl Agent {
     }
 
     pub fn wait_gone(&self, name: &str, within: Duration) {
-        self.wait_until(&format!("pod {name} to be gone"), within, |a| a.pod(name).is_none());
+        self.wait_until(&format!("pod {name} to be gone"), within, |a| {
+            a.pod(name).is_none()
+        });
     }
 
     /// A pod's log file for a container and restart, read whole.

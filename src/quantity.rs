@@ -1,25 +1,23 @@
-//! Kubernetes resource quantities (`64Mi`, `1G`, `129e6`, `500m`, `1.5`) as the runtime
-//! needs them: memory in bytes, CPU in millicores. Values round up, as the API's
-//! `Value()` and `MilliValue()` do, so a limit is never tighter than asked.
-
-use super::RuntimeError;
+//! Kubernetes quantities (`64Mi`, `1G`, `129e6`, `500m`, `1.5`): sizes in bytes, CPU in
+//! millicores. Values round up, as the API's `Value()` and `MilliValue()` do, so a limit
+//! is never tighter than asked. Errors are sentences for the caller to put in context.
 
 /// Bytes in a memory quantity such as `64Mi`, `1G`, `128974848`, `129e6` or `123M`.
-pub fn parse_bytes(quantity: &str) -> Result<u64, RuntimeError> {
+pub fn parse_bytes(quantity: &str) -> Result<u64, String> {
     parse_scaled(quantity, 0)
 }
 
 /// Millicores in a CPU quantity such as `500m`, `1` or `1.5`.
-pub fn parse_millicpu(quantity: &str) -> Result<u64, RuntimeError> {
+pub fn parse_millicpu(quantity: &str) -> Result<u64, String> {
     parse_scaled(quantity, 3)
 }
 
-fn invalid(quantity: &str, reason: &str) -> RuntimeError {
-    RuntimeError::Config(format!("invalid quantity {quantity:?}: {reason}"))
+fn invalid(quantity: &str, reason: &str) -> String {
+    format!("invalid quantity {quantity:?}: {reason}")
 }
 
 /// `ceil(quantity * 10^target_exp10)`.
-fn parse_scaled(quantity: &str, target_exp10: i32) -> Result<u64, RuntimeError> {
+fn parse_scaled(quantity: &str, target_exp10: i32) -> Result<u64, String> {
     let s = quantity.trim();
     let s = s.strip_prefix('+').unwrap_or(s);
     if s.starts_with('-') {
@@ -53,8 +51,8 @@ fn parse_scaled(quantity: &str, target_exp10: i32) -> Result<u64, RuntimeError> 
             .map_err(|_| invalid(quantity, "bad number"))?
     };
     let frac_len = i32::try_from(frac_part.len()).map_err(|_| invalid(quantity, "too long"))?;
-    let (exp10, bin_shift) =
-        suffix_scale(suffix).ok_or_else(|| invalid(quantity, "unknown suffix"))?;
+    let (exp10, bin_shift) = suffix_scale(suffix)
+        .ok_or_else(|| invalid(quantity, &format!("unknown suffix {suffix:?}")))?;
     let exp10 = exp10 - frac_len + target_exp10;
 
     let overflow = || invalid(quantity, "too large");
@@ -152,5 +150,22 @@ mod tests {
             assert!(parse_bytes(q).is_err(), "{q:?} should not parse");
         }
         assert!(parse_bytes("20Ei").is_err(), "does not fit u64");
+        let msg = parse_bytes("10MB").err().unwrap_or_default();
+        assert!(msg.contains("unknown suffix \"MB\""), "{msg}");
+    }
+
+    #[test]
+    fn sizes_as_config_files_write_them() {
+        for (q, want) in [
+            ("10Mi", 10 * 1024 * 1024),
+            ("5000", 5000),
+            ("2k", 2000),
+            ("0", 0),
+            ("0.5", 1),
+            ("+3M", 3_000_000),
+            ("12e-1", 2),
+        ] {
+            assert_eq!(parse_bytes(q).ok(), Some(want), "{q}");
+        }
     }
 }
