@@ -67,7 +67,9 @@ tail -n 3 "$log"
 
 echo "== kill -9 holdfast: the containers keep running"
 kill -9 "$agent_pid"; wait "$agent_pid" 2>/dev/null || true; agent_pid=
-before=$(wc -l <"$log"); wait_for 10 "the ticker to log while the agent is down" test "$(wc -l <"$log")" -gt $((before + 1))
+before=$(wc -l <"$log")
+grew() { [ "$(wc -l <"$log")" -gt $((before + 1)) ]; }
+wait_for 10 "the ticker to log while the agent is down" grew
 echo "ticker wrote $(( $(wc -l <"$log") - before )) more lines with no agent running"
 
 echo "== holdfast again: it adopts its containers"
