@@ -23,7 +23,7 @@ use crate::time::Timestamp;
 pub const SOURCE_FILE: &str = "file";
 
 /// Editors write a file in several steps; a rescan waits for this much quiet.
-const QUIET: Duration = Duration::from_millis(100);
+const QUIET: Duration = Duration::from_millis(20);
 /// ...but no longer than this, so a file rewritten without pause still gets read.
 const MAX_COALESCE: Duration = Duration::from_secs(1);
 /// How often the thread looks up from its wait to see whether anyone still listens.

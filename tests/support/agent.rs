@@ -274,11 +274,16 @@ impl Agent {
         let root = self.root.display().to_string();
         let mut procs = Vec::new();
         for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-            let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
             let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
             let cwd = std::fs::read_link(format!("/proc/{pid}/root")).unwrap_or_default();
             if String::from_utf8_lossy(&cmd).contains(&root) || cwd.starts_with(&self.root) {
-                procs.push(format!("{pid}: {}", String::from_utf8_lossy(&cmd).replace('\0', " ")));
+                procs.push(format!(
+                    "{pid}: {}",
+                    String::from_utf8_lossy(&cmd).replace('\0', " ")
+                ));
             }
         }
         assert!(procs.is_empty(), "processes left behind: {procs:#?}");

@@ -1,0 +1,150 @@
+//! The `holdfast` command line as a user meets it: subcommands, their output and exit
+//! codes, and clear errors for bad flags and config files.
+
+mod support;
+
+use std::process::{Command, Output};
+
+use support::agent::{need_root, oci, BIN};
+
+fn holdfast(args: &[&str]) -> Output {
+    Command::new(BIN).args(args).output().expect("run holdfast")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> Self {
+        let d = std::env::temp_dir().join(format!("holdfast-cli-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).expect("temp dir");
+        TempDir(d)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn version_and_usage() {
+    let o = holdfast(&["version"]);
+    assert!(o.status.success());
+    assert!(
+        text(&o).starts_with(&format!("holdfast {}", env!("CARGO_PKG_VERSION"))),
+        "{}",
+        text(&o)
+    );
+    let o = holdfast(&["frobnicate"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o).contains("unknown command"), "{}", text(&o));
+}
+
+#[test]
+fn bad_flags_and_config_files_are_named() {
+    let dir = TempDir::new("config");
+    let o = holdfast(&["run", "--no-such-flag"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o).contains("--no-such-flag"), "{}", text(&o));
+
+    let cfg = dir.0.join("config.yaml");
+    std::fs::write(&cfg, "fileCheckFrequency: often\n").expect("config");
+    let o = holdfast(&[
+        "run",
+        "--config",
+        cfg.to_str().expect("utf-8"),
+        "--root-dir",
+        dir.0.join("root").to_str().expect("utf-8"),
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o).contains("fileCheckFrequency"), "{}", text(&o));
+
+    let o = holdfast(&[
+        "run",
+        "--config",
+        dir.0.join("missing.yaml").to_str().expect("utf-8"),
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o).contains("missing.yaml"), "{}", text(&o));
+}
+
+#[test]
+fn image_import_ls_rm_without_an_agent() {
+    if !need_root() {
+        return;
+    }
+    let dir = TempDir::new("image");
+    let root = dir.0.join("root");
+    let root_s = root.to_str().expect("utf-8");
+    let tar = dir.0.join("busybox.tar");
+    oci::busybox_image("registry.local:5000/tools/busybox:1.36")
+        .and_then(|i| i.write_layout_tar(&tar))
+        .expect("image");
+
+    let o = holdfast(&[
+        "image",
+        "import",
+        tar.to_str().expect("utf-8"),
+        "--root-dir",
+        root_s,
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("registry.local:5000/tools/busybox:1.36"),
+        "{}",
+        text(&o)
+    );
+
+    let o = holdfast(&["image", "ls", "--root-dir", root_s]);
+    assert!(o.status.success(), "{}", text(&o));
+    let ls = text(&o);
+    assert!(
+        ls.lines()
+            .any(|l| l.starts_with("registry.local:5000/tools/busybox:1.36 ")),
+        "{ls}"
+    );
+
+    let o = holdfast(&[
+        "image",
+        "rm",
+        "registry.local:5000/tools/busybox:1.36",
+        "--root-dir",
+        root_s,
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = holdfast(&["image", "ls", "--root-dir", root_s]);
+    assert!(!text(&o).contains("tools/busybox"), "{}", text(&o));
+
+    let o = holdfast(&[
+        "image",
+        "import",
+        dir.0.join("nope.tar").to_str().expect("utf-8"),
+        "--root-dir",
+        root_s,
+    ]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("nope.tar"), "{}", text(&o));
+
+    let o = holdfast(&["pods", "--root-dir", root_s]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).starts_with("POD"), "{}", text(&o));
+    let o = holdfast(&[
+        "reset",
+        "--root-dir",
+        root_s,
+        "--cgroup-root",
+        "/holdfast-cli-test",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(!root.exists(), "reset removes the root dir");
+}
