@@ -86,16 +86,14 @@ pub struct Store {
     _lock: Arc<Flock<File>>,
 }
 
-/// Takes `<path>.lock`, waiting up to [`LOCK_WAIT`] for a short-lived holder.
+/// Takes `<path>/holdfast.lock`, waiting up to [`LOCK_WAIT`] for a short-lived holder.
 fn lock(path: &Path) -> Result<Flock<File>, StoreError> {
-    let lock_path = path.with_extension("lock");
+    let lock_path = path.join("holdfast.lock");
     let io = |source| StoreError::Lock {
         path: lock_path.clone(),
         source,
     };
-    if let Some(parent) = lock_path.parent() {
-        std::fs::create_dir_all(parent).map_err(io)?;
-    }
+    std::fs::create_dir_all(path).map_err(io)?;
     let deadline = Instant::now() + LOCK_WAIT;
     loop {
         let file = OpenOptions::new()
