@@ -33,3 +33,18 @@ impl Error {
         }
     }
 }
+
+/// An error and its causes, as one line: `open store at X: IO error: ...`.
+pub fn chain(err: &dyn std::error::Error) -> String {
+    let mut out = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = s.source();
+    }
+    out
+}

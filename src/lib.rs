@@ -33,7 +33,9 @@ pub mod sync;
 pub mod time;
 
 mod error;
-pub use error::Error;
+#[cfg(test)]
+mod testutil;
+pub use error::{chain as error_chain, Error};
 
 /// The version reported by `holdfast version` and in node info.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

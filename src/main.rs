@@ -56,7 +56,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("holdfast: {}", chain(&e));
+            eprintln!("holdfast: {}", holdfast::error_chain(&e));
             ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(1))
         }
     }
@@ -104,19 +104,4 @@ fn init_logging(verbosity: Option<u8>) {
     let default = format!("{level},libcontainer=warn,libcgroups=warn,sled=warn");
     let env = env_logger::Env::default().default_filter_or(default);
     let _ = env_logger::Builder::from_env(env).try_init();
-}
-
-/// An error and its causes on one line.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        let msg = c.to_string();
-        if !s.contains(&msg) {
-            s.push_str(": ");
-            s.push_str(&msg);
-        }
-        cur = c.source();
-    }
-    s
 }

@@ -6,6 +6,7 @@ mod support;
 use std::process::{Command, Output};
 
 use support::agent::{need_root, oci, BIN};
+use support::tempdir::TempDir;
 
 fn holdfast(args: &[&str]) -> Output {
     Command::new(BIN).args(args).output().expect("run holdfast")
@@ -17,23 +18,6 @@ fn text(o: &Output) -> String {
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
     )
-}
-
-struct TempDir(std::path::PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> Self {
-        let d = std::env::temp_dir().join(format!("holdfast-cli-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).expect("temp dir");
-        TempDir(d)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 #[test]

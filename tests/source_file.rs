@@ -7,37 +7,19 @@ use holdfast::source::{read_manifests, spawn_file_source, SourceSnapshot, CONFIG
 use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::mpsc;
 
+#[path = "support/tempdir.rs"]
+mod tempdir;
+use tempdir::TempDir;
+
 const NODE: &str = "gw-1";
 
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        let path = std::env::temp_dir().join(format!(
-            "holdfast-source-{tag}-{}-{nanos}",
-            std::process::id()
-        ));
-        std::fs::create_dir_all(&path).expect("mkdir");
-        TempDir(path)
+/// A temp dir holding copies of the named fixtures.
+fn with_fixtures(tag: &str, names: &[&str]) -> TempDir {
+    let dir = TempDir::new(tag);
+    for name in names {
+        std::fs::copy(fixture(name), dir.0.join(name)).expect("copy fixture");
     }
-
-    fn with_fixtures(tag: &str, names: &[&str]) -> Self {
-        let dir = TempDir::new(tag);
-        for name in names {
-            std::fs::copy(fixture(name), dir.0.join(name)).expect("copy fixture");
-        }
-        dir
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+    dir
 }
 
 fn fixture(name: &str) -> PathBuf {
@@ -67,7 +49,7 @@ fn without_seen(mut pod: Pod) -> Pod {
 
 /// Reads one fixture alone and returns its single error's text.
 fn only_error(name: &str) -> String {
-    let dir = TempDir::with_fixtures("one", &[name]);
+    let dir = with_fixtures("one", &[name]);
     let (pods, errors) = read_manifests(&dir.0, NODE);
     assert!(pods.is_empty(), "{name} gave pods: {:?}", names(&pods));
     assert_eq!(errors.len(), 1, "{name}: {errors:?}");
@@ -78,7 +60,7 @@ fn only_error(name: &str) -> String {
 
 #[test]
 fn sleep_manifest_becomes_a_static_pod() {
-    let dir = TempDir::with_fixtures("sleep", &["sleep.yaml"]);
+    let dir = with_fixtures("sleep", &["sleep.yaml"]);
     let (pods, errors) = read_manifests(&dir.0, NODE);
     assert!(errors.is_empty(), "{errors:?}");
     assert_eq!(names(&pods), ["default/sleep-gw-1"]);
@@ -108,7 +90,7 @@ fn sleep_manifest_becomes_a_static_pod() {
 
 #[test]
 fn multi_document_file_gives_each_pod() {
-    let dir = TempDir::with_fixtures("multi", &["multi.yaml"]);
+    let dir = with_fixtures("multi", &["multi.yaml"]);
     let (pods, errors) = read_manifests(&dir.0, NODE);
     assert!(errors.is_empty(), "{errors:?}");
     assert_eq!(names(&pods), ["default/first-gw-1", "edge/second-gw-1"]);
@@ -181,7 +163,7 @@ fn bad_files_do_not_affect_good_ones() {
         "duplicate-containers.yaml",
         "wrong-type.yaml",
     ];
-    let dir = TempDir::with_fixtures("mixed", &all);
+    let dir = with_fixtures("mixed", &all);
     let (pods, errors) = read_manifests(&dir.0, NODE);
     assert_eq!(
         names(&pods),
@@ -243,7 +225,7 @@ fn the_later_of_two_files_with_one_pod_name_is_refused() {
 
 #[test]
 fn only_visible_manifest_files_are_read() {
-    let dir = TempDir::with_fixtures("filter", &["sleep.yaml"]);
+    let dir = with_fixtures("filter", &["sleep.yaml"]);
     let sleep = std::fs::read_to_string(fixture("sleep.yaml")).expect("read");
     for name in [".hidden.yaml", "notes.txt", "sleep.yaml.swp", "sleep.yaml~"] {
         std::fs::write(
@@ -349,7 +331,7 @@ async fn watcher_follows_the_folder() {
 
 #[tokio::test]
 async fn unchanged_folder_sends_nothing_on_resync() {
-    let dir = TempDir::with_fixtures("resync", &["sleep.yaml"]);
+    let dir = with_fixtures("resync", &["sleep.yaml"]);
     let (tx, mut rx) = mpsc::channel(4);
     let _handle = spawn_file_source(dir.0.clone(), NODE.into(), Duration::from_millis(100), tx)
         .expect("spawn");

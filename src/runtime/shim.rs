@@ -28,6 +28,7 @@ use super::records::{
     self, FailedRecord, FailureKind, ProcessRef, ShimConfig, ShimPid, StartedRecord,
 };
 use super::{rootfs, supervise};
+use crate::error::chain;
 use crate::time;
 
 /// Entry point of `holdfast shim <args>`; returns the process exit code. Must run before
@@ -238,21 +239,6 @@ fn is_exec_failure(message: &str) -> bool {
         && (message.contains("not found")
             || message.contains("permission")
             || message.contains("invalid executable"))
-}
-
-/// An error and its sources, as one line.
-pub fn chain(err: &dyn std::error::Error) -> String {
-    let mut out = err.to_string();
-    let mut source = err.source();
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        source = s.source();
-    }
-    out
 }
 
 /// Creates `exits/<id>`, which wakes the agent's exit watcher.

@@ -124,7 +124,10 @@ impl Store {
     /// while the agent starts) is waited for, up to [`LOCK_WAIT`].
     pub fn open(path: &Path) -> Result<Self, StoreError> {
         let lock = Arc::new(lock(path)?);
-        let db = {
+        // Holding our lock, contention on sled's own can only be an earlier handle in
+        // this process whose flusher thread has not let go yet: wait for it.
+        let deadline = Instant::now() + LOCK_WAIT;
+        let db = loop {
             let opened = sled::Config::new()
                 .path(path)
                 .cache_capacity(CACHE_BYTES)
@@ -133,10 +136,21 @@ impl Store {
                 // bursts of changes in one write without losing more than that on a cut.
                 .flush_every_ms(Some(1000))
                 .open();
-            opened.map_err(|source| StoreError::Open {
-                path: path.to_path_buf(),
-                source,
-            })?
+            match opened {
+                Ok(db) => break db,
+                Err(sled::Error::Io(e))
+                    if e.to_string().contains("could not acquire lock")
+                        && Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                Err(source) => {
+                    return Err(StoreError::Open {
+                        path: path.to_path_buf(),
+                        source,
+                    })
+                }
+            }
         };
         let store = Store {
             db,
@@ -230,7 +244,8 @@ mod tests {
 
     #[test]
     fn refuses_a_newer_schema() {
-        let dir = tempdir();
+        let tmp = crate::testutil::TempDir::new("store");
+        let dir = tmp.0.join("db");
         {
             let store = Store::open(&dir).expect("open");
             let meta = store.raw_tree("meta").expect("meta");
@@ -243,12 +258,12 @@ mod tests {
             Err(other) => panic!("wrong error: {other}"),
             Ok(_) => panic!("a newer store was opened"),
         }
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
     fn typed_round_trip_survives_reopen() {
-        let dir = tempdir();
+        let tmp = crate::testutil::TempDir::new("store");
+        let dir = tmp.0.join("db");
         {
             let store = Store::open(&dir).expect("open");
             let t: Tree<Vec<u32>> = store.tree("numbers").expect("tree");
@@ -262,18 +277,5 @@ mod tests {
         assert_eq!(t.get("a").expect("get"), Some(vec![1, 2, 3]));
         assert_eq!(t.get("b").expect("get"), None);
         assert_eq!(t.keys().expect("keys"), vec!["a".to_string()]);
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    fn tempdir() -> PathBuf {
-        let d = std::env::temp_dir().join(format!(
-            "holdfast-store-test-{}-{}",
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos())
-                .unwrap_or(0)
-        ));
-        d
     }
 }

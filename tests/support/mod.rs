@@ -1,1 +1,2 @@
 pub mod agent;
+pub mod tempdir;
