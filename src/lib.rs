@@ -34,6 +34,7 @@ pub mod time;
 
 mod error;
 #[cfg(test)]
+#[path = "../tests/support/tempdir.rs"]
 mod testutil;
 pub use error::{chain as error_chain, Error};
 

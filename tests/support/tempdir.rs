@@ -1,4 +1,4 @@
-//! What integration tests share: a temporary directory removed when dropped, even when the
+//! What unit and integration tests share: a temporary directory removed when dropped, even when the
 #![allow(dead_code)]
 //! test fails.
 
@@ -13,7 +13,7 @@ impl TempDir {
         static SEQ: AtomicU32 = AtomicU32::new(0);
         let seq = SEQ.fetch_add(1, Ordering::Relaxed);
         let path = std::env::temp_dir().join(format!(
-            "holdfast-it-tmp-{tag}-{}-{seq}",
+            "holdfast-test-{tag}-{}-{seq}",
             std::process::id()
         ));
         let _ = std::fs::remove_dir_all(&path);
