@@ -1,6 +1,7 @@
-//! What unit and integration tests share: a temporary directory removed when dropped, even when the
+//! What unit and integration tests share: a temporary directory removed when dropped,
+//! even when the test fails.
+
 #![allow(dead_code)]
-//! test fails.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
