@@ -61,7 +61,16 @@ fn answer(
     match got {
         Ok(resp) => Ok(resp),
         Err(ControlError::NotRunning { .. }) if !control::presence::agent_running(root) => {
-            let store = Store::open(&root.join("db"))?;
+            // Reading must not create a store where there was none (a mistyped
+            // --root-dir); only an import may.
+            let db = root.join("db");
+            if !db.exists() && !matches!(req, Request::ImageImport { .. }) {
+                return Err(Error::Cli(format!(
+                    "no holdfast state under {} (is --root-dir right?)",
+                    root.display()
+                )));
+            }
+            let store = Store::open(&db)?;
             let images = ImageStore::open(root, &store)?;
             let (_, podstates) = crate::sync::Deps::trees(&store)?;
             let resp = control::execute(&images, &podstates, req);
