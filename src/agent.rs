@@ -57,10 +57,12 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
 
     let (mut mux, initial) = Mux::open(&store)?;
     let (snap_tx, mut snap_rx) = mpsc::channel(8);
+    let known_file_pods = mux.source_pods(source::SOURCE_FILE);
     source::spawn_file_source(
         config.static_pod_path.clone(),
         config.node_name.clone(),
         config.file_check_frequency,
+        known_file_pods,
         snap_tx,
     )
     .map_err(|source| Error::Io {

@@ -189,10 +189,12 @@ fn bad_files_do_not_affect_good_ones() {
             .cloned()
             .map(without_seen)
             .map(|mut p| {
-                // The UID hashes the file's path, which differs between the two folders.
+                // The UID hashes the file's path, which differs between the two folders,
+                // as does the file the pod names.
                 p.metadata.uid = None;
                 if let Some(a) = p.metadata.annotations.as_mut() {
                     a.remove("kubernetes.io/config.hash");
+                    a.remove(holdfast::source::MANIFEST_FILE);
                 }
                 p
             })
@@ -288,8 +290,14 @@ async fn watcher_follows_the_folder() {
     let dir = TempDir::new("watch");
     let (tx, mut rx) = mpsc::channel(4);
     // A long period: every change below must arrive through inotify.
-    let handle =
-        spawn_file_source(dir.0.clone(), NODE.into(), Duration::from_secs(600), tx).expect("spawn");
+    let handle = spawn_file_source(
+        dir.0.clone(),
+        NODE.into(),
+        Duration::from_secs(600),
+        Vec::new(),
+        tx,
+    )
+    .expect("spawn");
 
     let first = next(&mut rx).await;
     assert_eq!(first.source, "file");
@@ -333,8 +341,14 @@ async fn watcher_follows_the_folder() {
 async fn unchanged_folder_sends_nothing_on_resync() {
     let dir = with_fixtures("resync", &["sleep.yaml"]);
     let (tx, mut rx) = mpsc::channel(4);
-    let _handle = spawn_file_source(dir.0.clone(), NODE.into(), Duration::from_millis(100), tx)
-        .expect("spawn");
+    let _handle = spawn_file_source(
+        dir.0.clone(),
+        NODE.into(),
+        Duration::from_millis(100),
+        Vec::new(),
+        tx,
+    )
+    .expect("spawn");
     let first = next(&mut rx).await;
     assert_eq!(names(&first.pods), ["default/sleep-gw-1"]);
     nothing_within(&mut rx, Duration::from_millis(800)).await;
@@ -345,8 +359,14 @@ async fn a_folder_that_appears_later_is_picked_up() {
     let parent = TempDir::new("late");
     let dir = parent.0.join("manifests");
     let (tx, mut rx) = mpsc::channel(4);
-    let _handle =
-        spawn_file_source(dir.clone(), NODE.into(), Duration::from_millis(300), tx).expect("spawn");
+    let _handle = spawn_file_source(
+        dir.clone(),
+        NODE.into(),
+        Duration::from_millis(300),
+        Vec::new(),
+        tx,
+    )
+    .expect("spawn");
     assert!(next(&mut rx).await.pods.is_empty());
 
     std::fs::create_dir(&dir).expect("mkdir");

@@ -15,7 +15,7 @@ use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
 use tokio::sync::mpsc::Sender;
 
 use super::manifest::{read_manifest_file, FileRead};
-use super::static_pod::set_seen;
+use super::static_pod::{set_seen, CONFIG_SEEN, MANIFEST_FILE};
 use super::{SourceError, SourceSnapshot};
 use crate::time::Timestamp;
 
@@ -41,14 +41,20 @@ pub fn read_manifests(dir: &Path, node_name: &str) -> (Vec<Pod>, Vec<SourceError
 
 /// Starts the file source on its own thread. It sends a snapshot at once, then again
 /// whenever the pods change, and ends when the receiver is dropped.
+///
+/// `known` are the file pods the store holds from before a restart: a manifest that
+/// cannot be read at the first scan (a power cut in the middle of a save) keeps them,
+/// as a file that breaks while the agent runs keeps its pods.
 pub fn spawn_file_source(
     dir: PathBuf,
     node_name: String,
     period: Duration,
+    known: Vec<Pod>,
     tx: Sender<SourceSnapshot>,
 ) -> io::Result<JoinHandle<()>> {
     let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)?;
-    let source = FileSource::new(dir, node_name);
+    let mut source = FileSource::new(dir, node_name);
+    source.remember(known);
     std::thread::Builder::new()
         .name("source-file".into())
         .spawn(move || run(source, inotify, period, tx))
@@ -72,6 +78,27 @@ impl FileSource {
             node_name,
             last_good: BTreeMap::new(),
             first_seen: HashMap::new(),
+        }
+    }
+
+    /// Seeds what was last read from each file, and when each pod was first seen, from
+    /// pods this source gave before.
+    fn remember(&mut self, known: Vec<Pod>) {
+        for pod in known {
+            let annotations = pod.metadata.annotations.as_ref();
+            let Some(file) = annotations.and_then(|a| a.get(MANIFEST_FILE)) else {
+                continue;
+            };
+            let seen = annotations
+                .and_then(|a| a.get(CONFIG_SEEN))
+                .and_then(|s| s.parse::<Timestamp>().ok());
+            if let (Some(uid), Some(seen)) = (pod.metadata.uid.clone(), seen) {
+                self.first_seen.insert(uid, seen);
+            }
+            self.last_good
+                .entry(PathBuf::from(file))
+                .or_default()
+                .push(pod);
         }
     }
 

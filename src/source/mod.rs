@@ -18,7 +18,7 @@ pub use file::{read_manifests, spawn_file_source, SOURCE_FILE};
 pub use mux::Mux;
 pub use static_pod::{
     apply_api_defaults, default_pull_policy, make_static_pod, static_pod_uid, CONFIG_HASH,
-    CONFIG_SEEN, CONFIG_SOURCE,
+    CONFIG_SEEN, CONFIG_SOURCE, MANIFEST_FILE,
 };
 pub use validate::validate_pod;
 

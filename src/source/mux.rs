@@ -136,6 +136,14 @@ impl Mux {
         self.sets.values().flat_map(|set| set.values())
     }
 
+    /// The pods one source gave, as the store holds them.
+    pub fn source_pods(&self, source: &str) -> Vec<Pod> {
+        self.sets
+            .get(source)
+            .map(|set| set.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
     /// The desired pod with this UID, from any source.
     pub fn get(&self, uid: &str) -> Option<&Pod> {
         self.sets.values().find_map(|set| set.get(uid))

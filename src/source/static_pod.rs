@@ -13,6 +13,9 @@ use crate::time::Timestamp;
 pub const CONFIG_SOURCE: &str = "kubernetes.io/config.source";
 pub const CONFIG_HASH: &str = "kubernetes.io/config.hash";
 pub const CONFIG_SEEN: &str = "kubernetes.io/config.seen";
+/// The manifest file a static pod came from, so that after a restart a file that is
+/// momentarily unreadable keeps its pods (see the file source).
+pub const MANIFEST_FILE: &str = "holdfast.io/manifest-file";
 
 /// The UID of a static pod whose manifest sets none: a hash of the manifest as decoded,
 /// the node and the file, so that an edited manifest becomes a new pod (the old one is
@@ -49,6 +52,7 @@ pub fn make_static_pod(mut pod: Pod, node_name: &str, file: &Path) -> Pod {
     let annotations = meta.annotations.get_or_insert_with(BTreeMap::new);
     annotations.insert(CONFIG_SOURCE.into(), "file".into());
     annotations.insert(CONFIG_HASH.into(), uid);
+    annotations.insert(MANIFEST_FILE.into(), file.display().to_string());
 
     apply_api_defaults(&mut pod);
     let spec = pod.spec.get_or_insert_with(Default::default);
