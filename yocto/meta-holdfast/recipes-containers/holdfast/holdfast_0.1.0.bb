@@ -37,7 +37,7 @@ PACKAGECONFIG[seccomp] = "--features seccomp,,libseccomp"
 
 # The release profile strips the binary; leave that to the packaging so that the
 # debug symbols land in ${PN}-dbg and the already-stripped check passes.
-export CARGO_PROFILE_RELEASE_STRIP = "false"
+export CARGO_PROFILE_RELEASE_STRIP = "none"
 
 # libcontainer and libcgroups 0.7.0 do not build for 32-bit ARM as released. The
 # source tree carries patches (-p1 from each crate's root) for them. The crate
