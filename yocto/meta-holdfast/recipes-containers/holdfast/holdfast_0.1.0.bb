@@ -1,0 +1,93 @@
+SUMMARY = "Kubernetes node agent for small ARM gateways whose uplink comes and goes"
+DESCRIPTION = "holdfast does the kubelet's job in one small binary: it runs pods \
+               through youki's libcontainer, keeps its state in a sled database so \
+               that a site keeps running its pods while offline and across power \
+               cuts, and reports to the kube-apiserver whenever the uplink is there."
+HOMEPAGE = "https://github.com/holdfast-agent/holdfast"
+BUGTRACKER = "https://github.com/holdfast-agent/holdfast/issues"
+SECTION = "admin"
+LICENSE = "Apache-2.0"
+LIC_FILES_CHKSUM = "file://LICENSE;md5=3b83ef96387f14655fc854ddc3c6bd57"
+CVE_PRODUCT = "holdfast"
+
+# Where holdfast's sources are fetched from: the repository (host and path, as in
+# a git:// URL) and the fetcher's parameters. Point them at your mirror or fork in
+# local.conf or a bbappend, e.g. HOLDFAST_GIT_REPO = "git@git.example.com/edge/holdfast.git"
+# with HOLDFAST_GIT_PARAMS = "protocol=ssh;branch=main", and set SRCREV to the
+# commit to build.
+HOLDFAST_GIT_REPO ?= "github.com/holdfast-agent/holdfast.git"
+HOLDFAST_GIT_PARAMS ?= "protocol=https;branch=main"
+
+SRC_URI = "git://${HOLDFAST_GIT_REPO};${HOLDFAST_GIT_PARAMS} \
+           file://holdfast.service \
+           file://config.yaml \
+           "
+SRCREV = "e40869f97b4756593bdee77ea1c2655f8fb50354"
+
+require holdfast-crates.inc
+
+inherit cargo cargo-update-recipe-crates systemd features_check
+
+# The unit file is the only way the recipe starts the agent.
+REQUIRED_DISTRO_FEATURES = "systemd"
+
+# poky's cargo class passes PACKAGECONFIG_CONFARGS to `cargo build`.
+PACKAGECONFIG ??= ""
+PACKAGECONFIG[seccomp] = "--features seccomp,,libseccomp"
+
+# The release profile strips the binary; leave that to the packaging so that the
+# debug symbols land in ${PN}-dbg and the already-stripped check passes.
+export CARGO_PROFILE_RELEASE_STRIP = "none"
+
+# libcontainer and libcgroups 0.7.0 do not build for 32-bit ARM as released. The
+# source tree carries patches (-p1 from each crate's root) for them. The crate
+# fetcher unpacks each crate into ${CARGO_VENDORING_DIRECTORY}/<name>-<version>/
+# (${UNPACKDIR}/cargo_home/bitbake/) and lists no per-file checksums in its
+# .cargo-checksum.json, so cargo builds the patched sources.
+HOLDFAST_CRATES_32BIT = "libcontainer-0.7.0 libcgroups-0.7.0"
+
+holdfast_patch_crates() {
+    if [ "${TARGET_ARCH}" != "arm" ]; then
+        return 0
+    fi
+    for crate in ${HOLDFAST_CRATES_32BIT}; do
+        patchfile="${S}/cross/patches/${crate}-32bit.patch"
+        cratedir="${CARGO_VENDORING_DIRECTORY}/${crate}"
+        [ -f "$patchfile" ] || bbfatal "$patchfile is missing"
+        [ -d "$cratedir" ] || bbfatal "$crate is not unpacked in $cratedir: is it still in Cargo.lock?"
+        # do_patch can run again on an unpacked tree: skip a patch already applied.
+        if patch -p1 -R --dry-run -s -f -d "$cratedir" -i "$patchfile" >/dev/null 2>&1; then
+            bbnote "$crate: already patched"
+            continue
+        fi
+        bbnote "$crate: applying $patchfile"
+        patch -p1 --fuzz=0 --no-backup-if-mismatch -d "$cratedir" -i "$patchfile"
+    done
+}
+holdfast_patch_crates[doc] = "Applies the 32-bit ARM patches to the unpacked libcontainer and libcgroups crates"
+do_patch[postfuncs] += "holdfast_patch_crates"
+
+do_install:append() {
+    install -d ${D}${systemd_system_unitdir}
+    install -m 0644 ${UNPACKDIR}/holdfast.service ${D}${systemd_system_unitdir}/holdfast.service
+    sed -i -e 's,/usr/bin/,${bindir}/,g' -e 's,/etc/,${sysconfdir}/,g' \
+        ${D}${systemd_system_unitdir}/holdfast.service
+
+    install -d ${D}${sysconfdir}/holdfast
+    install -m 0644 ${UNPACKDIR}/config.yaml ${D}${sysconfdir}/holdfast/config.yaml
+    install -d ${D}${sysconfdir}/kubernetes/manifests
+    # The store caches secrets for offline use: only root may look inside.
+    install -d -m 0700 ${D}${localstatedir}/lib/holdfast
+}
+
+SYSTEMD_SERVICE:${PN} = "holdfast.service"
+
+CONFFILES:${PN} = "${sysconfdir}/holdfast/config.yaml"
+
+# Pods need overlayfs for their root filesystems. A recommendation, not a
+# dependency: kernels that build it in (as holdfast.cfg does) have no module
+# package for it.
+RRECOMMENDS:${PN} += "kernel-module-overlay"
+
+# A node agent for the target only: no native or nativesdk variant.
+BBCLASSEXTEND = ""
