@@ -86,6 +86,10 @@ fn run(args: &[String]) -> Result<(), holdfast::Error> {
 /// of the command.
 fn check(args: &[String]) -> ExitCode {
     init_logging(None);
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        println!("{}", holdfast::check::USAGE);
+        return ExitCode::SUCCESS;
+    }
     match holdfast::check::run(args) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
