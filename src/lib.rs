@@ -14,12 +14,14 @@
 //! - [`backoff`]: exponential back-off shared by every retry.
 //! - [`agent`]: wires the pieces together for `holdfast run`.
 //! - [`cli`]: the `holdfast` subcommands other than `run`.
+//! - [`check`]: `holdfast check`, what the kernel and system provide and what is missing.
 //! - [`control`]: the local control socket `pods` and `image` use while an agent runs.
 //! - [`node`]: facts about the device (its address).
 //! - [`quantity`]: Kubernetes quantities (`64Mi`, `500m`).
 
 pub mod agent;
 pub mod backoff;
+pub mod check;
 pub mod cli;
 pub mod config;
 pub mod control;

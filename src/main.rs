@@ -7,7 +7,10 @@ const USAGE: &str = "usage: holdfast <command> [flags]
 
 commands:
   run      run the node agent (--config FILE, --root-dir DIR, --pod-manifest-path DIR,
-           --hostname-override NAME, --v N)
+           --hostname-override NAME, --board NAME, --board-dir DIR, --v N; run --help)
+  check    report what the kernel and system provide and what is missing
+           (--root-dir DIR, --kernel-config FILE, --board NAME, --board-dir DIR);
+           exit 0 when every required item is there, 1 when not
   pods     list pods and their containers (--root-dir DIR, -o json)
   image    import FILE|DIR, ls, rm REF (--root-dir DIR)
   reset    stop and remove every container, mount and cgroup, then the root dir
@@ -27,6 +30,7 @@ fn main() -> ExitCode {
     };
     let rest = &args[2..];
     let result = match cmd {
+        "check" => return check(rest),
         "run" => run(rest),
         "pods" => {
             init_logging(None);
@@ -76,6 +80,28 @@ fn run(args: &[String]) -> Result<(), holdfast::Error> {
             source,
         })?;
     rt.block_on(holdfast::agent::run(config, shutdown_signal()))
+}
+
+/// `holdfast check` has its own exit codes: 1 means an item is missing, not a failure
+/// of the command.
+fn check(args: &[String]) -> ExitCode {
+    init_logging(None);
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        println!("{}", holdfast::check::USAGE);
+        return ExitCode::SUCCESS;
+    }
+    match holdfast::check::run(args) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(holdfast::check::CheckError::Usage(text)) => {
+            eprintln!("{text}");
+            ExitCode::from(2)
+        }
+        Err(e) => {
+            eprintln!("holdfast check: {}", chain(&e));
+            ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2))
+        }
+    }
 }
 
 async fn shutdown_signal() {

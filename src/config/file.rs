@@ -3,6 +3,7 @@
 //! unknown keys are warnings, because a kubelet config file carries many keys holdfast
 //! has no use for.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -29,6 +30,16 @@ pub struct FileConfig {
     pub crash_loop_reset: Option<Duration>,
     pub root_dir: Option<PathBuf>,
     pub hostname_override: Option<String>,
+    /// `systemReserved`, `kubeReserved`: resource → quantity, each validated.
+    pub system_reserved: BTreeMap<String, String>,
+    pub kube_reserved: BTreeMap<String, String>,
+    /// `evictionHard`: signal → quantity or percentage.
+    pub eviction_hard: BTreeMap<String, String>,
+    /// `holdfast.nodeLabels`.
+    pub node_labels: BTreeMap<String, String>,
+    /// `holdfast.board`, `holdfast.boardDir`.
+    pub board: Option<String>,
+    pub board_dir: Option<PathBuf>,
 }
 
 /// Reads and parses the config file at `path`; returns what it sets and a warning for
@@ -57,13 +68,23 @@ pub fn parse_config(path: &Path, text: &str) -> Result<(FileConfig, Vec<String>)
             })
         }
     };
-    let reader = Reader { path };
+    parse_mapping(path, &top, "")
+}
+
+/// Parses a config mapping; `prefix` is prepended to key names in errors and warnings,
+/// for mappings nested in another file (a board profile's `config:`).
+pub(super) fn parse_mapping(
+    path: &Path,
+    top: &Mapping,
+    prefix: &str,
+) -> Result<(FileConfig, Vec<String>), ConfigError> {
+    let reader = Reader { path, prefix };
     // Relative paths in the file are relative to the file, as with the kubelet, so a
     // config file and its manifests can move together.
     let base = path.parent().unwrap_or(Path::new(""));
     let mut out = FileConfig::default();
     let mut warnings = Vec::new();
-    for (key, value) in &top {
+    for (key, value) in top {
         let key = reader.key_name(key, "")?;
         match key.as_str() {
             "apiVersion" => {
@@ -114,10 +135,10 @@ pub fn parse_config(path: &Path, text: &str) -> Result<(FileConfig, Vec<String>)
                 };
                 reader.holdfast_section(section, base, &mut out, &mut warnings)?;
             }
-            _ => warnings.push(format!(
-                "config file {}: unknown key {key} ignored",
-                path.display()
-            )),
+            "systemReserved" => out.system_reserved = reader.reserved(&key, value)?,
+            "kubeReserved" => out.kube_reserved = reader.reserved(&key, value)?,
+            "evictionHard" => out.eviction_hard = reader.eviction(&key, value)?,
+            _ => warnings.push(reader.unknown(&key)),
         }
     }
     if let (Some(initial), Some(max)) = (out.crash_loop_initial, out.crash_loop_max) {
@@ -131,17 +152,26 @@ pub fn parse_config(path: &Path, text: &str) -> Result<(FileConfig, Vec<String>)
     Ok((out, warnings))
 }
 
-struct Reader<'a> {
-    path: &'a Path,
+pub(super) struct Reader<'a> {
+    pub(super) path: &'a Path,
+    pub(super) prefix: &'a str,
 }
 
 impl Reader<'_> {
-    fn err(&self, key: &str, reason: String) -> ConfigError {
+    pub(super) fn err(&self, key: &str, reason: String) -> ConfigError {
         ConfigError::Key {
             path: self.path.to_path_buf(),
-            key: key.to_string(),
+            key: format!("{}{key}", self.prefix),
             reason,
         }
+    }
+
+    fn unknown(&self, key: &str) -> String {
+        format!(
+            "config file {}: unknown key {}{key} ignored",
+            self.path.display(),
+            self.prefix
+        )
     }
 
     fn key_name(&self, key: &Value, prefix: &str) -> Result<String, ConfigError> {
@@ -187,16 +217,26 @@ impl Reader<'_> {
                     }
                     out.hostname_override = Some(v);
                 }
-                _ => warnings.push(format!(
-                    "config file {}: unknown key {key} ignored",
-                    self.path.display()
-                )),
+                "holdfast.nodeLabels" => out.node_labels = self.labels(&key, value)?,
+                "holdfast.board" => {
+                    let v = self.string(&key, value)?;
+                    if v.trim().is_empty() {
+                        return Err(
+                            self.err(&key, "expected a board name, got an empty string".into())
+                        );
+                    }
+                    out.board = Some(v);
+                }
+                "holdfast.boardDir" => {
+                    out.board_dir = Some(base.join(self.path_value(&key, value)?));
+                }
+                _ => warnings.push(self.unknown(&key)),
             }
         }
         Ok(())
     }
 
-    fn string(&self, key: &str, value: &Value) -> Result<String, ConfigError> {
+    pub(super) fn string(&self, key: &str, value: &Value) -> Result<String, ConfigError> {
         match value {
             Value::String(s) => Ok(s.clone()),
             other => Err(self.err(
@@ -284,7 +324,7 @@ impl Reader<'_> {
     }
 }
 
-fn type_name(v: &Value) -> &'static str {
+pub(super) fn type_name(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "boolean",
@@ -297,7 +337,7 @@ fn type_name(v: &Value) -> &'static str {
 }
 
 /// A short rendering of a value for an error message; values can be whole subtrees.
-fn short(v: &Value) -> String {
+pub(super) fn short(v: &Value) -> String {
     match v {
         Value::Null => "null".into(),
         Value::Bool(b) => b.to_string(),
@@ -359,6 +399,7 @@ holdfast:
                 crash_loop_reset: Some(Duration::from_secs(600)),
                 root_dir: Some(PathBuf::from("/data/holdfast")),
                 hostname_override: Some("gw-7".into()),
+                ..FileConfig::default()
             }
         );
     }
@@ -374,14 +415,12 @@ holdfast:
 
     #[test]
     fn unknown_keys_warn() {
-        let (cfg, warnings) = parse(
-            "evictionHard:\n  memory.available: 100Mi\nsyncFrequency: 10s\nholdfast:\n  colour: blue\n",
-        )
-        .expect("parse");
+        let (cfg, warnings) =
+            parse("maxPods: 10\nsyncFrequency: 10s\nholdfast:\n  colour: blue\n").expect("parse");
         assert_eq!(cfg.sync_frequency, Some(Duration::from_secs(10)));
         assert_eq!(warnings.len(), 2, "{warnings:?}");
         assert!(
-            warnings[0].contains("unknown key evictionHard"),
+            warnings[0].contains("unknown key maxPods"),
             "{}",
             warnings[0]
         );

@@ -1,8 +1,10 @@
 //! `holdfast run`'s command-line flags, spelled as the kubelet spells them so that
 //! a unit file written for the kubelet needs few changes.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use super::maps::{check_eviction, check_label, check_reserved};
 use super::ConfigError;
 
 /// The flags as given; `None` where a flag was not given, so the config file and the
@@ -14,6 +16,14 @@ pub struct RunFlags {
     pub pod_manifest_path: Option<PathBuf>,
     pub hostname_override: Option<String>,
     pub verbosity: Option<u8>,
+    pub board: Option<String>,
+    pub board_dir: Option<PathBuf>,
+    /// Entries given with `--node-labels`, `--system-reserved`, `--kube-reserved` and
+    /// `--eviction-hard`; each wins over the same entry from the file or a profile.
+    pub node_labels: BTreeMap<String, String>,
+    pub system_reserved: BTreeMap<String, String>,
+    pub kube_reserved: BTreeMap<String, String>,
+    pub eviction_hard: BTreeMap<String, String>,
 }
 
 pub const USAGE: &str = "usage: holdfast run [flags]
@@ -23,6 +33,12 @@ flags:
   --root-dir DIR              state directory (default /var/lib/holdfast)
   --pod-manifest-path DIR     static pod manifests (default /etc/kubernetes/manifests)
   --hostname-override NAME    node name instead of the machine's hostname
+  --board NAME                board profile filling what the file and flags leave unset
+  --board-dir DIR             where board profiles are (default /usr/share/holdfast/boards)
+  --node-labels K=V,...       labels the node carries
+  --system-reserved R=Q,...   resources kept for the system (cpu=250m,memory=256Mi)
+  --kube-reserved R=Q,...     resources kept for holdfast itself
+  --eviction-hard S<T,...     hard eviction thresholds (memory.available<100Mi)
   --v N, -v N                 log verbosity (0 info, 2 debug, 4 trace)";
 
 /// Parses the arguments that follow `run`. Both `--flag value` and `--flag=value`.
@@ -43,6 +59,12 @@ pub fn parse_flags(args: &[String]) -> Result<RunFlags, ConfigError> {
             "--pod-manifest-path" => "--pod-manifest-path",
             "--hostname-override" => "--hostname-override",
             "--v" | "-v" => "--v",
+            "--board" => "--board",
+            "--board-dir" => "--board-dir",
+            "--node-labels" => "--node-labels",
+            "--system-reserved" => "--system-reserved",
+            "--kube-reserved" => "--kube-reserved",
+            "--eviction-hard" => "--eviction-hard",
             _ if name.starts_with('-') => {
                 return Err(ConfigError::Flag {
                     flag: name.to_string(),
@@ -73,6 +95,30 @@ pub fn parse_flags(args: &[String]) -> Result<RunFlags, ConfigError> {
             "--root-dir" => flags.root_dir = Some(PathBuf::from(value)),
             "--pod-manifest-path" => flags.pod_manifest_path = Some(PathBuf::from(value)),
             "--hostname-override" => flags.hostname_override = Some(value),
+            "--board" => flags.board = Some(value),
+            "--board-dir" => flags.board_dir = Some(PathBuf::from(value)),
+            "--node-labels" => pairs(canonical, &value, '=', check_label, &mut flags.node_labels)?,
+            "--system-reserved" => pairs(
+                canonical,
+                &value,
+                '=',
+                check_reserved,
+                &mut flags.system_reserved,
+            )?,
+            "--kube-reserved" => pairs(
+                canonical,
+                &value,
+                '=',
+                check_reserved,
+                &mut flags.kube_reserved,
+            )?,
+            "--eviction-hard" => pairs(
+                canonical,
+                &value,
+                '<',
+                check_eviction,
+                &mut flags.eviction_hard,
+            )?,
             _ => {
                 let level = value.parse::<u8>().map_err(|_| ConfigError::Flag {
                     flag: canonical.into(),
@@ -83,6 +129,30 @@ pub fn parse_flags(args: &[String]) -> Result<RunFlags, ConfigError> {
         }
     }
     Ok(flags)
+}
+
+/// `k=v,k2=v2` (or `signal<threshold,...` for `--eviction-hard`, as the kubelet spells
+/// it), each entry checked as the config file's entries are.
+fn pairs(
+    flag: &str,
+    value: &str,
+    separator: char,
+    check: fn(&str, &str) -> Result<(), String>,
+    into: &mut BTreeMap<String, String>,
+) -> Result<(), ConfigError> {
+    let err = |reason: String| ConfigError::Flag {
+        flag: flag.into(),
+        reason,
+    };
+    for entry in value.split(',').filter(|e| !e.is_empty()) {
+        let (k, v) = entry
+            .split_once(separator)
+            .ok_or_else(|| err(format!("expected KEY{separator}VALUE, got {entry:?}")))?;
+        let (k, v) = (k.trim(), v.trim());
+        check(k, v).map_err(err)?;
+        into.insert(k.to_string(), v.to_string());
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -123,6 +193,36 @@ mod tests {
                 assert!(reason.contains("\"loud\""), "{reason}");
             }
             other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn board_and_map_flags() {
+        let f = parse_flags(&args(&[
+            "--board=rpi4",
+            "--board-dir",
+            "/b",
+            "--node-labels=example.com/site=north,example.com/rack=3",
+            "--system-reserved",
+            "cpu=500m,memory=1Gi",
+            "--eviction-hard=memory.available<50Mi,nodefs.available<5%",
+        ]))
+        .expect("parse");
+        assert_eq!(f.board.as_deref(), Some("rpi4"));
+        assert_eq!(f.board_dir, Some(PathBuf::from("/b")));
+        assert_eq!(f.node_labels["example.com/rack"], "3");
+        assert_eq!(f.system_reserved["memory"], "1Gi");
+        assert_eq!(f.eviction_hard["nodefs.available"], "5%");
+        for bad in [
+            &["--system-reserved", "cpu=lots"][..],
+            &["--kube-reserved", "cpu"],
+            &["--eviction-hard", "memory.available=5Mi"],
+            &["--node-labels", "kubernetes.io/role=x"],
+        ] {
+            match parse_flags(&args(bad)) {
+                Err(ConfigError::Flag { flag, .. }) => assert_eq!(flag, bad[0]),
+                other => panic!("{bad:?}: {other:?}"),
+            }
         }
     }
 

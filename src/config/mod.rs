@@ -3,17 +3,24 @@
 //! Precedence, as with the kubelet: a flag beats the config file, which beats the
 //! defaults documented on [`Config`]'s fields.
 
+mod board;
 mod duration;
 mod file;
 mod flags;
+mod maps;
 mod names;
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use board::{
+    known_boards, load_board, parse_board, BoardProfile, BUILTIN_BOARDS, DEFAULT_BOARD_DIR,
+};
 pub use duration::parse_duration;
 pub use file::{parse_config, read_config_file, FileConfig};
 pub use flags::{parse_flags, RunFlags, USAGE};
+pub use maps::{check_eviction, check_label, check_reserved};
 pub use names::{check_dns1123_label, check_dns1123_subdomain};
 
 const DEFAULT_ROOT_DIR: &str = "/var/lib/holdfast";
@@ -46,6 +53,17 @@ pub struct Config {
     pub crash_loop: BackoffConfig,
     /// `--v`: log verbosity (0 = info, 2+ = debug, 4+ = trace); `RUST_LOG` wins if set.
     pub verbosity: Option<u8>,
+    /// `systemReserved` / `--system-reserved`: resource → quantity, checked at load.
+    pub system_reserved: BTreeMap<String, String>,
+    /// `kubeReserved` / `--kube-reserved`.
+    pub kube_reserved: BTreeMap<String, String>,
+    /// `evictionHard` / `--eviction-hard`: signal → quantity or percentage; empty by
+    /// default.
+    pub eviction_hard: BTreeMap<String, String>,
+    /// `holdfast.nodeLabels` / `--node-labels`.
+    pub node_labels: BTreeMap<String, String>,
+    /// `holdfast.board` / `--board`: the board profile that filled in the gaps.
+    pub board: Option<String>,
 }
 
 /// Restart back-off: `initial` doubling to `max`, forgotten after `reset` of clean running.
@@ -80,6 +98,11 @@ impl Config {
             cgroup_root: DEFAULT_CGROUP_ROOT.into(),
             crash_loop: BackoffConfig::default(),
             verbosity: None,
+            system_reserved: BTreeMap::new(),
+            kube_reserved: BTreeMap::new(),
+            eviction_hard: BTreeMap::new(),
+            node_labels: BTreeMap::new(),
+            board: None,
         }
     }
 }
@@ -104,12 +127,35 @@ pub fn load_run_args(args: &[String]) -> Result<(Config, Vec<String>), ConfigErr
 /// Merges the flags, the config file they name and the defaults, and settles the node
 /// name. Returns the warnings to log.
 pub fn load(flags: &RunFlags) -> Result<(Config, Vec<String>), ConfigError> {
-    let (file, warnings) = match &flags.config {
+    let (file, mut warnings) = match &flags.config {
         Some(path) => read_config_file(path)?,
         None => (FileConfig::default(), Vec::new()),
     };
+    let file = with_board(flags, file, &mut warnings)?;
     let config = merge(flags, &file, machine_hostname)?;
     Ok((config, warnings))
+}
+
+/// The file's settings with the gaps filled from the board profile the flags or the
+/// file pick, if any.
+fn with_board(
+    flags: &RunFlags,
+    file: FileConfig,
+    warnings: &mut Vec<String>,
+) -> Result<FileConfig, ConfigError> {
+    let Some(name) = flags.board.as_ref().or(file.board.as_ref()).cloned() else {
+        return Ok(file);
+    };
+    let dir = flags
+        .board_dir
+        .clone()
+        .or_else(|| file.board_dir.clone())
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_BOARD_DIR));
+    let (profile, profile_warnings) = load_board(&name, &dir)?;
+    warnings.extend(profile_warnings);
+    let mut merged = board::fill_from_profile(file, profile.config);
+    merged.board = Some(name);
+    Ok(merged)
 }
 
 fn merge(
@@ -177,6 +223,16 @@ fn merge(
         });
     }
     config.verbosity = flags.verbosity;
+    let map = |from_file: &BTreeMap<String, String>, from_flags: &BTreeMap<String, String>| {
+        let mut m = from_file.clone();
+        m.extend(from_flags.iter().map(|(k, v)| (k.clone(), v.clone())));
+        m
+    };
+    config.system_reserved = map(&file.system_reserved, &flags.system_reserved);
+    config.kube_reserved = map(&file.kube_reserved, &flags.kube_reserved);
+    config.eviction_hard = map(&file.eviction_hard, &flags.eviction_hard);
+    config.node_labels = map(&file.node_labels, &flags.node_labels);
+    config.board = flags.board.clone().or_else(|| file.board.clone());
     Ok(config)
 }
 
@@ -219,6 +275,14 @@ pub enum ConfigError {
     },
     #[error("cannot learn the node name: {reason}; set --hostname-override")]
     Hostname { reason: String },
+    #[error(
+        "unknown board {name:?}: known boards are {known} (built in, or <name>.yaml in {dir})"
+    )]
+    UnknownBoard {
+        name: String,
+        known: String,
+        dir: PathBuf,
+    },
     #[error("{0}")]
     Usage(String),
 }
