@@ -98,7 +98,7 @@ fn check(args: &[String]) -> ExitCode {
             ExitCode::from(2)
         }
         Err(e) => {
-            eprintln!("holdfast check: {}", chain(&e));
+            eprintln!("holdfast check: {}", holdfast::error_chain(&e));
             ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2))
         }
     }
