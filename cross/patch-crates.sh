@@ -30,6 +30,7 @@ done
 [ ${#crates[@]} -gt 0 ] || die "no patches under cross/patches"
 
 mkdir -p "$out"
+rm -f "$out/config.toml"   # a failed run leaves no config to build with
 config="$out/config.toml.tmp"
 {
   echo "# Written by cross/patch-crates.sh: crates from crates.io with cross/patches applied."
