@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime};
 
 use flate2::read::MultiGzDecoder;
 use nix::sys::stat::{makedev, mknod, utimensat, Mode, SFlag, UtimensatFlags};
-use nix::sys::time::TimeSpec;
+use nix::sys::time::{time_t, TimeSpec};
 use sha2::{Digest, Sha256};
 use tar::EntryType;
 
@@ -489,7 +489,8 @@ fn join_path(components: &[Vec<u8>]) -> PathBuf {
 }
 
 fn set_mtime_nofollow(path: &Path, mtime: u64) -> io::Result<()> {
-    let secs = i64::try_from(mtime).unwrap_or(i64::MAX);
+    // time_t is i32 on 32-bit ARM glibc and i64 elsewhere: saturate in whichever it is.
+    let secs = time_t::try_from(mtime).unwrap_or(time_t::MAX);
     let t = TimeSpec::new(secs, 0);
     utimensat(None, path, &t, &t, UtimensatFlags::NoFollowSymlink).map_err(io::Error::from)
 }

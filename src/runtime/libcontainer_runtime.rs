@@ -156,6 +156,10 @@ impl LibcontainerRuntime {
             nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
                 .map(|(_, hard)| hard)
                 .unwrap_or(1024);
+        // rlim_t is u32 on 32-bit ARM glibc (u64 elsewhere, where a conversion would be a
+        // no-op): widen it; RLIM_INFINITY stays above any limit the spec asks for.
+        #[cfg(target_pointer_width = "32")]
+        let nofile_hard_limit = u64::from(nofile_hard_limit);
         let cgroups_path = self.cgroups_path(&req.id);
         let oci = spec::build(&spec::SpecInput {
             pod: req.pod,
