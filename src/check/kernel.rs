@@ -3,11 +3,9 @@
 use super::kconfig::KernelConfig;
 use super::{Facts, Item, Status};
 
-/// Whether this build can apply seccomp profiles. holdfast has no `seccomp` cargo feature
-/// (libcontainer's seccomp support links libseccomp, which the device images do not
-/// carry), so this is a constant; it becomes `cfg!(feature = "seccomp")` if such a
-/// feature is added.
-const SECCOMP_IN_BUILD: bool = false;
+/// Whether this build can apply seccomp profiles: the `seccomp` cargo feature links
+/// libcontainer's libseccomp support.
+const SECCOMP_IN_BUILD: bool = cfg!(feature = "seccomp");
 
 /// Whether every option is `=y` or `=m`, and the line that says so (or names the ones
 /// that are not).
