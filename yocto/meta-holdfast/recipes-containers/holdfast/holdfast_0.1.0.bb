@@ -22,7 +22,7 @@ SRC_URI = "git://${HOLDFAST_GIT_REPO};${HOLDFAST_GIT_PARAMS} \
            file://holdfast.service \
            file://config.yaml \
            "
-SRCREV = "e40869f97b4756593bdee77ea1c2655f8fb50354"
+SRCREV = "176d5fe6799f1e0b59173095de774ec36e67e375"
 
 require holdfast-crates.inc
 
