@@ -54,6 +54,8 @@ fn main() {
     let idle = memory(agent.pid());
 
     let mut holdfast = Vec::new();
+    let mut with_pods = (0, 0);
+    let mut shims = (0, 0, 0);
     for i in 0..PODS {
         let yaml = format!(
             "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p{i}\nspec:\n  hostNetwork: true\n  \
@@ -65,11 +67,12 @@ fn main() {
         wait(Duration::from_secs(60), || started(&root) > i);
         holdfast.push(t0.elapsed());
         if i + 1 == MEMORY_PODS {
+            // Let the agent settle (status written, logs opened) before reading memory.
             std::thread::sleep(Duration::from_millis(500));
+            with_pods = memory(agent.pid());
+            shims = shim_memory(&root);
         }
     }
-    let with_pods = memory(agent.pid());
-    let shims = shim_memory(&root);
 
     // The same rootfs and process for runc and crun.
     let layer = std::fs::read_dir(root.join("content/layers"))
@@ -135,7 +138,7 @@ fn main() {
         "pods": PODS,
         "start_latency_ms": rows.iter().map(|(n, s)| serde_json::json!({"what": n, "p50": s.0, "p95": s.1, "max": s.2})).collect::<Vec<_>>(),
         "agent_idle_kib": {"rss": idle.0, "pss": idle.1},
-        "agent_with_pods_kib": {"pods": PODS, "rss": with_pods.0, "pss": with_pods.1},
+        "agent_with_pods_kib": {"pods": MEMORY_PODS, "rss": with_pods.0, "pss": with_pods.1},
         "shims_kib": {"count": shims.0, "rss": shims.1, "pss": shims.2},
     });
     let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench");
