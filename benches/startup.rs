@@ -116,7 +116,7 @@ fn main() {
     println!("{:<32} {:>10} {:>10}", "agent idle", idle.0, idle.1);
     println!(
         "{:<32} {:>10} {:>10}",
-        format!("agent with {PODS} pods"),
+        format!("agent with {MEMORY_PODS} pods"),
         with_pods.0,
         with_pods.1
     );
