@@ -33,6 +33,7 @@ pub mod source;
 pub mod store;
 pub mod sync;
 pub mod time;
+pub mod uplink;
 
 mod error;
 #[cfg(test)]
