@@ -130,6 +130,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         },
         crash_loop_reset: config.crash_loop.reset,
         sync_frequency: config.sync_frequency,
+        reporter: crate::uplink::Reporter::standalone(),
     };
     log::info!(
         "holdfast {} running as node {} (root {}, manifests {})",

@@ -36,6 +36,15 @@ impl Backoff {
     }
 }
 
+/// A random number for jitter; not for secrets. Each call hashes with fresh keys
+/// from std's `RandomState`, which the OS seeds.
+pub fn random() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(0x686f6c6466617374);
+    h.finish()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

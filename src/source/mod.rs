@@ -60,3 +60,13 @@ pub enum SourceError {
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
 }
+
+/// Whether the pod is a static pod (from a manifest file, not from the cluster): the
+/// kubelet's `IsStaticPod`, by the `kubernetes.io/config.source` annotation.
+pub fn is_static_pod(pod: &Pod) -> bool {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(CONFIG_SOURCE))
+        .is_some_and(|s| s == SOURCE_FILE)
+}

@@ -47,6 +47,8 @@ pub struct Deps {
     pub backoff: Backoff,
     pub crash_loop_reset: Duration,
     pub sync_frequency: Duration,
+    /// Where statuses and events go; does nothing on a standalone agent.
+    pub reporter: crate::uplink::Reporter,
 }
 
 impl Deps {
@@ -65,6 +67,10 @@ pub struct SyncLoop {
     workers: HashMap<String, Handle>,
     owners: HashMap<ContainerId, String>,
     tasks: JoinSet<String>,
+    /// Pods deleted in the cluster whose containers are stopped and final status is
+    /// sent: later updates of the same UID (until the DELETED event) must not start
+    /// them again.
+    finished: HashSet<String>,
     registered_tx: mpsc::Sender<(ContainerId, String)>,
     registered_rx: mpsc::Receiver<(ContainerId, String)>,
 }
@@ -77,6 +83,7 @@ impl SyncLoop {
             workers: HashMap::new(),
             owners: HashMap::new(),
             tasks: JoinSet::new(),
+            finished: HashSet::new(),
             registered_tx,
             registered_rx,
         }
@@ -138,13 +145,19 @@ impl SyncLoop {
                     log::error!("pod without a UID ignored");
                     return;
                 };
+                let deleted = pod.metadata.deletion_timestamp.is_some();
+                // `insert` is false when the deletion was seen before.
+                let seen = deleted && !self.finished.insert(uid.clone());
                 if let Some(h) = self.workers.get(&uid) {
                     let _ = h.tx.send(WorkerMsg::Update(pod)).await;
+                } else if seen {
+                    // Stopped and reported already; waiting for the API to drop it.
                 } else {
                     self.spawn(uid, *pod, false);
                 }
             }
             PodChange::Remove(uid) => {
+                self.finished.remove(&uid);
                 if let Some(h) = self.workers.get(&uid) {
                     let _ = h.tx.send(WorkerMsg::Terminate).await;
                 }

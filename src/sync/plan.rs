@@ -47,19 +47,12 @@ pub fn plan(policy: &str, record: &ContainerRecord, now: Timestamp, backoff: &Ba
         return Action::Keep;
     }
     let delay = restart_delay(record, backoff);
-    let until = add(t.finished_at, delay);
+    let until = crate::time::add(t.finished_at, delay);
     if now >= until {
         Action::Restart
     } else {
         Action::BackOff { until, delay }
     }
-}
-
-/// `t + d`, saturating at the far future rather than failing.
-pub fn add(t: Timestamp, d: Duration) -> Timestamp {
-    let span = k8s_openapi::jiff::SignedDuration::try_from(d)
-        .unwrap_or(k8s_openapi::jiff::SignedDuration::MAX);
-    t.checked_add(span).unwrap_or(Timestamp::MAX)
 }
 
 /// Records that the current instance ended: counts the failure for back-off, or forgets

@@ -27,6 +27,9 @@ pub struct StatusInputs<'a> {
     /// The status reported before, whose condition transition times are kept when a
     /// condition did not change.
     pub previous: Option<&'a PodStatus>,
+    /// The pod was deleted in the cluster and its containers have been stopped: with
+    /// every container ended, the phase is terminal (the kubelet's `podIsTerminal`).
+    pub terminal: bool,
 }
 
 pub fn pod_status(
@@ -59,7 +62,7 @@ pub fn pod_status(
         })
         .collect();
 
-    let phase = phase(policy, &statuses);
+    let phase = phase(policy, &statuses, i.terminal);
     let terminal = phase == "Succeeded" || phase == "Failed";
     let unready: Vec<&str> = statuses
         .iter()
@@ -131,7 +134,7 @@ fn condition(
 }
 
 /// The kubelet's `getPhase`, for pods without init containers.
-pub fn phase(policy: &str, statuses: &[ContainerStatus]) -> &'static str {
+pub fn phase(policy: &str, statuses: &[ContainerStatus], terminal: bool) -> &'static str {
     let (mut running, mut waiting, mut stopped, mut succeeded, mut unknown) = (0, 0, 0, 0, 0);
     for s in statuses {
         match s.state.as_ref() {
@@ -169,7 +172,13 @@ pub fn phase(policy: &str, statuses: &[ContainerStatus]) -> &'static str {
     } else if running > 0 && unknown == 0 {
         "Running"
     } else if running == 0 && stopped > 0 && unknown == 0 {
-        if policy == "Always" {
+        if terminal {
+            if stopped == succeeded {
+                "Succeeded"
+            } else {
+                "Failed"
+            }
+        } else if policy == "Always" {
             "Running"
         } else if stopped == succeeded {
             "Succeeded"

@@ -18,6 +18,7 @@ use super::plan::{self, Action};
 use super::record::{ContainerRecord, Instance, InstanceState, Terminated, Waiting};
 use super::status::{self, StatusInputs};
 use super::Deps;
+use crate::uplink::report::EventType;
 
 /// Messages a worker takes, in order.
 #[derive(Debug)]
@@ -49,6 +50,8 @@ pub(super) struct Worker {
     state: Option<PodState>,
     start_time: Timestamp,
     wake: Option<Instant>,
+    /// The restart count for which a BackOff event went out, per container.
+    backoff_told: BTreeMap<String, u32>,
     registered: mpsc::Sender<(ContainerId, String)>,
     /// Set for a pod that is only to be stopped (it was removed while the agent was down).
     pub(super) terminate_first: bool,
@@ -89,6 +92,7 @@ impl Worker {
             state,
             start_time,
             wake: None,
+            backoff_told: BTreeMap::new(),
             registered,
             terminate_first: false,
         }
@@ -98,6 +102,10 @@ impl Worker {
         if self.terminate_first {
             self.refresh().await;
             self.terminate().await;
+            return;
+        }
+        if self.pod.metadata.deletion_timestamp.is_some() {
+            self.terminate_deleted().await;
             return;
         }
         self.sync().await;
@@ -114,7 +122,13 @@ impl Worker {
                     self.terminate().await;
                     return;
                 }
-                Some(WorkerMsg::Update(pod)) => self.pod = *pod,
+                Some(WorkerMsg::Update(pod)) => {
+                    self.pod = *pod;
+                    if self.pod.metadata.deletion_timestamp.is_some() {
+                        self.terminate_deleted().await;
+                        return;
+                    }
+                }
                 Some(WorkerMsg::Exited(id)) => {
                     log::debug!("pod {}: container {id} exited", self.name())
                 }
@@ -168,7 +182,23 @@ impl Worker {
                     rec.restart_count = rec.restart_count.saturating_add(1);
                     self.start(c, rec).await;
                 }
-                Action::BackOff { until, .. } => self.wake_at(until),
+                Action::BackOff { until, .. } => {
+                    if self.backoff_told.get(&c.name) != Some(&rec.restart_count) {
+                        self.backoff_told.insert(c.name.clone(), rec.restart_count);
+                        let pod_name = self.pod.metadata.name.clone().unwrap_or_default();
+                        self.deps.reporter.event(
+                            &self.pod,
+                            Some(&c.name),
+                            EventType::Warning,
+                            "BackOff",
+                            format!(
+                                "Back-off restarting failed container {} in pod {pod_name}",
+                                c.name
+                            ),
+                        );
+                    }
+                    self.wake_at(until)
+                }
             }
         }
         self.persist().await;
@@ -280,8 +310,26 @@ impl Worker {
         let lookup = image_ref.clone();
         let resolved = blocking(move || images.resolve(&lookup)).await;
         let image = match resolved {
-            Ok(Some(image)) => image,
+            Ok(Some(image)) => {
+                self.deps.reporter.event(
+                    &self.pod,
+                    Some(&c.name),
+                    EventType::Normal,
+                    "Pulled",
+                    format!("Container image \"{image_ref}\" already present on machine"),
+                );
+                image
+            }
             Ok(None) => {
+                self.deps.reporter.event(
+                    &self.pod,
+                    Some(&c.name),
+                    EventType::Warning,
+                    "ErrImageNeverPull",
+                    format!(
+                        "Container image \"{image_ref}\" is not present with pull policy of Never"
+                    ),
+                );
                 rec.waiting = Some(Waiting {
                     reason: "ErrImageNeverPull".into(),
                     message: Some(format!(
@@ -350,9 +398,28 @@ impl Worker {
                 });
                 rec.waiting = None;
                 self.register(&id).await;
+                for (reason, message) in [
+                    ("Created", format!("Created container: {}", c.name)),
+                    ("Started", format!("Started container {}", c.name)),
+                ] {
+                    self.deps.reporter.event(
+                        &self.pod,
+                        Some(&c.name),
+                        EventType::Normal,
+                        reason,
+                        message,
+                    );
+                }
             }
             Err(RuntimeError::Start { message, .. }) => {
                 log::error!("pod {}: container {}: {message}", self.name(), c.name);
+                self.deps.reporter.event(
+                    &self.pod,
+                    Some(&c.name),
+                    EventType::Warning,
+                    "Failed",
+                    format!("Error: {message}"),
+                );
                 let now = time::now();
                 rec.current = Some(Instance {
                     id: id.clone(),
@@ -373,6 +440,13 @@ impl Worker {
             }
             Err(e) => {
                 log::error!("pod {}: container {}: {e}", self.name(), c.name);
+                self.deps.reporter.event(
+                    &self.pod,
+                    Some(&c.name),
+                    EventType::Warning,
+                    "Failed",
+                    format!("Error: {e}"),
+                );
                 rec.waiting = Some(Waiting {
                     reason: e.reason().into(),
                     message: Some(e.to_string()),
@@ -435,6 +509,7 @@ impl Worker {
             start_time: Some(self.start_time),
             host_ip,
             previous: self.state.as_ref().map(|s| &s.status),
+            terminal: false,
         };
         let status = status::pod_status(&self.pod, &self.records, &inputs);
         let changed = match &self.state {
@@ -452,6 +527,7 @@ impl Worker {
         if let Err(e) = self.deps.podstates.put(&self.uid, &state) {
             log::error!("pod {}: save status: {e}", self.name());
         }
+        self.deps.reporter.status(&self.pod, &state.status, false);
         self.state = Some(state);
     }
 
@@ -462,24 +538,73 @@ impl Worker {
         }
     }
 
-    /// Stops every container: SIGTERM, up to the grace period, SIGKILL; then removes
-    /// the containers, the pod's logs and everything the store knew of it.
+    /// The pod is no longer wanted by its source: stops it with the spec's grace period
+    /// and forgets it.
     async fn terminate(&mut self) {
         let grace = self
             .pod
             .spec
             .as_ref()
             .and_then(|s| s.termination_grace_period_seconds)
-            .unwrap_or(30)
-            .max(0) as u64;
+            .unwrap_or(30);
+        self.stop_containers(grace).await;
+        let is_static = crate::source::is_static_pod(&self.pod);
+        self.deps.reporter.removed(&self.pod, is_static);
+        self.forget().await;
+    }
+
+    /// The pod was deleted in the cluster (it has a deletionTimestamp): stops it with
+    /// the grace period of the DELETE, reports its final status (after which the uplink
+    /// deletes the API object for good) and forgets it.
+    async fn terminate_deleted(&mut self) {
+        let grace = self
+            .pod
+            .metadata
+            .deletion_grace_period_seconds
+            .or_else(|| {
+                self.pod
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.termination_grace_period_seconds)
+            })
+            .unwrap_or(30);
+        self.refresh().await;
+        self.stop_containers(grace).await;
+        self.refresh().await;
+        let inputs = StatusInputs {
+            now: time::now(),
+            backoff: &self.deps.backoff,
+            start_time: Some(self.start_time),
+            host_ip: self.deps.host_ip.as_deref(),
+            previous: self.state.as_ref().map(|s| &s.status),
+            terminal: true,
+        };
+        let status = status::pod_status(&self.pod, &self.records, &inputs);
+        self.deps.reporter.status(&self.pod, &status, true);
+        self.forget().await;
+    }
+
+    /// SIGTERM to every running container, up to `grace` seconds, then SIGKILL.
+    async fn stop_containers(&mut self, grace: i64) {
+        let grace = grace.max(0) as u64;
         log::info!("pod {}: stopping (grace period {grace}s)", self.name());
-        let running: Vec<ContainerId> = self
+        let running: Vec<(String, ContainerId)> = self
             .records
             .values()
-            .filter_map(|r| r.current.as_ref())
-            .filter(|c| matches!(c.state, InstanceState::Running { .. }))
-            .map(|c| c.id.clone())
+            .filter_map(|r| r.current.as_ref().map(|c| (r.name.clone(), c)))
+            .filter(|(_, c)| matches!(c.state, InstanceState::Running { .. }))
+            .map(|(n, c)| (n, c.id.clone()))
             .collect();
+        for (name, _) in &running {
+            self.deps.reporter.event(
+                &self.pod,
+                Some(name),
+                EventType::Normal,
+                "Killing",
+                format!("Stopping container {name}"),
+            );
+        }
+        let running: Vec<ContainerId> = running.into_iter().map(|(_, id)| id).collect();
         let sigterm = nix::sys::signal::Signal::SIGTERM as i32;
         let sigkill = nix::sys::signal::Signal::SIGKILL as i32;
         if grace > 0 {
@@ -496,6 +621,10 @@ impl Worker {
             self.signal_all(&left, sigkill).await;
             self.wait_exited(&left, Duration::from_secs(10)).await;
         }
+    }
+
+    /// Removes the containers, the pod's logs and everything the store knew of it.
+    async fn forget(&mut self) {
         let all: Vec<ContainerId> = self
             .records
             .values()

@@ -9,3 +9,25 @@ pub mod kubeconfig;
 pub use client::{Client, Patch, Watch};
 pub use error::ApiError;
 pub use kubeconfig::KubeconfigError;
+pub mod events;
+pub mod mirror;
+pub mod node;
+pub mod pod_status;
+pub mod pods;
+pub mod report;
+
+pub use report::{Outbox, Reporter};
+
+/// Percent-encodes `s` for a URL path segment or query value: everything but the
+/// unreserved characters of RFC 3986.
+pub fn escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}

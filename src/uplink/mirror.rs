@@ -1,0 +1,141 @@
+//! Mirror pods: how a static pod shows in the cluster. The kubelet's rules: annotation
+//! `kubernetes.io/config.mirror` holding the static pod's config hash, a controller
+//! ownerReference to the node's own Node (NodeRestriction insists), spec as the static
+//! pod's; a mirror pod whose hash is stale, or that someone deleted, is replaced.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+
+use crate::source::CONFIG_HASH;
+
+pub const CONFIG_MIRROR: &str = "kubernetes.io/config.mirror";
+
+/// A mirror pod as the cluster has it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mirror {
+    pub uid: String,
+    /// Its `kubernetes.io/config.mirror` annotation.
+    pub hash: String,
+    pub deleting: bool,
+}
+
+impl Mirror {
+    /// Reads a pod from the API as a mirror pod; `None` if it is not one.
+    pub fn of(pod: &Pod) -> Option<Mirror> {
+        let hash = pod
+            .metadata
+            .annotations
+            .as_ref()?
+            .get(CONFIG_MIRROR)?
+            .clone();
+        Some(Mirror {
+            uid: pod.metadata.uid.clone().unwrap_or_default(),
+            hash,
+            deleting: pod.metadata.deletion_timestamp.is_some(),
+        })
+    }
+}
+
+pub fn is_mirror(pod: &Pod) -> bool {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(CONFIG_MIRROR))
+}
+
+/// The static pod's config hash, which its mirror must carry.
+pub fn static_hash(pod: &Pod) -> String {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(CONFIG_HASH))
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// The mirror pod to create for `static_pod` on node `node_name` (whose Node has
+/// `node_uid`).
+pub fn mirror_pod(static_pod: &Pod, node_name: &str, node_uid: &str) -> Pod {
+    let hash = static_hash(static_pod);
+    let mut annotations: BTreeMap<String, String> =
+        static_pod.metadata.annotations.clone().unwrap_or_default();
+    annotations.insert(CONFIG_MIRROR.into(), hash);
+    let mut spec = static_pod.spec.clone().unwrap_or_default();
+    spec.node_name = Some(node_name.to_string());
+    Pod {
+        metadata: ObjectMeta {
+            name: static_pod.metadata.name.clone(),
+            namespace: static_pod.metadata.namespace.clone(),
+            labels: static_pod.metadata.labels.clone(),
+            annotations: Some(annotations),
+            owner_references: Some(vec![OwnerReference {
+                api_version: "v1".into(),
+                kind: "Node".into(),
+                name: node_name.to_string(),
+                uid: node_uid.to_string(),
+                controller: Some(true),
+                block_owner_deletion: None,
+            }]),
+            ..ObjectMeta::default()
+        },
+        spec: Some(spec),
+        status: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{Container, PodSpec};
+
+    fn static_pod() -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                name: Some("web-edge-node-1".into()),
+                namespace: Some("default".into()),
+                uid: Some("static-uid".into()),
+                annotations: Some(BTreeMap::from([
+                    (CONFIG_HASH.to_string(), "abc123".to_string()),
+                    (
+                        "kubernetes.io/config.source".to_string(),
+                        "file".to_string(),
+                    ),
+                ])),
+                ..ObjectMeta::default()
+            },
+            spec: Some(PodSpec {
+                containers: vec![Container {
+                    name: "web".into(),
+                    image: Some("busybox".into()),
+                    ..Container::default()
+                }],
+                ..PodSpec::default()
+            }),
+            status: None,
+        }
+    }
+
+    #[test]
+    fn mirror_carries_the_hash_and_a_controller_reference() {
+        let m = mirror_pod(&static_pod(), "edge-node-1", "node-uid");
+        let v = serde_json::to_value(&m).expect("json");
+        assert_eq!(v["metadata"]["annotations"][CONFIG_MIRROR], "abc123");
+        assert_eq!(
+            v["metadata"]["annotations"]["kubernetes.io/config.source"],
+            "file"
+        );
+        assert!(v["metadata"].get("uid").is_none());
+        assert_eq!(
+            v["metadata"]["ownerReferences"],
+            serde_json::json!([{"apiVersion":"v1","kind":"Node","name":"edge-node-1","uid":"node-uid","controller":true}])
+        );
+        assert_eq!(v["spec"]["nodeName"], "edge-node-1");
+        assert!(is_mirror(&m));
+        assert!(!is_mirror(&static_pod()));
+        let read = Mirror::of(&m).expect("mirror");
+        assert_eq!(read.hash, "abc123");
+        assert!(!read.deleting);
+    }
+}

@@ -1,0 +1,385 @@
+//! The node side of the uplink: registers the Node (taking over one that exists), renews
+//! the Lease every `nodeStatusUpdateFrequency` and sends the full node status only when
+//! it changed or every `nodeStatusReportFrequency` — virtual-kubelet's node controller,
+//! with the kubelet's intervals. A Node deleted under a running agent is made again.
+//!
+//! The controller is a state machine stepped on a clock it is given, so its schedule is
+//! tested on a virtual clock; [`NodeLoop`] runs it on its own thread.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, NodeStatus};
+use serde_json::Value;
+
+use super::client::{Client, Patch};
+use super::error::ApiError;
+use super::pods::NodeUid;
+use crate::backoff::Backoff;
+use crate::time::Timestamp;
+
+/// The calls the controller makes; [`Client`] makes them over HTTP.
+pub trait NodeApi {
+    fn create_node(&self, node: &Node) -> Result<Node, ApiError>;
+    fn get_node(&self, name: &str) -> Result<Node, ApiError>;
+    fn patch_node(&self, name: &str, body: &Value) -> Result<Node, ApiError>;
+    fn patch_node_status(&self, name: &str, body: &Value) -> Result<Node, ApiError>;
+    fn get_lease(&self, name: &str) -> Result<Lease, ApiError>;
+    fn create_lease(&self, lease: &Lease) -> Result<Lease, ApiError>;
+    fn update_lease(&self, lease: &Lease) -> Result<Lease, ApiError>;
+}
+
+const LEASE_NS: &str = "kube-node-lease";
+
+/// Full jitter can draw zero; a retry waits at least this long.
+const MIN_RETRY: Duration = Duration::from_millis(100);
+
+impl NodeApi for Client {
+    fn create_node(&self, node: &Node) -> Result<Node, ApiError> {
+        self.post("/api/v1/nodes", node)
+    }
+    fn get_node(&self, name: &str) -> Result<Node, ApiError> {
+        self.get(&format!("/api/v1/nodes/{}", super::escape(name)))
+    }
+    fn patch_node(&self, name: &str, body: &Value) -> Result<Node, ApiError> {
+        self.patch(
+            &format!("/api/v1/nodes/{}", super::escape(name)),
+            Patch::Strategic,
+            body,
+        )
+    }
+    fn patch_node_status(&self, name: &str, body: &Value) -> Result<Node, ApiError> {
+        self.patch(
+            &format!("/api/v1/nodes/{}/status", super::escape(name)),
+            Patch::Strategic,
+            body,
+        )
+    }
+    fn get_lease(&self, name: &str) -> Result<Lease, ApiError> {
+        self.get(&format!(
+            "/apis/coordination.k8s.io/v1/namespaces/{LEASE_NS}/leases/{}",
+            super::escape(name)
+        ))
+    }
+    fn create_lease(&self, lease: &Lease) -> Result<Lease, ApiError> {
+        self.post(
+            &format!("/apis/coordination.k8s.io/v1/namespaces/{LEASE_NS}/leases"),
+            lease,
+        )
+    }
+    fn update_lease(&self, lease: &Lease) -> Result<Lease, ApiError> {
+        let name = lease.metadata.name.as_deref().unwrap_or_default();
+        self.put(
+            &format!(
+                "/apis/coordination.k8s.io/v1/namespaces/{LEASE_NS}/leases/{}",
+                super::escape(name)
+            ),
+            lease,
+        )
+    }
+}
+
+/// What the Node looks like: the object to register and its current status.
+pub trait NodeModel {
+    fn registration(&self, now: Timestamp) -> Node;
+    fn status(&self, previous: Option<&NodeStatus>, now: Timestamp) -> NodeStatus;
+    /// The strategic-merge body that turns `old` into `new`.
+    fn status_patch(&self, old: Option<&NodeStatus>, new: &NodeStatus) -> Value;
+    /// Whether `new` differs from `old` beyond heartbeat times.
+    fn changed(&self, old: &NodeStatus, new: &NodeStatus) -> bool;
+    fn lease(&self, node_uid: &str, now: Timestamp) -> Lease;
+}
+
+/// Intervals, from the config.
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    /// Lease renewal and status check: `nodeStatusUpdateFrequency`, 10 s.
+    pub renew: Duration,
+    /// Full status at least this often: `nodeStatusReportFrequency`, 5 min.
+    pub report: Duration,
+    /// Retry pacing after a failure (full jitter).
+    pub retry: Backoff,
+}
+
+pub struct NodeController<M: NodeModel> {
+    name: String,
+    model: M,
+    timing: Timing,
+    node_uid: NodeUid,
+    registered: bool,
+    lease: Option<Lease>,
+    reported: Option<NodeStatus>,
+    reported_at: Option<Instant>,
+    next_renew: Option<Instant>,
+    failures: u32,
+    /// The last error, logged once until something changes.
+    last_error: Option<String>,
+}
+
+impl<M: NodeModel> NodeController<M> {
+    pub fn new(name: String, model: M, timing: Timing, node_uid: NodeUid) -> Self {
+        NodeController {
+            name,
+            model,
+            timing,
+            node_uid,
+            registered: false,
+            lease: None,
+            reported: None,
+            reported_at: None,
+            next_renew: None,
+            failures: 0,
+            last_error: None,
+        }
+    }
+
+    pub fn is_registered(&self) -> bool {
+        self.registered
+    }
+
+    /// Does what is due at `now` and returns when to step again. `random` feeds the
+    /// retry jitter.
+    pub fn step(
+        &mut self,
+        api: &dyn NodeApi,
+        now: Instant,
+        wall: Timestamp,
+        random: u64,
+    ) -> Instant {
+        match self.try_step(api, now, wall) {
+            Ok(next) => {
+                if self.failures > 0 || self.last_error.is_some() {
+                    log::info!("node {}: apiserver answers again", self.name);
+                }
+                self.failures = 0;
+                self.last_error = None;
+                next
+            }
+            Err(e) => {
+                self.failures = self.failures.saturating_add(1);
+                let msg = e.to_string();
+                if self.last_error.as_deref() != Some(msg.as_str()) {
+                    if e.is_forbidden() {
+                        log::error!(
+                            "node {}: the apiserver refuses: {msg} (check the node's credentials and labels)",
+                            self.name
+                        );
+                    } else {
+                        log::warn!("node {}: {msg}; retrying", self.name);
+                    }
+                    self.last_error = Some(msg);
+                }
+                let delay = self
+                    .timing
+                    .retry
+                    .jittered(self.failures, random)
+                    .clamp(MIN_RETRY, self.timing.renew.max(MIN_RETRY));
+                now + delay
+            }
+        }
+    }
+
+    fn try_step(
+        &mut self,
+        api: &dyn NodeApi,
+        now: Instant,
+        wall: Timestamp,
+    ) -> Result<Instant, ApiError> {
+        if !self.registered {
+            self.register(api, now, wall)?;
+        }
+        let renew_due = self.next_renew.is_none_or(|t| now >= t);
+        if renew_due {
+            self.renew_lease(api, wall)?;
+            self.next_renew = Some(now + self.timing.renew);
+            self.report_status(api, now, wall)?;
+        }
+        Ok(self.next_renew.unwrap_or(now + self.timing.renew))
+    }
+
+    fn register(
+        &mut self,
+        api: &dyn NodeApi,
+        now: Instant,
+        wall: Timestamp,
+    ) -> Result<(), ApiError> {
+        let node = self.model.registration(wall);
+        let uid = match api.create_node(&node) {
+            Ok(created) => {
+                log::info!("node {} registered", self.name);
+                self.reported = created.status.clone();
+                self.reported_at = Some(now);
+                created.metadata.uid
+            }
+            Err(e) if e.is_already_exists() => {
+                let existing = api.get_node(&self.name)?;
+                log::info!("node {} exists; taking it over", self.name);
+                // Labels and annotations the agent sets are brought up to date; others
+                // (set by an operator) are left alone.
+                let wanted_labels = node.metadata.labels.clone().unwrap_or_default();
+                let have = existing.metadata.labels.clone().unwrap_or_default();
+                if wanted_labels.iter().any(|(k, v)| have.get(k) != Some(v)) {
+                    api.patch_node(
+                        &self.name,
+                        &serde_json::json!({"metadata": {"labels": wanted_labels}}),
+                    )?;
+                }
+                self.reported = existing.status.clone();
+                self.reported_at = None;
+                existing.metadata.uid
+            }
+            Err(e) => return Err(e),
+        };
+        *self.node_uid.lock().unwrap_or_else(|p| p.into_inner()) = uid;
+        self.registered = true;
+        self.lease = None;
+        self.next_renew = None;
+        Ok(())
+    }
+
+    fn node_uid(&self) -> String {
+        self.node_uid
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .unwrap_or_default()
+    }
+
+    fn renew_lease(&mut self, api: &dyn NodeApi, wall: Timestamp) -> Result<(), ApiError> {
+        let fresh = self.model.lease(&self.node_uid(), wall);
+        let current = match self.lease.take() {
+            Some(l) => Some(l),
+            None => match api.get_lease(&self.name) {
+                Ok(l) => Some(l),
+                Err(e) if e.is_not_found() => None,
+                Err(e) => return Err(e),
+            },
+        };
+        let result = match current {
+            None => api.create_lease(&fresh),
+            Some(mut l) => {
+                l.spec = fresh.spec.clone();
+                if l.metadata.owner_references.is_none() {
+                    l.metadata.owner_references = fresh.metadata.owner_references.clone();
+                }
+                api.update_lease(&l)
+            }
+        };
+        match result {
+            Ok(l) => {
+                self.lease = Some(l);
+                Ok(())
+            }
+            Err(e) if e.is_conflict() || e.is_already_exists() => {
+                // Someone else wrote it: read it again next time.
+                self.lease = None;
+                self.next_renew = None;
+                Err(e)
+            }
+            Err(e) if e.is_not_found() => {
+                // The lease went with its Node (garbage collection): check the Node.
+                self.lease = None;
+                self.check_node(api)?;
+                Err(e)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn check_node(&mut self, api: &dyn NodeApi) -> Result<(), ApiError> {
+        match api.get_node(&self.name) {
+            Ok(_) => Ok(()),
+            Err(e) if e.is_not_found() => {
+                log::warn!(
+                    "node {} was deleted from the cluster; registering it again",
+                    self.name
+                );
+                self.registered = false;
+                self.reported = None;
+                Err(e)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn report_status(
+        &mut self,
+        api: &dyn NodeApi,
+        now: Instant,
+        wall: Timestamp,
+    ) -> Result<(), ApiError> {
+        let status = self.model.status(self.reported.as_ref(), wall);
+        let due = match (&self.reported, self.reported_at) {
+            (Some(old), Some(at)) => {
+                self.model.changed(old, &status) || now.duration_since(at) >= self.timing.report
+            }
+            _ => true,
+        };
+        if !due {
+            return Ok(());
+        }
+        let body = self.model.status_patch(self.reported.as_ref(), &status);
+        match api.patch_node_status(&self.name, &body) {
+            Ok(node) => {
+                self.reported = node.status.or(Some(status));
+                self.reported_at = Some(now);
+                Ok(())
+            }
+            Err(e) if e.is_not_found() => {
+                log::warn!(
+                    "node {} was deleted from the cluster; registering it again",
+                    self.name
+                );
+                self.registered = false;
+                self.reported = None;
+                self.lease = None;
+                self.next_renew = None;
+                Err(e)
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// Runs a controller on its own thread until `stop` is set.
+pub struct NodeLoop<M: NodeModel + Send + 'static> {
+    pub controller: NodeController<M>,
+    pub client: Client,
+    pub stop: Arc<AtomicBool>,
+}
+
+impl<M: NodeModel + Send + 'static> NodeLoop<M> {
+    pub fn spawn(mut self) -> std::io::Result<std::thread::JoinHandle<()>> {
+        std::thread::Builder::new()
+            .name("uplink-node".into())
+            .spawn(move || {
+                while !self.stop.load(Ordering::Relaxed) {
+                    let next = self.controller.step(
+                        &self.client,
+                        Instant::now(),
+                        crate::time::now(),
+                        crate::backoff::random(),
+                    );
+                    // Wake at least once a second to notice `stop`.
+                    while !self.stop.load(Ordering::Relaxed) {
+                        let now = Instant::now();
+                        if now >= next {
+                            break;
+                        }
+                        std::thread::sleep((next - now).min(Duration::from_secs(1)));
+                    }
+                }
+            })
+    }
+}
+
+/// Shared, so tests and the uplink can see the Node's UID.
+pub fn new_node_uid() -> NodeUid {
+    Arc::new(Mutex::new(None))
+}
+
+#[cfg(test)]
+#[path = "node_tests.rs"]
+mod tests;

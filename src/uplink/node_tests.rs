@@ -1,0 +1,372 @@
+//! The node controller's schedule on a virtual clock, against a fake apiserver.
+
+use std::cell::RefCell;
+
+use k8s_openapi::api::coordination::v1::LeaseSpec;
+use k8s_openapi::api::core::v1::NodeCondition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+
+use super::*;
+
+#[derive(Default)]
+struct Fake {
+    node: RefCell<Option<Node>>,
+    lease: RefCell<Option<Lease>>,
+    calls: RefCell<Vec<String>>,
+    down: RefCell<bool>,
+    rv: RefCell<u64>,
+}
+
+impl Fake {
+    fn call(&self, what: &str) -> Result<(), ApiError> {
+        self.calls.borrow_mut().push(what.to_string());
+        if *self.down.borrow() {
+            return Err(ApiError::Transport {
+                method: "GET",
+                path: "/".into(),
+                message: "connection refused".into(),
+            });
+        }
+        Ok(())
+    }
+    fn status(code: u16, reason: &str) -> ApiError {
+        ApiError::Status {
+            method: "X",
+            path: "/".into(),
+            code,
+            reason: reason.into(),
+            message: String::new(),
+        }
+    }
+    fn next_rv(&self) -> String {
+        *self.rv.borrow_mut() += 1;
+        self.rv.borrow().to_string()
+    }
+    fn calls(&self) -> Vec<String> {
+        std::mem::take(&mut *self.calls.borrow_mut())
+    }
+}
+
+impl NodeApi for Fake {
+    fn create_node(&self, node: &Node) -> Result<Node, ApiError> {
+        self.call("create_node")?;
+        if self.node.borrow().is_some() {
+            return Err(Fake::status(409, "AlreadyExists"));
+        }
+        let mut n = node.clone();
+        n.metadata.uid = Some(format!("uid-{}", self.next_rv()));
+        *self.node.borrow_mut() = Some(n.clone());
+        Ok(n)
+    }
+    fn get_node(&self, _name: &str) -> Result<Node, ApiError> {
+        self.call("get_node")?;
+        self.node
+            .borrow()
+            .clone()
+            .ok_or(Fake::status(404, "NotFound"))
+    }
+    fn patch_node(&self, _name: &str, _body: &Value) -> Result<Node, ApiError> {
+        self.call("patch_node")?;
+        self.node
+            .borrow()
+            .clone()
+            .ok_or(Fake::status(404, "NotFound"))
+    }
+    fn patch_node_status(&self, _name: &str, body: &Value) -> Result<Node, ApiError> {
+        self.call("patch_node_status")?;
+        let mut node = self.node.borrow_mut();
+        let n = node.as_mut().ok_or(Fake::status(404, "NotFound"))?;
+        let status: NodeStatus = serde_json::from_value(body["status"].clone()).unwrap_or_default();
+        n.status = Some(status);
+        Ok(n.clone())
+    }
+    fn get_lease(&self, _name: &str) -> Result<Lease, ApiError> {
+        self.call("get_lease")?;
+        self.lease
+            .borrow()
+            .clone()
+            .ok_or(Fake::status(404, "NotFound"))
+    }
+    fn create_lease(&self, lease: &Lease) -> Result<Lease, ApiError> {
+        self.call("create_lease")?;
+        let mut l = lease.clone();
+        l.metadata.resource_version = Some(self.next_rv());
+        *self.lease.borrow_mut() = Some(l.clone());
+        Ok(l)
+    }
+    fn update_lease(&self, lease: &Lease) -> Result<Lease, ApiError> {
+        self.call("update_lease")?;
+        let mut stored = self.lease.borrow_mut();
+        let Some(cur) = stored.as_ref() else {
+            return Err(Fake::status(404, "NotFound"));
+        };
+        if cur.metadata.resource_version != lease.metadata.resource_version {
+            return Err(Fake::status(409, "Conflict"));
+        }
+        let mut l = lease.clone();
+        l.metadata.resource_version = Some(self.next_rv());
+        *stored = Some(l.clone());
+        Ok(l)
+    }
+}
+
+/// A model whose Ready condition follows `ready`.
+struct Model {
+    ready: std::rc::Rc<RefCell<bool>>,
+}
+
+impl NodeModel for Model {
+    fn registration(&self, now: Timestamp) -> Node {
+        Node {
+            metadata: ObjectMeta {
+                name: Some("n1".into()),
+                ..ObjectMeta::default()
+            },
+            spec: None,
+            status: Some(self.status(None, now)),
+        }
+    }
+    fn status(&self, _previous: Option<&NodeStatus>, _now: Timestamp) -> NodeStatus {
+        NodeStatus {
+            conditions: Some(vec![NodeCondition {
+                type_: "Ready".into(),
+                status: if *self.ready.borrow() {
+                    "True"
+                } else {
+                    "False"
+                }
+                .into(),
+                ..NodeCondition::default()
+            }]),
+            ..NodeStatus::default()
+        }
+    }
+    fn status_patch(&self, _old: Option<&NodeStatus>, new: &NodeStatus) -> Value {
+        serde_json::json!({ "status": new })
+    }
+    fn changed(&self, old: &NodeStatus, new: &NodeStatus) -> bool {
+        old != new
+    }
+    fn lease(&self, node_uid: &str, now: Timestamp) -> Lease {
+        Lease {
+            metadata: ObjectMeta {
+                name: Some("n1".into()),
+                namespace: Some("kube-node-lease".into()),
+                owner_references: Some(vec![
+                    k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                        api_version: "v1".into(),
+                        kind: "Node".into(),
+                        name: "n1".into(),
+                        uid: node_uid.into(),
+                        ..Default::default()
+                    },
+                ]),
+                ..ObjectMeta::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some("n1".into()),
+                lease_duration_seconds: Some(40),
+                renew_time: Some(MicroTime(now)),
+                ..LeaseSpec::default()
+            }),
+        }
+    }
+}
+
+const TIMING: Timing = Timing {
+    renew: Duration::from_secs(10),
+    report: Duration::from_secs(300),
+    retry: Backoff {
+        initial: Duration::from_millis(800),
+        max: Duration::from_secs(30),
+    },
+};
+
+struct Clock {
+    t0: Instant,
+    wall0: Timestamp,
+}
+
+impl Clock {
+    fn wall(&self, at: Instant) -> Timestamp {
+        let d = at.duration_since(self.t0);
+        crate::time::add(self.wall0, d)
+    }
+}
+
+fn setup() -> (
+    Fake,
+    NodeController<Model>,
+    std::rc::Rc<RefCell<bool>>,
+    Clock,
+) {
+    let ready = std::rc::Rc::new(RefCell::new(true));
+    let c = NodeController::new(
+        "n1".into(),
+        Model {
+            ready: ready.clone(),
+        },
+        TIMING,
+        new_node_uid(),
+    );
+    let clock = Clock {
+        t0: Instant::now(),
+        wall0: Timestamp::from_second(1_800_000_000).expect("ts"),
+    };
+    (Fake::default(), c, ready, clock)
+}
+
+/// Steps the controller from `from` until `until` on the virtual clock, as the thread
+/// would; returns the time it stopped at.
+fn run(
+    c: &mut NodeController<Model>,
+    api: &Fake,
+    clock: &Clock,
+    from: Instant,
+    until: Instant,
+) -> Instant {
+    let mut now = from;
+    while now <= until {
+        let next = c.step(api, now, clock.wall(now), 0);
+        assert!(next > now, "the controller must not spin");
+        now = next;
+    }
+    now
+}
+
+#[test]
+fn registers_then_renews_every_ten_seconds_and_reports_every_five_minutes() {
+    let (api, mut c, _ready, clock) = setup();
+    let t0 = clock.t0;
+    run(&mut c, &api, &clock, t0, t0);
+    assert!(c.is_registered());
+    assert_eq!(
+        api.calls(),
+        ["create_node", "get_lease", "create_lease"],
+        "a fresh node reports the status it registered with"
+    );
+    // 10 minutes: a renewal every 10 s (60), a full status at 5 and 10 minutes.
+    run(
+        &mut c,
+        &api,
+        &clock,
+        t0 + Duration::from_secs(10),
+        t0 + Duration::from_secs(600),
+    );
+    let calls = api.calls();
+    let renewals = calls.iter().filter(|c| *c == "update_lease").count();
+    let reports = calls.iter().filter(|c| *c == "patch_node_status").count();
+    assert_eq!(renewals, 60, "{calls:?}");
+    assert_eq!(reports, 2, "{calls:?}");
+    assert_eq!(calls.len(), 62, "nothing else at steady state: {calls:?}");
+    let lease = api.lease.borrow().clone().expect("lease");
+    let renewed = lease.spec.and_then(|s| s.renew_time).expect("renewTime").0;
+    assert_eq!(renewed, clock.wall(t0 + Duration::from_secs(600)));
+}
+
+#[test]
+fn a_status_change_is_reported_at_the_next_renewal() {
+    let (api, mut c, ready, clock) = setup();
+    let t0 = clock.t0;
+    let now = run(&mut c, &api, &clock, t0, t0 + Duration::from_secs(30));
+    api.calls();
+    *ready.borrow_mut() = false;
+    run(&mut c, &api, &clock, now, now);
+    assert_eq!(api.calls(), ["update_lease", "patch_node_status"]);
+    let node = api.node.borrow().clone().expect("node");
+    let cond = &node.status.and_then(|s| s.conditions).expect("conditions")[0];
+    assert_eq!(cond.status, "False");
+}
+
+#[test]
+fn a_deleted_node_is_registered_again() {
+    let (api, mut c, _ready, clock) = setup();
+    let t0 = clock.t0;
+    let now = run(&mut c, &api, &clock, t0, t0 + Duration::from_secs(20));
+    let first_uid = api
+        .node
+        .borrow()
+        .as_ref()
+        .and_then(|n| n.metadata.uid.clone());
+    *api.node.borrow_mut() = None;
+    *api.lease.borrow_mut() = None; // garbage-collected with its owner
+    api.calls();
+    run(&mut c, &api, &clock, now, now + Duration::from_secs(20));
+    let calls = api.calls();
+    assert!(calls.contains(&"create_node".to_string()), "{calls:?}");
+    let uid = api
+        .node
+        .borrow()
+        .as_ref()
+        .and_then(|n| n.metadata.uid.clone());
+    assert!(uid.is_some() && uid != first_uid);
+    let lease = api.lease.borrow().clone().expect("lease");
+    let owner = &lease.metadata.owner_references.expect("owner")[0];
+    assert_eq!(
+        Some(owner.uid.clone()),
+        uid,
+        "the new lease names the new Node"
+    );
+}
+
+#[test]
+fn an_existing_node_is_taken_over() {
+    let (api, mut c, _ready, clock) = setup();
+    *api.node.borrow_mut() = Some(Node {
+        metadata: ObjectMeta {
+            name: Some("n1".into()),
+            uid: Some("old-uid".into()),
+            ..ObjectMeta::default()
+        },
+        ..Node::default()
+    });
+    run(&mut c, &api, &clock, clock.t0, clock.t0);
+    let calls = api.calls();
+    assert_eq!(&calls[..2], ["create_node", "get_node"]);
+    assert!(
+        calls.contains(&"patch_node_status".to_string()),
+        "{calls:?}"
+    );
+    assert_eq!(
+        *c.node_uid.lock().expect("lock"),
+        Some("old-uid".to_string())
+    );
+}
+
+#[test]
+fn a_dead_uplink_backs_off_and_recovers() {
+    let (api, mut c, _ready, clock) = setup();
+    *api.down.borrow_mut() = true;
+    let t0 = clock.t0;
+    let mut now = t0;
+    for _ in 0..5 {
+        let next = c.step(&api, now, clock.wall(now), u64::MAX);
+        assert!(next > now && next <= now + TIMING.renew);
+        now = next;
+    }
+    assert_eq!(api.calls().len(), 5, "one attempt per step while down");
+    assert!(!c.is_registered());
+    *api.down.borrow_mut() = false;
+    c.step(&api, now, clock.wall(now), 0);
+    assert!(c.is_registered());
+}
+
+#[test]
+fn a_lease_written_by_someone_else_is_read_again() {
+    let (api, mut c, _ready, clock) = setup();
+    let t0 = clock.t0;
+    let now = run(&mut c, &api, &clock, t0, t0);
+    if let Some(l) = api.lease.borrow_mut().as_mut() {
+        l.metadata.resource_version = Some("999".into());
+    }
+    api.calls();
+    let next = c.step(&api, now + TIMING.renew, clock.wall(now + TIMING.renew), 0);
+    let next = c.step(&api, next, clock.wall(next), 0);
+    c.step(&api, next, clock.wall(next), 0);
+    let calls = api.calls();
+    assert_eq!(
+        &calls[..3],
+        ["update_lease", "get_lease", "update_lease"],
+        "{calls:?}"
+    );
+}

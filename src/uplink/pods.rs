@@ -1,0 +1,393 @@
+//! The pod side of the uplink, on its own thread: drains the outbox (pod statuses, final
+//! deletes, events, mirror pods) whenever the apiserver answers, and backs off when it
+//! does not. Nothing here blocks a pod worker.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use serde_json::Value;
+
+use super::client::Client;
+use super::error::ApiError;
+use super::events::{event_object, SpamFilter};
+use super::mirror::{self, Mirror};
+use super::pod_status::{self, delete_for_good, patch_status, pod_path};
+use super::report::{EventReport, Outbox, PodRef, StatusReport};
+use crate::backoff::Backoff;
+
+/// How long the thread waits for work when there is none.
+const IDLE_WAIT: Duration = Duration::from_secs(1);
+
+/// Retry pacing while the apiserver does not answer.
+pub const RETRY: Backoff = Backoff {
+    initial: Duration::from_millis(800),
+    max: Duration::from_secs(30),
+};
+
+/// The mirror pods the cluster has for this node, as the pod watch last showed them.
+#[derive(Debug, Default)]
+pub struct MirrorSet {
+    /// False until the pod source's first successful LIST.
+    pub synced: bool,
+    /// By `namespace/name`.
+    pub pods: BTreeMap<String, Mirror>,
+    /// Bumped on every change, so the uplink knows to look again.
+    pub generation: u64,
+}
+
+pub type SharedMirrors = Arc<Mutex<MirrorSet>>;
+
+/// Replaces the mirror set with the mirror pods among `pods` (all the pods the cluster
+/// has bound to this node).
+pub fn update_mirrors(mirrors: &SharedMirrors, pods: &[Pod]) {
+    let mut set: BTreeMap<String, Mirror> = BTreeMap::new();
+    for p in pods {
+        if let Some(m) = Mirror::of(p) {
+            set.insert(key_of(&PodRef::of(p)), m);
+        }
+    }
+    let mut m = lock(mirrors);
+    if !m.synced || m.pods != set {
+        m.pods = set;
+        m.synced = true;
+        m.generation += 1;
+    }
+}
+
+fn key_of(r: &PodRef) -> String {
+    format!("{}/{}", r.namespace, r.name)
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Shared with the node side: the Node's UID once registered (mirror pods need it).
+pub type NodeUid = Arc<Mutex<Option<String>>>;
+
+pub struct PodUplink {
+    pub client: Client,
+    pub outbox: Outbox,
+    pub node_name: String,
+    pub node_uid: NodeUid,
+    pub mirrors: SharedMirrors,
+    pub stop: Arc<AtomicBool>,
+}
+
+/// What one pass achieved: whether the apiserver could not be reached.
+#[derive(PartialEq, Eq)]
+enum Link {
+    Up,
+    Down,
+}
+
+struct State {
+    /// Static pods and their last status, by static pod UID: re-sent to a mirror pod
+    /// that had to be made again.
+    statics: HashMap<String, StatusReport>,
+    filter: SpamFilter,
+    mirror_generation: u64,
+    failures: u32,
+    down_logged: bool,
+}
+
+impl PodUplink {
+    pub fn spawn(self) -> std::io::Result<std::thread::JoinHandle<()>> {
+        std::thread::Builder::new()
+            .name("uplink-pods".into())
+            .spawn(move || self.run())
+    }
+
+    fn run(self) {
+        let mut st = State {
+            statics: HashMap::new(),
+            filter: SpamFilter::default(),
+            mirror_generation: 0,
+            failures: 0,
+            down_logged: false,
+        };
+        let mut wait = IDLE_WAIT;
+        while !self.stop.load(Ordering::Relaxed) {
+            let batch = self.outbox.take(wait);
+            let link = self.pass(&mut st, batch);
+            if link == Link::Down {
+                st.failures = st.failures.saturating_add(1);
+                wait = RETRY.jittered(st.failures, crate::backoff::random());
+                if !st.down_logged {
+                    log::warn!(
+                        "apiserver {} unreachable; pod statuses and events wait in the outbox",
+                        self.client.server()
+                    );
+                    st.down_logged = true;
+                }
+                // Sleep the back-off out; new work waits in the outbox meanwhile.
+                std::thread::sleep(wait);
+                wait = Duration::ZERO;
+            } else {
+                if st.down_logged {
+                    log::info!("apiserver {} reachable again", self.client.server());
+                    st.down_logged = false;
+                }
+                st.failures = 0;
+                wait = IDLE_WAIT;
+            }
+        }
+    }
+
+    fn pass(&self, st: &mut State, batch: super::report::Pending) -> Link {
+        let super::report::Pending {
+            statuses,
+            events,
+            removed_static,
+            ..
+        } = batch;
+        let mut down = false;
+
+        for (uid, report) in statuses {
+            if down {
+                self.outbox.retry_status(uid, report);
+                continue;
+            }
+            let result = if crate::source::is_static_pod(&report.pod) {
+                st.statics.insert(uid.clone(), report.clone());
+                self.mirror_status(&report)
+            } else {
+                self.cluster_status(&report)
+            };
+            if let Err(e) = result {
+                if e.is_transient() {
+                    down = true;
+                    self.outbox.retry_status(uid, report);
+                } else {
+                    log::warn!("pod {}: status not reported: {e}", name(&report.pod));
+                }
+            }
+        }
+
+        let mut removed_left = Vec::new();
+        for r in removed_static {
+            st.statics.remove(&r.uid);
+            if down {
+                removed_left.push(r);
+                continue;
+            }
+            if let Err(e) = self.delete_mirror(&r) {
+                if e.is_transient() {
+                    down = true;
+                    removed_left.push(r);
+                } else {
+                    log::warn!("mirror pod {}/{}: {e}", r.namespace, r.name);
+                }
+            }
+        }
+        if !removed_left.is_empty() {
+            self.outbox.retry_removed(removed_left);
+        }
+
+        let mut events: Vec<EventReport> = events.into_iter().collect();
+        let mut unsent = Vec::new();
+        for (i, e) in events.drain(..).enumerate() {
+            if down {
+                unsent.push(e);
+                continue;
+            }
+            if !st.filter.admit(&e, Instant::now()) {
+                log::debug!(
+                    "event {} for pod {} not sent (spam filter)",
+                    e.reason,
+                    e.pod.name
+                );
+                continue;
+            }
+            let path = format!(
+                "/api/v1/namespaces/{}/events",
+                super::escape(&e.pod.namespace)
+            );
+            match self
+                .client
+                .post::<_, Value>(&path, &event_object(&e, &self.node_name))
+            {
+                Ok(_) => {}
+                Err(err) if err.is_transient() => {
+                    down = true;
+                    unsent.push(e);
+                }
+                Err(err) => log::debug!("event {i} for pod {}: {err}", e.pod.name),
+            }
+        }
+        if !unsent.is_empty() {
+            self.outbox.retry_events(unsent);
+        }
+
+        if !down {
+            let generation = lock(&self.mirrors).generation;
+            if generation != st.mirror_generation {
+                st.mirror_generation = generation;
+                let statics: Vec<StatusReport> = st.statics.values().cloned().collect();
+                for report in statics {
+                    if let Err(e) = self.mirror_status(&report) {
+                        if e.is_transient() {
+                            down = true;
+                            if let Some(uid) = report.pod.metadata.uid.clone() {
+                                self.outbox.retry_status(uid, report);
+                            }
+                            break;
+                        }
+                        log::warn!("mirror pod for {}: {e}", name(&report.pod));
+                    }
+                }
+            }
+        }
+        if down {
+            Link::Down
+        } else {
+            Link::Up
+        }
+    }
+
+    /// A pod from the cluster: patch its status; a finished one is then deleted for good.
+    fn cluster_status(&self, report: &StatusReport) -> Result<(), ApiError> {
+        let r = PodRef::of(&report.pod);
+        match patch_status(
+            &self.client,
+            &r.namespace,
+            &r.name,
+            &r.uid,
+            &report.status,
+            false,
+        ) {
+            Ok(_) => {}
+            // Gone already, or replaced by a pod with the same name: nothing to report.
+            Err(e) if e.is_not_found() || e.code() == Some(422) => return Ok(()),
+            Err(e) => return Err(e),
+        }
+        if report.finished {
+            delete_for_good(&self.client, &r.namespace, &r.name, &r.uid)?;
+            log::info!("pod {}/{}: deleted from the cluster", r.namespace, r.name);
+        }
+        Ok(())
+    }
+
+    /// A static pod: make sure its mirror pod exists and is current, then report the
+    /// status on the mirror pod.
+    fn mirror_status(&self, report: &StatusReport) -> Result<(), ApiError> {
+        let r = PodRef::of(&report.pod);
+        let key = key_of(&r);
+        let want = mirror::static_hash(&report.pod);
+        let (known, synced) = {
+            let m = lock(&self.mirrors);
+            (m.pods.get(&key).cloned(), m.synced)
+        };
+        let current = match known {
+            Some(m) if m.hash == want && !m.deleting => Some(m),
+            Some(stale) => {
+                self.delete_pod(&r, &stale.uid)?;
+                None
+            }
+            None if !synced => self.get_mirror(&r)?,
+            None => None,
+        };
+        let mirror = match current {
+            Some(m) if m.hash == want && !m.deleting => m,
+            Some(stale) => {
+                self.delete_pod(&r, &stale.uid)?;
+                self.create_mirror(&report.pod, &r)?
+            }
+            None => self.create_mirror(&report.pod, &r)?,
+        };
+        match patch_status(
+            &self.client,
+            &r.namespace,
+            &r.name,
+            &mirror.uid,
+            &report.status,
+            true,
+        ) {
+            Ok(_) => Ok(()),
+            // Deleted between create and patch: the watch will show it and we make it again.
+            Err(e) if e.is_not_found() || e.code() == Some(422) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn get_mirror(&self, r: &PodRef) -> Result<Option<Mirror>, ApiError> {
+        match self
+            .client
+            .get::<Pod>(&pod_path(&r.namespace, &r.name, None))
+        {
+            // A pod of that name that is not a mirror pod is not ours to replace.
+            Ok(p) => Ok(Mirror::of(&p)),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn create_mirror(&self, static_pod: &Pod, r: &PodRef) -> Result<Mirror, ApiError> {
+        let Some(node_uid) = lock(&self.node_uid).clone() else {
+            return Err(ApiError::Transport {
+                method: "POST",
+                path: pod_path(&r.namespace, "", None),
+                message: "the Node is not registered yet".into(),
+            });
+        };
+        let pod = mirror::mirror_pod(static_pod, &self.node_name, &node_uid);
+        let path = format!("/api/v1/namespaces/{}/pods", super::escape(&r.namespace));
+        let created = match self.client.post::<_, Pod>(&path, &pod) {
+            Ok(p) => p,
+            Err(e) if e.is_already_exists() => match self.get_mirror(r)? {
+                Some(m) if m.hash == mirror::static_hash(static_pod) && !m.deleting => {
+                    return Ok(m)
+                }
+                Some(m) => {
+                    self.delete_pod(r, &m.uid)?;
+                    self.client.post::<_, Pod>(&path, &pod)?
+                }
+                None => {
+                    log::warn!(
+                            "pod {}/{} exists in the cluster and is not a mirror pod; static pod not mirrored",
+                            r.namespace,
+                            r.name
+                        );
+                    return Err(e);
+                }
+            },
+            Err(e) => return Err(e),
+        };
+        let m = Mirror::of(&created).unwrap_or(Mirror {
+            uid: created.metadata.uid.clone().unwrap_or_default(),
+            hash: mirror::static_hash(static_pod),
+            deleting: false,
+        });
+        log::info!("mirror pod {}/{} created", r.namespace, r.name);
+        let mut set = lock(&self.mirrors);
+        set.pods.insert(key_of(r), m.clone());
+        Ok(m)
+    }
+
+    fn delete_mirror(&self, r: &PodRef) -> Result<(), ApiError> {
+        let known = lock(&self.mirrors).pods.get(&key_of(r)).cloned();
+        let uid = match known {
+            Some(m) => m.uid,
+            None => match self.get_mirror(r)? {
+                Some(m) => m.uid,
+                None => return Ok(()),
+            },
+        };
+        self.delete_pod(r, &uid)?;
+        lock(&self.mirrors).pods.remove(&key_of(r));
+        log::info!("mirror pod {}/{} deleted", r.namespace, r.name);
+        Ok(())
+    }
+
+    fn delete_pod(&self, r: &PodRef, uid: &str) -> Result<(), ApiError> {
+        pod_status::delete_for_good(&self.client, &r.namespace, &r.name, uid)
+    }
+}
+
+fn name(pod: &Pod) -> String {
+    let r = PodRef::of(pod);
+    format!("{}/{}", r.namespace, r.name)
+}
