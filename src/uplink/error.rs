@@ -45,7 +45,9 @@ impl ApiError {
             None => (
                 http,
                 String::new(),
-                String::from_utf8_lossy(&body[..body.len().min(256)]).trim().to_string(),
+                String::from_utf8_lossy(&body[..body.len().min(256)])
+                    .trim()
+                    .to_string(),
             ),
         };
         ApiError::Status {
