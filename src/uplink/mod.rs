@@ -8,6 +8,7 @@ pub mod der;
 pub mod error;
 pub mod kubeconfig;
 pub mod tls;
+pub mod watch;
 
 #[cfg(test)]
 mod testpki;
