@@ -3,14 +3,32 @@
 //! Blocking: callers run it on the uplink threads, never on the sync loop.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{DeleteOptions, WatchEvent};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::DeleteOptions;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use ureq::http::{Request, Response};
+use ureq::unversioned::resolver::DefaultResolver;
+use ureq::unversioned::transport::{Connector, TcpConnector};
+use ureq::{Agent, Body};
 
+use super::credentials::{BearerToken, TOKEN_FILE_PERIOD};
 use super::error::ApiError;
-use super::kubeconfig::KubeconfigError;
+use super::kubeconfig::{Kubeconfig, KubeconfigError};
+use super::tls::{self, TlsConnector, TlsFailure};
+pub use super::watch::Watch;
+
+/// How long a connection (TCP and TLS handshake) may take.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long an ordinary request may take, body included.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// The largest response body read, and the longest watch event: a hostile or broken
+/// server must not exhaust a gateway's memory. The largest real objects (a node with
+/// many images, a long pod list) stay far below it.
+pub const MAX_BODY: usize = 16 << 20;
 
 /// How a PATCH body is to be read by the server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,91 +40,326 @@ pub enum Patch {
     Merge,
 }
 
+impl Patch {
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Patch::Strategic => "application/strategic-merge-patch+json",
+            Patch::Merge => "application/merge-patch+json",
+        }
+    }
+}
+
 /// A handle on the apiserver. Cheap to clone; clones share connections and counters.
 #[derive(Clone)]
 pub struct Client {
-    _todo: (),
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    agent: Agent,
+    server: String,
+    token: Option<BearerToken>,
+    requests: AtomicU64,
+}
+
+/// `holdfast/<version> (linux/<arch>)`, with Go's architecture names as the kubelet
+/// reports them. The apiserver records the part before the `/` as the field manager.
+pub fn user_agent() -> String {
+    let arch = match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        "x86" => "386",
+        "powerpc64" => "ppc64le",
+        other => other,
+    };
+    format!(
+        "holdfast/{} ({}/{arch})",
+        env!("CARGO_PKG_VERSION"),
+        std::env::consts::OS
+    )
 }
 
 impl Client {
     /// Reads the kubeconfig at `path` and builds a client for its current context.
-    pub fn from_kubeconfig(_path: &Path) -> Result<Client, KubeconfigError> {
-        todo!()
+    pub fn from_kubeconfig(path: &Path) -> Result<Client, KubeconfigError> {
+        Client::new(&Kubeconfig::load(path)?)
+    }
+
+    /// Builds a client for a loaded kubeconfig.
+    pub fn new(kc: &Kubeconfig) -> Result<Client, KubeconfigError> {
+        let tls = tls::client_config(kc)?;
+        let config = Agent::config_builder()
+            .http_status_as_error(false)
+            // A redirect would take the credentials elsewhere; the apiserver sends none.
+            .max_redirects(0)
+            .max_redirects_will_error(false)
+            .user_agent(user_agent())
+            .accept("application/json")
+            .accept_encoding("")
+            // No proxy from the environment: the config module owns the environment.
+            .proxy(None)
+            .timeout_connect(Some(CONNECT_TIMEOUT))
+            .timeout_global(Some(REQUEST_TIMEOUT))
+            .build();
+        let connector =
+            ().chain(TcpConnector::default())
+                .chain(TlsConnector::new(tls, kc.tls_server_name.clone()));
+        let agent = Agent::with_parts(config, connector, DefaultResolver::default());
+        Ok(Client {
+            inner: Arc::new(Inner {
+                agent,
+                server: kc.server.clone(),
+                token: kc
+                    .token
+                    .as_ref()
+                    .map(|t| BearerToken::new(t, TOKEN_FILE_PERIOD)),
+                requests: AtomicU64::new(0),
+            }),
+        })
     }
 
     /// The server URL, for log lines.
     pub fn server(&self) -> &str {
-        todo!()
+        &self.inner.server
     }
 
     /// How many requests this client (and its clones) has sent, watches included.
     pub fn requests_sent(&self) -> u64 {
-        todo!()
+        self.inner.requests.load(Ordering::Relaxed)
     }
 
     /// GET `path` (path and query, e.g. `/api/v1/nodes/n1`).
-    pub fn get<T: DeserializeOwned>(&self, _path: &str) -> Result<T, ApiError> {
-        todo!()
+    pub fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ApiError> {
+        let response = self.send("GET", path, None, None)?;
+        self.read("GET", path, response)
     }
 
     /// POST `body` as JSON.
     pub fn post<B: Serialize, T: DeserializeOwned>(
         &self,
-        _path: &str,
-        _body: &B,
+        path: &str,
+        body: &B,
     ) -> Result<T, ApiError> {
-        todo!()
+        let body = encode("POST", path, body)?;
+        let response = self.send("POST", path, Some(("application/json", body)), None)?;
+        self.read("POST", path, response)
     }
 
     /// PUT `body` as JSON.
     pub fn put<B: Serialize, T: DeserializeOwned>(
         &self,
-        _path: &str,
-        _body: &B,
+        path: &str,
+        body: &B,
     ) -> Result<T, ApiError> {
-        todo!()
+        let body = encode("PUT", path, body)?;
+        let response = self.send("PUT", path, Some(("application/json", body)), None)?;
+        self.read("PUT", path, response)
     }
 
     /// PATCH with `body` read as `kind`.
     pub fn patch<T: DeserializeOwned>(
         &self,
-        _path: &str,
-        _kind: Patch,
-        _body: &serde_json::Value,
+        path: &str,
+        kind: Patch,
+        body: &serde_json::Value,
     ) -> Result<T, ApiError> {
-        todo!()
+        let body = encode("PATCH", path, body)?;
+        let response = self.send("PATCH", path, Some((kind.content_type(), body)), None)?;
+        self.read("PATCH", path, response)
     }
 
     /// DELETE with `options` as the body.
     pub fn delete<T: DeserializeOwned>(
         &self,
-        _path: &str,
-        _options: &DeleteOptions,
+        path: &str,
+        options: &DeleteOptions,
     ) -> Result<T, ApiError> {
-        todo!()
+        let body = encode("DELETE", path, options)?;
+        let response = self.send("DELETE", path, Some(("application/json", body)), None)?;
+        self.read("DELETE", path, response)
     }
 
     /// Opens a watch (`path` carries `watch=true`, `resourceVersion`, `timeoutSeconds`);
     /// `timeout` bounds how long the body may take, a little beyond `timeoutSeconds`.
     pub fn watch<T: DeserializeOwned>(
         &self,
-        _path: &str,
-        _timeout: Duration,
+        path: &str,
+        timeout: Duration,
     ) -> Result<Watch<T>, ApiError> {
-        todo!()
+        let response = self.send("GET", path, None, Some(timeout))?;
+        let status = response.status().as_u16();
+        if !(200..300).contains(&status) {
+            let (_, mut body) = response.into_parts();
+            return Err(error_status("GET", path, status, &mut body));
+        }
+        let (_, body) = response.into_parts();
+        Ok(Watch::new(
+            Box::new(body.into_reader()),
+            path,
+            &self.inner.server,
+        ))
+    }
+
+    fn send(
+        &self,
+        method: &'static str,
+        path: &str,
+        body: Option<(&'static str, Vec<u8>)>,
+        watch: Option<Duration>,
+    ) -> Result<Response<Body>, ApiError> {
+        let transport = |message: String| ApiError::Transport {
+            method,
+            path: path.to_string(),
+            message,
+        };
+        if !path.starts_with('/') {
+            return Err(transport(format!("path {path:?} does not start with /")));
+        }
+        let mut builder = Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.inner.server));
+        if let Some(token) = &self.inner.token {
+            builder = builder.header("Authorization", token.header());
+        }
+        self.inner.requests.fetch_add(1, Ordering::Relaxed);
+        let agent = &self.inner.agent;
+        let result = match body {
+            Some((content_type, bytes)) => {
+                let request = builder
+                    .header("Content-Type", content_type)
+                    .body(bytes)
+                    .map_err(|e| transport(format!("invalid request: {e}")))?;
+                agent.run(request)
+            }
+            None => {
+                let request = builder
+                    .body(())
+                    .map_err(|e| transport(format!("invalid request: {e}")))?;
+                match watch {
+                    // A watch lasts as long as the server keeps it open, up to `timeout`.
+                    Some(timeout) => agent.run(
+                        agent
+                            .configure_request(request)
+                            .timeout_global(None)
+                            .timeout_recv_response(Some(REQUEST_TIMEOUT))
+                            .timeout_recv_body(Some(timeout))
+                            .build(),
+                    ),
+                    None => agent.run(request),
+                }
+            }
+        };
+        result.map_err(|e| transport(self.describe(e)))
+    }
+
+    fn read<T: DeserializeOwned>(
+        &self,
+        method: &'static str,
+        path: &str,
+        response: Response<Body>,
+    ) -> Result<T, ApiError> {
+        let status = response.status().as_u16();
+        let (_, mut body) = response.into_parts();
+        if !(200..300).contains(&status) {
+            return Err(error_status(method, path, status, &mut body));
+        }
+        let bytes = body
+            .with_config()
+            .limit(MAX_BODY as u64)
+            .read_to_vec()
+            .map_err(|e| match e {
+                ureq::Error::BodyExceedsLimit(n) => ApiError::Decode {
+                    method,
+                    path: path.to_string(),
+                    message: format!("body larger than {n} bytes"),
+                },
+                e => ApiError::Transport {
+                    method,
+                    path: path.to_string(),
+                    message: self.describe(e),
+                },
+            })?;
+        serde_json::from_slice(&bytes).map_err(|e| ApiError::Decode {
+            method,
+            path: path.to_string(),
+            message: e.to_string(),
+        })
+    }
+
+    /// A ureq error in words: TLS failures as `tls` put them, the rest with the server.
+    fn describe(&self, e: ureq::Error) -> String {
+        describe_transport(&self.inner.server, e)
     }
 }
 
-/// The events of one watch, one JSON object per line, until the server ends the stream
-/// (`None`) or the connection breaks (`Some(Err(..))`, then `None`).
-pub struct Watch<T> {
-    _todo: std::marker::PhantomData<T>,
+pub(super) fn describe_transport(server: &str, e: ureq::Error) -> String {
+    match e {
+        ureq::Error::Io(io) => {
+            if let Some(tls) = io.get_ref().and_then(|i| i.downcast_ref::<TlsFailure>()) {
+                return tls.0.clone();
+            }
+            format!("{server}: {io}")
+        }
+        ureq::Error::Timeout(t) => format!("{server}: timed out ({t})"),
+        ureq::Error::Rustls(tls) => tls::describe(&tls, server),
+        e => format!("{server}: {e}"),
+    }
 }
 
-impl<T: DeserializeOwned> Iterator for Watch<T> {
-    type Item = Result<WatchEvent<T>, ApiError>;
+fn encode<B: Serialize + ?Sized>(
+    method: &'static str,
+    path: &str,
+    body: &B,
+) -> Result<Vec<u8>, ApiError> {
+    // Serialising our own typed objects fails only on a non-string map key; say so
+    // instead of sending half a body.
+    serde_json::to_vec(body).map_err(|e| ApiError::Decode {
+        method,
+        path: path.to_string(),
+        message: format!("request body: {e}"),
+    })
+}
 
-    fn next(&mut self) -> Option<Self::Item> {
-        todo!()
+/// The error a non-2xx answer carries. A body that cannot be read still leaves the code.
+fn error_status(method: &'static str, path: &str, status: u16, body: &mut Body) -> ApiError {
+    let bytes = body
+        .with_config()
+        .limit(MAX_BODY as u64)
+        .read_to_vec()
+        .unwrap_or_default();
+    ApiError::from_status(method, path, status, &bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::Pod;
+
+    use super::*;
+
+    #[test]
+    fn client_and_watch_cross_threads() {
+        fn send_sync<T: Send + Sync>() {}
+        fn send<T: Send>() {}
+        send_sync::<Client>();
+        send::<Watch<Pod>>();
+    }
+
+    #[test]
+    fn user_agent_names_the_go_architecture() {
+        let ua = user_agent();
+        assert!(ua.starts_with(&format!("holdfast/{} (linux/", env!("CARGO_PKG_VERSION"))));
+        let arch = ua
+            .trim_end_matches(')')
+            .rsplit('/')
+            .next()
+            .unwrap_or_default();
+        assert!(
+            ["amd64", "arm64", "arm", "386"].contains(&arch) || !arch.contains('_'),
+            "{ua}"
+        );
+        #[cfg(target_arch = "x86_64")]
+        assert!(ua.ends_with("(linux/amd64)"), "{ua}");
+        #[cfg(target_arch = "aarch64")]
+        assert!(ua.ends_with("(linux/arm64)"), "{ua}");
     }
 }

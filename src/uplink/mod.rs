@@ -3,8 +3,15 @@
 //! and events. It runs on its own threads and never blocks the sync loop.
 
 pub mod client;
+pub mod credentials;
+pub mod der;
 pub mod error;
 pub mod kubeconfig;
+pub mod tls;
+pub mod watch;
+
+#[cfg(test)]
+mod testpki;
 
 pub use client::{Client, Patch, Watch};
 pub use error::ApiError;

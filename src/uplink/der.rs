@@ -1,0 +1,271 @@
+//! Just enough ASN.1 DER and base64 to check a kubeconfig's certificates before the first
+//! handshake: the validity window of an X.509 certificate, and the base64 of `*-data`
+//! fields. Pure functions over bytes; no IO, no crypto (rustls verifies signatures).
+
+/// The `validity` of an X.509 certificate, in seconds since the Unix epoch (UTC).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Validity {
+    pub not_before: i64,
+    pub not_after: i64,
+}
+
+const SEQUENCE: u8 = 0x30;
+const UTC_TIME: u8 = 0x17;
+const GENERALIZED_TIME: u8 = 0x18;
+const VERSION_TAG: u8 = 0xa0;
+
+/// Reads `Certificate → tbsCertificate → validity` (RFC 5280 4.1) from a DER certificate.
+pub fn validity(cert: &[u8]) -> Result<Validity, String> {
+    let (certificate, _) = element(cert, SEQUENCE, "certificate")?;
+    let (tbs, _) = element(certificate, SEQUENCE, "tbsCertificate")?;
+    let mut rest = tbs;
+    if rest.first() == Some(&VERSION_TAG) {
+        rest = element(rest, VERSION_TAG, "version")?.1;
+    }
+    rest = any(rest, "serialNumber")?.1;
+    rest = element(rest, SEQUENCE, "signature")?.1;
+    rest = element(rest, SEQUENCE, "issuer")?.1;
+    let (validity, _) = element(rest, SEQUENCE, "validity")?;
+    let (not_before, rest) = time(validity, "notBefore")?;
+    let (not_after, _) = time(rest, "notAfter")?;
+    Ok(Validity {
+        not_before,
+        not_after,
+    })
+}
+
+/// One TLV with the expected tag: (its contents, what follows it).
+fn element<'a>(input: &'a [u8], tag: u8, what: &str) -> Result<(&'a [u8], &'a [u8]), String> {
+    match input.first() {
+        Some(t) if *t == tag => any(input, what),
+        Some(t) => Err(format!("{what}: expected tag {tag:#04x}, found {t:#04x}")),
+        None => Err(format!("{what}: truncated")),
+    }
+}
+
+/// One TLV of any tag: (its contents, what follows it).
+fn any<'a>(input: &'a [u8], what: &str) -> Result<(&'a [u8], &'a [u8]), String> {
+    let truncated = || format!("{what}: truncated");
+    let first = *input.get(1).ok_or_else(truncated)?;
+    let (len, header) = if first < 0x80 {
+        (usize::from(first), 2)
+    } else {
+        let n = usize::from(first & 0x7f);
+        // 0x80 is BER's indefinite length, which DER forbids; four length bytes are 4 GiB.
+        if n == 0 || n > 4 {
+            return Err(format!("{what}: unsupported length encoding"));
+        }
+        let bytes = input.get(2..2 + n).ok_or_else(truncated)?;
+        let len = bytes
+            .iter()
+            .fold(0usize, |acc, b| (acc << 8) | usize::from(*b));
+        (len, 2 + n)
+    };
+    let end = header.checked_add(len).ok_or_else(truncated)?;
+    let contents = input.get(header..end).ok_or_else(truncated)?;
+    Ok((contents, &input[end..]))
+}
+
+/// A UTCTime or GeneralizedTime in the `Z` forms RFC 5280 mandates, as Unix seconds.
+fn time<'a>(input: &'a [u8], what: &str) -> Result<(i64, &'a [u8]), String> {
+    let tag = *input.first().ok_or_else(|| format!("{what}: truncated"))?;
+    let (contents, rest) = any(input, what)?;
+    let bad = || {
+        format!(
+            "{what}: malformed time {:?}",
+            String::from_utf8_lossy(contents)
+        )
+    };
+    let digits = match contents.split_last() {
+        Some((b'Z', digits)) if digits.iter().all(u8::is_ascii_digit) => digits,
+        _ => return Err(bad()),
+    };
+    let num = |range: std::ops::Range<usize>| -> i64 {
+        digits[range]
+            .iter()
+            .fold(0i64, |acc, d| acc * 10 + i64::from(d - b'0'))
+    };
+    let (year, at) = match (tag, digits.len()) {
+        // RFC 5280 4.1.2.5.1: YY >= 50 is 19YY, otherwise 20YY.
+        (UTC_TIME, 12) => {
+            let yy = num(0..2);
+            (if yy >= 50 { 1900 + yy } else { 2000 + yy }, 2)
+        }
+        (GENERALIZED_TIME, 14) => (num(0..4), 4),
+        _ => return Err(bad()),
+    };
+    let (month, day) = (num(at..at + 2), num(at + 2..at + 4));
+    let (hour, minute, second) = (
+        num(at + 4..at + 6),
+        num(at + 6..at + 8),
+        num(at + 8..at + 10),
+    );
+    if !(1..=12).contains(&month)
+        || !(1..=31).contains(&day)
+        || hour > 23
+        || minute > 59
+        || second > 60
+    {
+        return Err(bad());
+    }
+    let days = days_from_civil(year, month, day);
+    Ok((days * 86_400 + hour * 3_600 + minute * 60 + second, rest))
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
+fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// Decodes standard base64 (RFC 4648 with padding), ignoring ASCII whitespace, as
+/// kubeconfig `*-data` fields carry it.
+pub fn base64_decode(text: &str) -> Result<Vec<u8>, String> {
+    fn value(c: u8) -> Option<u32> {
+        match c {
+            b'A'..=b'Z' => Some(u32::from(c - b'A')),
+            b'a'..=b'z' => Some(u32::from(c - b'a') + 26),
+            b'0'..=b'9' => Some(u32::from(c - b'0') + 52),
+            b'+' => Some(62),
+            b'/' => Some(63),
+            _ => None,
+        }
+    }
+    let symbols: Vec<u8> = text.bytes().filter(|c| !c.is_ascii_whitespace()).collect();
+    if !symbols.len().is_multiple_of(4) {
+        return Err(format!(
+            "base64 length {} is not a multiple of 4",
+            symbols.len()
+        ));
+    }
+    let mut out = Vec::with_capacity(symbols.len() / 4 * 3);
+    let quads = symbols.len() / 4;
+    for (i, quad) in symbols.chunks(4).enumerate() {
+        let padding = quad.iter().rev().take_while(|c| **c == b'=').count();
+        if padding > 2 || (padding > 0 && i + 1 != quads) {
+            return Err("misplaced base64 padding".to_string());
+        }
+        let mut acc = 0u32;
+        for (j, c) in quad.iter().enumerate() {
+            let v = if j >= 4 - padding {
+                0
+            } else {
+                value(*c).ok_or_else(|| format!("invalid base64 character {:?}", *c as char))?
+            };
+            acc = (acc << 6) | v;
+        }
+        let bytes = acc.to_be_bytes();
+        out.extend_from_slice(&bytes[1..4 - padding]);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tlv(tag: u8, contents: &[u8]) -> Vec<u8> {
+        let mut out = vec![tag];
+        if contents.len() < 0x80 {
+            out.push(contents.len() as u8);
+        } else {
+            out.push(0x82);
+            out.extend_from_slice(&(contents.len() as u16).to_be_bytes());
+        }
+        out.extend_from_slice(contents);
+        out
+    }
+
+    fn cert_with(not_before: (u8, &str), not_after: (u8, &str), versioned: bool) -> Vec<u8> {
+        let mut tbs = Vec::new();
+        if versioned {
+            tbs.extend(tlv(VERSION_TAG, &tlv(0x02, &[2])));
+        }
+        tbs.extend(tlv(0x02, &[1, 2, 3]));
+        tbs.extend(tlv(SEQUENCE, &tlv(0x06, &[42, 134, 72])));
+        // A long issuer so the long length form is exercised.
+        tbs.extend(tlv(SEQUENCE, &[0x05; 200]));
+        let mut validity = tlv(not_before.0, not_before.1.as_bytes());
+        validity.extend(tlv(not_after.0, not_after.1.as_bytes()));
+        tbs.extend(tlv(SEQUENCE, &validity));
+        tbs.extend(tlv(SEQUENCE, &[]));
+        let mut cert = tlv(SEQUENCE, &tbs);
+        cert.extend(tlv(SEQUENCE, &[]));
+        tlv(SEQUENCE, &cert)
+    }
+
+    #[test]
+    fn reads_utc_and_generalized_times() {
+        let der = cert_with(
+            (UTC_TIME, "240229123456Z"),
+            (GENERALIZED_TIME, "20510101000000Z"),
+            true,
+        );
+        let v = validity(&der).expect("validity");
+        // 2024-02-29T12:34:56Z and 2051-01-01T00:00:00Z.
+        assert_eq!(v.not_before, 1_709_210_096);
+        assert_eq!(v.not_after, 2_556_144_000);
+    }
+
+    #[test]
+    fn utc_time_before_fifty_is_this_century() {
+        let der = cert_with(
+            (UTC_TIME, "700101000000Z"),
+            (UTC_TIME, "491231235959Z"),
+            false,
+        );
+        let v = validity(&der).expect("validity");
+        assert_eq!(v.not_before, 0);
+        assert_eq!(v.not_after, 2_524_607_999);
+    }
+
+    #[test]
+    fn rejects_malformed_input() {
+        let bad_time = cert_with((UTC_TIME, "2401011200Z"), (UTC_TIME, "250101000000Z"), true);
+        assert!(validity(&bad_time)
+            .expect_err("short time")
+            .contains("notBefore"));
+        let month13 = cert_with(
+            (UTC_TIME, "241301000000Z"),
+            (UTC_TIME, "250101000000Z"),
+            true,
+        );
+        assert!(validity(&month13).is_err());
+        let good = cert_with(
+            (UTC_TIME, "240101000000Z"),
+            (UTC_TIME, "250101000000Z"),
+            true,
+        );
+        for cut in [0, 1, 5, good.len() / 2] {
+            assert!(validity(&good[..cut]).is_err(), "cut at {cut}");
+        }
+        assert!(validity(b"not der at all").is_err());
+    }
+
+    #[test]
+    fn base64_round_trips_known_vectors() {
+        for (text, bytes) in [
+            ("", &b""[..]),
+            ("Zg==", b"f"),
+            ("Zm8=", b"fo"),
+            ("Zm9v", b"foo"),
+            ("Zm9vYmFy", b"foobar"),
+            ("+/+/\n", &[0xfb, 0xff, 0xbf][..]),
+        ] {
+            assert_eq!(base64_decode(text).expect(text), bytes, "{text}");
+        }
+    }
+
+    #[test]
+    fn base64_rejects_garbage() {
+        assert!(base64_decode("Zm9").is_err());
+        assert!(base64_decode("Zm9*").is_err());
+        assert!(base64_decode("Zg==Zm9v").is_err());
+        assert!(base64_decode("Z===").is_err());
+    }
+}
