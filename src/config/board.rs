@@ -240,6 +240,13 @@ pub(super) fn fill_from_profile(file: FileConfig, profile: FileConfig) -> FileCo
         mut node_labels,
         board: _,
         board_dir: _,
+        kubeconfig,
+        register_with_taints,
+        node_status_update_frequency,
+        node_status_report_frequency,
+        node_lease_duration_seconds,
+        port,
+        max_pods,
     } = profile;
     system_reserved.extend(file.system_reserved);
     kube_reserved.extend(file.kube_reserved);
@@ -263,6 +270,19 @@ pub(super) fn fill_from_profile(file: FileConfig, profile: FileConfig) -> FileCo
         node_labels,
         board: file.board,
         board_dir: file.board_dir,
+        kubeconfig: file.kubeconfig.or(kubeconfig),
+        register_with_taints: file.register_with_taints.or(register_with_taints),
+        node_status_update_frequency: file
+            .node_status_update_frequency
+            .or(node_status_update_frequency),
+        node_status_report_frequency: file
+            .node_status_report_frequency
+            .or(node_status_report_frequency),
+        node_lease_duration_seconds: file
+            .node_lease_duration_seconds
+            .or(node_lease_duration_seconds),
+        port: file.port.or(port),
+        max_pods: file.max_pods.or(max_pods),
     }
 }
 

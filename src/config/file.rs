@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Taint;
 use serde_yaml::{Mapping, Value};
 
 use super::duration::parse_duration;
@@ -40,6 +41,19 @@ pub struct FileConfig {
     /// `holdfast.board`, `holdfast.boardDir`.
     pub board: Option<String>,
     pub board_dir: Option<PathBuf>,
+    /// `holdfast.kubeconfig`.
+    pub kubeconfig: Option<PathBuf>,
+    /// `registerWithTaints`; `None` when the file leaves it out, so a profile can fill it.
+    pub register_with_taints: Option<Vec<Taint>>,
+    /// `nodeStatusUpdateFrequency`, `nodeStatusReportFrequency`.
+    pub node_status_update_frequency: Option<Duration>,
+    pub node_status_report_frequency: Option<Duration>,
+    /// `nodeLeaseDurationSeconds`.
+    pub node_lease_duration_seconds: Option<i32>,
+    /// `port`: the kubelet API port the node advertises.
+    pub port: Option<u16>,
+    /// `maxPods`.
+    pub max_pods: Option<u32>,
 }
 
 /// Reads and parses the config file at `path`; returns what it sets and a warning for
@@ -138,7 +152,11 @@ pub(super) fn parse_mapping(
             "systemReserved" => out.system_reserved = reader.reserved(&key, value)?,
             "kubeReserved" => out.kube_reserved = reader.reserved(&key, value)?,
             "evictionHard" => out.eviction_hard = reader.eviction(&key, value)?,
-            _ => warnings.push(reader.unknown(&key)),
+            _ => {
+                if !reader.cluster_key(&key, value, &mut out)? {
+                    warnings.push(reader.unknown(&key));
+                }
+            }
         }
     }
     if let (Some(initial), Some(max)) = (out.crash_loop_initial, out.crash_loop_max) {
@@ -230,6 +248,9 @@ impl Reader<'_> {
                 "holdfast.boardDir" => {
                     out.board_dir = Some(base.join(self.path_value(&key, value)?));
                 }
+                "holdfast.kubeconfig" => {
+                    out.kubeconfig = Some(base.join(self.path_value(&key, value)?));
+                }
                 _ => warnings.push(self.unknown(&key)),
             }
         }
@@ -258,7 +279,11 @@ impl Reader<'_> {
         Ok(PathBuf::from(s))
     }
 
-    fn positive_duration(&self, key: &str, value: &Value) -> Result<Duration, ConfigError> {
+    pub(super) fn positive_duration(
+        &self,
+        key: &str,
+        value: &Value,
+    ) -> Result<Duration, ConfigError> {
         let s = match value {
             Value::String(s) => s,
             other => {
@@ -415,12 +440,14 @@ holdfast:
 
     #[test]
     fn unknown_keys_warn() {
-        let (cfg, warnings) =
-            parse("maxPods: 10\nsyncFrequency: 10s\nholdfast:\n  colour: blue\n").expect("parse");
+        let (cfg, warnings) = parse(
+            "imageGCHighThresholdPercent: 85\nsyncFrequency: 10s\nholdfast:\n  colour: blue\n",
+        )
+        .expect("parse");
         assert_eq!(cfg.sync_frequency, Some(Duration::from_secs(10)));
         assert_eq!(warnings.len(), 2, "{warnings:?}");
         assert!(
-            warnings[0].contains("unknown key maxPods"),
+            warnings[0].contains("unknown key imageGCHighThresholdPercent"),
             "{}",
             warnings[0]
         );

@@ -2,9 +2,14 @@
 //! a unit file written for the kubelet needs few changes.
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::path::PathBuf;
 
+use k8s_openapi::api::core::v1::Taint;
+
+use super::cluster::check_node_ip;
 use super::maps::{check_eviction, check_label, check_reserved};
+use super::taints::{check_unique, parse_taint};
 use super::ConfigError;
 
 /// The flags as given; `None` where a flag was not given, so the config file and the
@@ -24,21 +29,30 @@ pub struct RunFlags {
     pub system_reserved: BTreeMap<String, String>,
     pub kube_reserved: BTreeMap<String, String>,
     pub eviction_hard: BTreeMap<String, String>,
+    pub kubeconfig: Option<PathBuf>,
+    pub node_ip: Option<IpAddr>,
+    /// `--register-with-taints`: replaces the file's list as a whole.
+    pub register_with_taints: Option<Vec<Taint>>,
 }
 
 pub const USAGE: &str = "usage: holdfast run [flags]
 
 flags:
   --config FILE               KubeletConfiguration-shaped YAML file
+  --kubeconfig FILE           how to reach the apiserver; without one, standalone
   --root-dir DIR              state directory (default /var/lib/holdfast)
   --pod-manifest-path DIR     static pod manifests (default /etc/kubernetes/manifests)
   --hostname-override NAME    node name instead of the machine's hostname
+  --node-ip IP                the node's InternalIP (default: the default route's)
   --board NAME                board profile filling what the file and flags leave unset
   --board-dir DIR             where board profiles are (default /usr/share/holdfast/boards)
   --node-labels K=V,...       labels the node carries
   --system-reserved R=Q,...   resources kept for the system (cpu=250m,memory=256Mi)
   --kube-reserved R=Q,...     resources kept for holdfast itself
   --eviction-hard S<T,...     hard eviction thresholds (memory.available<100Mi)
+  --register-with-taints K=V:E,...
+                              taints the node registers with; E is NoSchedule,
+                              PreferNoSchedule or NoExecute
   --v N, -v N                 log verbosity (0 info, 2 debug, 4 trace)";
 
 /// Parses the arguments that follow `run`. Both `--flag value` and `--flag=value`.
@@ -65,6 +79,9 @@ pub fn parse_flags(args: &[String]) -> Result<RunFlags, ConfigError> {
             "--system-reserved" => "--system-reserved",
             "--kube-reserved" => "--kube-reserved",
             "--eviction-hard" => "--eviction-hard",
+            "--kubeconfig" => "--kubeconfig",
+            "--node-ip" => "--node-ip",
+            "--register-with-taints" => "--register-with-taints",
             _ if name.starts_with('-') => {
                 return Err(ConfigError::Flag {
                     flag: name.to_string(),
@@ -97,6 +114,11 @@ pub fn parse_flags(args: &[String]) -> Result<RunFlags, ConfigError> {
             "--hostname-override" => flags.hostname_override = Some(value),
             "--board" => flags.board = Some(value),
             "--board-dir" => flags.board_dir = Some(PathBuf::from(value)),
+            "--kubeconfig" => flags.kubeconfig = Some(PathBuf::from(value)),
+            "--node-ip" => flags.node_ip = Some(node_ip(canonical, &value)?),
+            "--register-with-taints" => {
+                flags.register_with_taints = Some(taints(canonical, &value)?);
+            }
             "--node-labels" => pairs(canonical, &value, '=', check_label, &mut flags.node_labels)?,
             "--system-reserved" => pairs(
                 canonical,
@@ -129,6 +151,33 @@ pub fn parse_flags(args: &[String]) -> Result<RunFlags, ConfigError> {
         }
     }
     Ok(flags)
+}
+
+fn node_ip(flag: &str, value: &str) -> Result<IpAddr, ConfigError> {
+    let err = |reason: String| ConfigError::Flag {
+        flag: flag.into(),
+        reason,
+    };
+    let ip: IpAddr = value
+        .trim()
+        .parse()
+        .map_err(|_| err(format!("expected an IPv4 or IPv6 address, got {value:?}")))?;
+    check_node_ip(ip).map_err(err)?;
+    Ok(ip)
+}
+
+fn taints(flag: &str, value: &str) -> Result<Vec<Taint>, ConfigError> {
+    let err = |reason: String| ConfigError::Flag {
+        flag: flag.into(),
+        reason,
+    };
+    let taints = value
+        .split(',')
+        .filter(|e| !e.trim().is_empty())
+        .map(|e| parse_taint(e.trim()).map_err(err))
+        .collect::<Result<Vec<_>, _>>()?;
+    check_unique(&taints).map_err(err)?;
+    Ok(taints)
 }
 
 /// `k=v,k2=v2` (or `signal<threshold,...` for `--eviction-hard`, as the kubelet spells
@@ -218,6 +267,46 @@ mod tests {
             &["--kube-reserved", "cpu"],
             &["--eviction-hard", "memory.available=5Mi"],
             &["--node-labels", "kubernetes.io/role=x"],
+        ] {
+            match parse_flags(&args(bad)) {
+                Err(ConfigError::Flag { flag, .. }) => assert_eq!(flag, bad[0]),
+                other => panic!("{bad:?}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn cluster_flags() {
+        let f = parse_flags(&args(&[
+            "--kubeconfig=/etc/holdfast/kubelet.conf",
+            "--node-ip",
+            "192.168.50.10",
+            "--register-with-taints",
+            "example.com/edge=true:NoSchedule,dedicated:NoExecute",
+        ]))
+        .expect("parse");
+        assert_eq!(
+            f.kubeconfig,
+            Some(PathBuf::from("/etc/holdfast/kubelet.conf"))
+        );
+        assert_eq!(f.node_ip, Some(IpAddr::from([192, 168, 50, 10])));
+        let taints = f.register_with_taints.expect("taints");
+        assert_eq!(taints.len(), 2);
+        assert_eq!(taints[0].key, "example.com/edge");
+        assert_eq!(taints[0].value.as_deref(), Some("true"));
+        assert_eq!(taints[1].effect, "NoExecute");
+        assert_eq!(
+            parse_flags(&args(&["--node-ip=fd00::10"]))
+                .expect("parse")
+                .node_ip,
+            Some("fd00::10".parse().expect("ip"))
+        );
+        for bad in [
+            &["--node-ip", "gateway"][..],
+            &["--node-ip", "127.0.0.1"],
+            &["--node-ip", "0.0.0.0"],
+            &["--register-with-taints", "a=b"],
+            &["--register-with-taints", "a:NoSchedule,a=x:NoSchedule"],
         ] {
             match parse_flags(&args(bad)) {
                 Err(ConfigError::Flag { flag, .. }) => assert_eq!(flag, bad[0]),

@@ -71,7 +71,13 @@ pub fn check_eviction(signal: &str, threshold: &str) -> Result<(), String> {
                 "expected a percentage from 0% to 100%, got {threshold:?}"
             )),
         },
-        None => parse_bytes(threshold).map(drop),
+        // The kubelet refuses a zero quantity; "0%" is how a signal is turned off.
+        None => match parse_bytes(threshold)? {
+            0 => Err(format!(
+                "a threshold must be greater than zero, got {threshold:?} (0% turns the signal off)"
+            )),
+            _ => Ok(()),
+        },
     }
 }
 
@@ -105,7 +111,8 @@ pub fn check_label(key: &str, value: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn check_label_part(s: &str) -> Result<(), String> {
+/// One part of a label or taint key (the name after the prefix) or a label value.
+pub(super) fn check_label_part(s: &str) -> Result<(), String> {
     let ok = |b: u8| b.is_ascii_alphanumeric();
     let bytes = s.as_bytes();
     if s.is_empty() || s.len() > 63 {
@@ -265,6 +272,10 @@ holdfast:
         let (key, reason) = key_err("evictionHard: {nodefs.available: 120%}\n");
         assert_eq!(key, "evictionHard.nodefs.available");
         assert!(reason.contains("percentage"), "{reason}");
+        let (key, reason) = key_err("evictionHard: {memory.available: 0}\n");
+        assert_eq!(key, "evictionHard.memory.available");
+        assert!(reason.contains("greater than zero"), "{reason}");
+        assert!(check_eviction("memory.available", "0%").is_ok());
         let (key, _) = key_err("evictionHard: {disk.available: 1Gi}\n");
         assert_eq!(key, "evictionHard.disk.available");
         let (key, reason) = key_err("holdfast: {nodeLabels: {kubernetes.io/role: edge}}\n");

@@ -4,24 +4,34 @@
 //! defaults documented on [`Config`]'s fields.
 
 mod board;
+mod cluster;
 mod duration;
 mod file;
 mod flags;
 mod maps;
 mod names;
+mod taints;
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Taint;
+
 pub use board::{
     known_boards, load_board, parse_board, BoardProfile, BUILTIN_BOARDS, DEFAULT_BOARD_DIR,
+};
+pub use cluster::{
+    check_node_ip, DEFAULT_MAX_PODS, DEFAULT_NODE_LEASE_DURATION_SECONDS,
+    DEFAULT_NODE_STATUS_REPORT_FREQUENCY, DEFAULT_NODE_STATUS_UPDATE_FREQUENCY, DEFAULT_PORT,
 };
 pub use duration::parse_duration;
 pub use file::{parse_config, read_config_file, FileConfig};
 pub use flags::{parse_flags, RunFlags, USAGE};
 pub use maps::{check_eviction, check_label, check_reserved};
 pub use names::{check_dns1123_label, check_dns1123_subdomain};
+pub use taints::{check_taint, parse_taint};
 
 const DEFAULT_ROOT_DIR: &str = "/var/lib/holdfast";
 const DEFAULT_STATIC_POD_PATH: &str = "/etc/kubernetes/manifests";
@@ -64,6 +74,25 @@ pub struct Config {
     pub node_labels: BTreeMap<String, String>,
     /// `holdfast.board` / `--board`: the board profile that filled in the gaps.
     pub board: Option<String>,
+    /// `--kubeconfig` / `holdfast.kubeconfig`: how to reach the apiserver; `None` runs
+    /// standalone.
+    pub kubeconfig: Option<PathBuf>,
+    /// `--node-ip`: the node's InternalIP; `None` picks the default route's address.
+    pub node_ip: Option<IpAddr>,
+    /// `--register-with-taints` / `registerWithTaints`: taints the Node is created with.
+    pub register_with_taints: Vec<Taint>,
+    /// `nodeStatusUpdateFrequency`, default 10 s: how often node status is computed
+    /// (and the lease renewed).
+    pub node_status_update_frequency: Duration,
+    /// `nodeStatusReportFrequency`, default 5 min (or `nodeStatusUpdateFrequency` if
+    /// only that is set): how often an unchanged node status is still sent.
+    pub node_status_report_frequency: Duration,
+    /// `nodeLeaseDurationSeconds`, default 40.
+    pub node_lease_duration_seconds: i32,
+    /// `port`, default 10250: the kubelet API port the node advertises.
+    pub port: u16,
+    /// `maxPods`, default 110.
+    pub max_pods: u32,
 }
 
 /// Restart back-off: `initial` doubling to `max`, forgotten after `reset` of clean running.
@@ -103,6 +132,14 @@ impl Config {
             eviction_hard: BTreeMap::new(),
             node_labels: BTreeMap::new(),
             board: None,
+            kubeconfig: None,
+            node_ip: None,
+            register_with_taints: Vec::new(),
+            node_status_update_frequency: DEFAULT_NODE_STATUS_UPDATE_FREQUENCY,
+            node_status_report_frequency: DEFAULT_NODE_STATUS_REPORT_FREQUENCY,
+            node_lease_duration_seconds: DEFAULT_NODE_LEASE_DURATION_SECONDS,
+            port: DEFAULT_PORT,
+            max_pods: DEFAULT_MAX_PODS,
         }
     }
 }
@@ -233,6 +270,28 @@ fn merge(
     config.eviction_hard = map(&file.eviction_hard, &flags.eviction_hard);
     config.node_labels = map(&file.node_labels, &flags.node_labels);
     config.board = flags.board.clone().or_else(|| file.board.clone());
+    config.kubeconfig = flags.kubeconfig.clone().or_else(|| file.kubeconfig.clone());
+    config.node_ip = flags.node_ip;
+    if let Some(taints) = flags
+        .register_with_taints
+        .as_ref()
+        .or(file.register_with_taints.as_ref())
+    {
+        config.register_with_taints = taints.clone();
+    }
+    if let Some(d) = file.node_status_update_frequency {
+        config.node_status_update_frequency = d;
+    }
+    config.node_status_report_frequency = cluster::report_frequency(file);
+    if let Some(n) = file.node_lease_duration_seconds {
+        config.node_lease_duration_seconds = n;
+    }
+    if let Some(n) = file.port {
+        config.port = n;
+    }
+    if let Some(n) = file.max_pods {
+        config.max_pods = n;
+    }
     Ok(config)
 }
 
@@ -327,6 +386,17 @@ mod tests {
         assert_eq!(config.cgroup_root, "/holdfast");
         assert_eq!(config.crash_loop, BackoffConfig::default());
         assert_eq!(config.verbosity, None);
+        assert_eq!(config.kubeconfig, None);
+        assert_eq!(config.node_ip, None);
+        assert!(config.register_with_taints.is_empty());
+        assert_eq!(config.node_status_update_frequency, Duration::from_secs(10));
+        assert_eq!(
+            config.node_status_report_frequency,
+            Duration::from_secs(300)
+        );
+        assert_eq!(config.node_lease_duration_seconds, 40);
+        assert_eq!(config.port, 10250);
+        assert_eq!(config.max_pods, 110);
     }
 
     #[test]
@@ -375,7 +445,7 @@ holdfast:
     fn unknown_keys_come_back_as_warnings() {
         let path = temp_file(
             "warnings",
-            "maxPods: 110
+            "imageGCHighThresholdPercent: 85
 holdfast:
   hostnameOverride: gw
 ",
@@ -384,7 +454,11 @@ holdfast:
         let (config, warnings) = load_run_args(&args(&["--config", &p])).expect("load");
         assert_eq!(config.node_name, "gw");
         assert_eq!(warnings.len(), 1);
-        assert!(warnings[0].contains("maxPods"), "{}", warnings[0]);
+        assert!(
+            warnings[0].contains("imageGCHighThresholdPercent"),
+            "{}",
+            warnings[0]
+        );
         assert!(parse_run_args(&args(&["--config", &p])).is_ok());
         let _ = std::fs::remove_dir_all(path.parent().expect("parent"));
     }

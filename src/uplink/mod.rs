@@ -6,7 +6,15 @@ pub mod client;
 pub mod credentials;
 pub mod der;
 pub mod error;
+pub mod events;
 pub mod kubeconfig;
+pub mod mirror;
+pub mod node;
+pub mod node_status;
+pub mod pod_status;
+pub mod pods;
+pub mod report;
+pub mod start;
 pub mod tls;
 pub mod watch;
 
@@ -16,13 +24,6 @@ mod testpki;
 pub use client::{Client, Patch, Watch};
 pub use error::ApiError;
 pub use kubeconfig::KubeconfigError;
-pub mod events;
-pub mod mirror;
-pub mod node;
-pub mod pod_status;
-pub mod pods;
-pub mod report;
-
 pub use report::{Outbox, Reporter};
 
 /// Percent-encodes `s` for a URL path segment or query value: everything but the

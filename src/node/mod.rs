@@ -1,6 +1,11 @@
-//! node: facts about the device itself.
+//! node: facts about the device itself: its address, CPUs, memory, storage, kernel and
+//! identity, read from /proc, /sys and /etc. Reads only; never writes to the device.
+
+pub mod facts;
 
 use std::net::IpAddr;
+
+pub use facts::NodeFacts;
 
 /// The address of the interface that holds the default route (IPv4), as the kubelet
 /// picks the node's InternalIP when `--node-ip` is not given.

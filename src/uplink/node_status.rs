@@ -1,0 +1,292 @@
+//! uplink::node_status: the Node this agent registers, the status it reports, the
+//! patch that carries a status change, and the node Lease, all shaped as the kubelet
+//! shapes them so the cluster's controllers read holdfast like any kubelet. Pure
+//! functions of the config, the device's facts and the clock: the I/O is the caller's.
+
+mod conditions;
+#[cfg(test)]
+mod fixtures;
+mod patch;
+mod resources;
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::{
+    DaemonEndpoint, Node, NodeAddress, NodeDaemonEndpoints, NodeSpec, NodeStatus, NodeSystemInfo,
+    Taint,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference};
+
+use crate::config::{check_label, Config};
+use crate::node::NodeFacts;
+use crate::time::Timestamp;
+
+pub use patch::{needs_report, status_patch};
+pub use resources::{binary_si, decimal_si, Resources, Threshold, DEFAULT_EVICTION_HARD};
+
+/// `nodeInfo.kubeletVersion`, the VERSION column of `kubectl get nodes`: the Kubernetes
+/// API level holdfast implements (k8s-openapi's `v1_34`), so version-skew rules and
+/// tools that parse it as semver see a 1.34 node, with holdfast's own version as semver
+/// build metadata, which every comparison ignores; k3s marks its builds the same way.
+/// A pre-release suffix (`-holdfast`) would instead sort below v1.34.0 and fail
+/// "at least 1.34" checks.
+pub const KUBELET_VERSION: &str = concat!("v1.34.0+holdfast-", env!("CARGO_PKG_VERSION"));
+
+/// The libcontainer release in Cargo.lock; a test keeps the two in step.
+pub const LIBCONTAINER_VERSION: &str = "0.7.0";
+
+/// `nodeInfo.containerRuntimeVersion`: `<runtime>://<version>` as the kubelet reports a
+/// CRI runtime's.
+pub const CONTAINER_RUNTIME_VERSION: &str = concat!("libcontainer://", "0.7.0");
+
+/// Where node leases live.
+pub const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
+
+/// Set on registration, as the kubelet does, so the attach/detach controller (not the
+/// node) attaches volumes.
+const CONTROLLER_MANAGED_ATTACH_DETACH: &str =
+    "volumes.kubernetes.io/controller-managed-attach-detach";
+
+/// What node registration and status need from the config, parsed once.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeInput {
+    pub node_name: String,
+    /// The config's node labels; the ones the node sets itself come on top.
+    pub labels: BTreeMap<String, String>,
+    pub taints: Vec<Taint>,
+    pub system_reserved: Resources,
+    pub kube_reserved: Resources,
+    /// Hard eviction thresholds by signal (the kubelet's defaults if the config sets
+    /// none); they set the pressure conditions and reserve memory and storage.
+    pub eviction_hard: BTreeMap<String, Threshold>,
+    pub max_pods: u32,
+    /// The kubelet API port advertised in `daemonEndpoints`.
+    pub port: u16,
+    pub node_ip: Option<IpAddr>,
+    /// The board profile's name, the node's instance type.
+    pub board: Option<String>,
+    /// Why the node cannot run pods right now (runtime or network down); empty when it
+    /// can. Set by the caller each time; any entry makes the node NotReady.
+    pub not_ready: Vec<String>,
+}
+
+impl NodeInput {
+    /// Gathers what node status needs from `config`, checking it again: a Config built
+    /// in code has not been through the loader's checks.
+    pub fn from_config(config: &Config) -> Result<NodeInput, NodeStatusError> {
+        for (key, value) in &config.node_labels {
+            check_label(key, value).map_err(|reason| NodeStatusError::Label {
+                key: key.clone(),
+                reason,
+            })?;
+        }
+        let reserved = |field: &'static str, map| {
+            Resources::from_map(map).map_err(|(resource, reason)| NodeStatusError::Reserved {
+                field,
+                resource,
+                reason,
+            })
+        };
+        let defaults;
+        let eviction = if config.eviction_hard.is_empty() {
+            defaults = DEFAULT_EVICTION_HARD
+                .iter()
+                .map(|(s, t)| (s.to_string(), t.to_string()))
+                .collect();
+            &defaults
+        } else {
+            &config.eviction_hard
+        };
+        let mut eviction_hard = BTreeMap::new();
+        for (signal, text) in eviction {
+            let threshold = Threshold::parse(text).map_err(|reason| NodeStatusError::Eviction {
+                signal: signal.clone(),
+                reason,
+            })?;
+            if let Some(t) = threshold {
+                eviction_hard.insert(signal.clone(), t);
+            }
+        }
+        Ok(NodeInput {
+            node_name: config.node_name.clone(),
+            labels: config.node_labels.clone(),
+            taints: config.register_with_taints.clone(),
+            system_reserved: reserved("systemReserved", &config.system_reserved)?,
+            kube_reserved: reserved("kubeReserved", &config.kube_reserved)?,
+            eviction_hard,
+            max_pods: config.max_pods,
+            port: config.port,
+            node_ip: config.node_ip,
+            board: config.board.clone(),
+            not_ready: Vec::new(),
+        })
+    }
+
+    /// System and kube reservations together.
+    pub fn reserved(&self) -> Resources {
+        let (s, k) = (self.system_reserved, self.kube_reserved);
+        Resources {
+            cpu_millis: s.cpu_millis.saturating_add(k.cpu_millis),
+            memory: s.memory.saturating_add(k.memory),
+            ephemeral_storage: s.ephemeral_storage.saturating_add(k.ephemeral_storage),
+        }
+    }
+
+    /// The node's InternalIP: `--node-ip`, else the node name if it is an address, else
+    /// the default route's address, in the kubelet's order (less its DNS lookup).
+    fn internal_ip(&self, facts: &NodeFacts) -> Option<IpAddr> {
+        self.node_ip
+            .or_else(|| self.node_name.parse().ok())
+            .or(facts.host_ip)
+    }
+
+    /// A config-free input for tests: defaults everywhere.
+    #[cfg(test)]
+    pub(crate) fn for_tests(node_name: &str) -> NodeInput {
+        let config = Config::with_defaults(node_name.to_string());
+        NodeInput::from_config(&config).expect("defaults are valid")
+    }
+}
+
+/// The Node to create at registration: the node's own labels (architecture, OS,
+/// hostname, the board as instance type) under the config's, the configured taints,
+/// and a first status. Labels NodeRestriction would refuse are left out with a warning
+/// rather than failing the whole registration.
+pub fn registration_node(input: &NodeInput, facts: &NodeFacts, now: Timestamp) -> Node {
+    let mut labels = BTreeMap::new();
+    let mut own = vec![
+        ("kubernetes.io/arch", facts.architecture.clone()),
+        ("kubernetes.io/hostname", input.node_name.clone()),
+        ("kubernetes.io/os", "linux".to_string()),
+    ];
+    if let Some(board) = &input.board {
+        own.push(("node.kubernetes.io/instance-type", board.clone()));
+    }
+    let config_labels = input.labels.iter().map(|(k, v)| (k.as_str(), v.clone()));
+    for (key, value) in own.into_iter().chain(config_labels) {
+        match check_label(key, &value) {
+            Ok(()) => {
+                labels.insert(key.to_string(), value);
+            }
+            Err(reason) => log::warn!("node label {key}={value} left out: {reason}"),
+        }
+    }
+    Node {
+        metadata: ObjectMeta {
+            name: Some(input.node_name.clone()),
+            labels: Some(labels),
+            annotations: Some(BTreeMap::from([(
+                CONTROLLER_MANAGED_ATTACH_DETACH.to_string(),
+                "true".to_string(),
+            )])),
+            ..ObjectMeta::default()
+        },
+        spec: Some(NodeSpec {
+            taints: (!input.taints.is_empty()).then(|| input.taints.clone()),
+            ..NodeSpec::default()
+        }),
+        status: Some(node_status(input, facts, None, now)),
+    }
+}
+
+/// The node's status now. Starts from `previous` (the status last read or sent) so
+/// that what others put there — extended resources, volumes attached, conditions of
+/// other components — stays, and so condition transition times carry over.
+pub fn node_status(
+    input: &NodeInput,
+    facts: &NodeFacts,
+    previous: Option<&NodeStatus>,
+    now: Timestamp,
+) -> NodeStatus {
+    let now = conditions::wire_time(now);
+    let (capacity, allocatable) = resources::capacity_and_allocatable(input, facts, previous);
+    let ours = conditions::current(input, facts, &capacity, &now);
+    let before = previous
+        .and_then(|p| p.conditions.as_deref())
+        .unwrap_or_default();
+    let mut addresses = Vec::with_capacity(2);
+    if let Some(ip) = input.internal_ip(facts) {
+        addresses.push(NodeAddress {
+            type_: "InternalIP".into(),
+            address: ip.to_string(),
+        });
+    }
+    addresses.push(NodeAddress {
+        type_: "Hostname".into(),
+        address: input.node_name.clone(),
+    });
+    NodeStatus {
+        capacity: Some(capacity),
+        allocatable: Some(allocatable),
+        conditions: Some(conditions::merge(before, ours, &now)),
+        addresses: Some(addresses),
+        daemon_endpoints: Some(NodeDaemonEndpoints {
+            kubelet_endpoint: Some(DaemonEndpoint {
+                port: i32::from(input.port),
+            }),
+        }),
+        node_info: Some(NodeSystemInfo {
+            architecture: facts.architecture.clone(),
+            boot_id: facts.boot_id.clone(),
+            container_runtime_version: CONTAINER_RUNTIME_VERSION.into(),
+            kernel_version: facts.kernel_version.clone(),
+            // Deprecated and no longer set by the kubelet; the apiserver stores "".
+            kube_proxy_version: String::new(),
+            kubelet_version: KUBELET_VERSION.into(),
+            machine_id: facts.machine_id.clone(),
+            operating_system: "linux".into(),
+            os_image: facts.os_image.clone(),
+            system_uuid: facts.system_uuid.clone(),
+            swap: None,
+        }),
+        ..previous.cloned().unwrap_or_default()
+    }
+}
+
+/// The node's Lease as the kubelet writes it: held by the node, renewed `now` (at
+/// microsecond precision, the wire's), owned by the Node once its uid is known so it
+/// goes when the Node does.
+pub fn lease(node_name: &str, node_uid: Option<&str>, duration_secs: i32, now: Timestamp) -> Lease {
+    let renew = Timestamp::from_microsecond(now.as_microsecond()).unwrap_or(now);
+    Lease {
+        metadata: ObjectMeta {
+            name: Some(node_name.to_string()),
+            namespace: Some(NODE_LEASE_NAMESPACE.to_string()),
+            owner_references: node_uid.map(|uid| {
+                vec![OwnerReference {
+                    api_version: "v1".into(),
+                    kind: "Node".into(),
+                    name: node_name.to_string(),
+                    uid: uid.to_string(),
+                    ..OwnerReference::default()
+                }]
+            }),
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(node_name.to_string()),
+            lease_duration_seconds: Some(duration_secs),
+            renew_time: Some(MicroTime(renew)),
+            ..LeaseSpec::default()
+        }),
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum NodeStatusError {
+    #[error("node label {key:?}: {reason}")]
+    Label { key: String, reason: String },
+    #[error("{field}.{resource}: {reason}")]
+    Reserved {
+        field: &'static str,
+        resource: String,
+        reason: String,
+    },
+    #[error("eviction threshold {signal}: {reason}")]
+    Eviction { signal: String, reason: String },
+}
+
+#[cfg(test)]
+mod tests;
