@@ -13,6 +13,8 @@
 //!
 //! Runs on its own thread (ureq blocks); never starts containers.
 
+#[cfg(test)]
+mod fake;
 mod lister;
 mod pods;
 mod reflector;
