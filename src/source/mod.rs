@@ -1,10 +1,11 @@
-//! source: where pods come from (static manifest files now; http and the apiserver
+//! source: where pods come from (static manifest files and the apiserver; http
 //! later) and the mux that merges them. Never starts containers.
 //!
 //! Each source sends the full set of pods it knows ([`SourceSnapshot`]); the mux keeps
 //! one set per source, persists it in the store, and turns differences into
 //! [`PodChange`]s for the sync loop, as the kubelet's config mux does.
 
+mod apiserver;
 mod file;
 mod manifest;
 mod mux;
@@ -14,6 +15,10 @@ mod validate;
 use k8s_openapi::api::core::v1::Pod;
 use serde::{Deserialize, Serialize};
 
+pub use apiserver::{
+    list_path, normalise, spawn_api_source, watch_path, ApiSourceError, ApiSourceOptions, PodList,
+    PodLister, PodWatch, LIST_LIMIT, SOURCE_API,
+};
 pub use file::{read_manifests, spawn_file_source, SOURCE_FILE};
 pub use mux::Mux;
 pub use static_pod::{

@@ -1,0 +1,189 @@
+//! The apiserver pod source: the pods the cluster has bound to this node, kept as the
+//! kubelet's reflector keeps them (LIST, then WATCH from the list's resourceVersion),
+//! and sent to the mux as full snapshots. Built for an uplink that comes and goes: a
+//! broken watch resumes from the last resourceVersion seen, only a 410 relists, every
+//! failure waits a jittered, growing back-off, and nothing but a complete, consistent
+//! LIST or an explicit DELETED event takes a pod away.
+//!
+//! Pods the cluster records as finished (phase Succeeded or Failed) are left out of the
+//! snapshot, whether a LIST or a MODIFIED event says so: the mux then removes them and
+//! the sync loop stops them and never starts them again, as the kubelet never restarts
+//! a pod the apiserver calls terminal. The cost is that such a pod's containers and logs
+//! go when the cluster records it finished, not when its object is deleted.
+//!
+//! Runs on its own thread (ureq blocks); never starts containers.
+
+#[cfg(test)]
+mod fake;
+mod lister;
+mod pods;
+mod reflector;
+#[cfg(test)]
+mod tests;
+
+use std::io;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use tokio::sync::mpsc::Sender;
+
+use super::SourceSnapshot;
+use crate::backoff::Backoff;
+use crate::uplink::ApiError;
+
+pub use lister::{list_path, watch_path, PodList, PodLister, PodWatch, LIST_LIMIT};
+pub use pods::normalise;
+
+/// The name this source goes by in snapshots, in the store and in the
+/// `kubernetes.io/config.source` annotation, as the kubelet names it.
+pub const SOURCE_API: &str = "api";
+
+/// How the source paces itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ApiSourceOptions {
+    /// Wait after each consecutive failure: full jitter over `initial` doubling up to
+    /// `max`, reset by a success.
+    pub backoff: Backoff,
+    /// While watch events keep coming, snapshots go out at most this often.
+    pub coalesce: Duration,
+}
+
+impl Default for ApiSourceOptions {
+    fn default() -> Self {
+        ApiSourceOptions {
+            backoff: Backoff {
+                initial: Duration::from_secs(1),
+                max: Duration::from_secs(300),
+            },
+            coalesce: Duration::from_millis(100),
+        }
+    }
+}
+
+/// Starts the api source on its own thread. It sends a snapshot after each successful
+/// LIST and after each change a watch brings, and ends when the receiver is dropped.
+/// Until the first LIST succeeds it sends nothing, so the pods the store holds from
+/// before a restart keep running while the uplink is down.
+pub fn spawn_api_source(
+    lister: impl PodLister + Send + 'static,
+    node_name: String,
+    options: ApiSourceOptions,
+    tx: Sender<SourceSnapshot>,
+) -> io::Result<JoinHandle<()>> {
+    spawn_with_clock(lister, node_name, options, SystemClock, tx)
+}
+
+fn spawn_with_clock(
+    lister: impl PodLister + Send + 'static,
+    node_name: String,
+    options: ApiSourceOptions,
+    clock: impl Clock + 'static,
+    tx: Sender<SourceSnapshot>,
+) -> io::Result<JoinHandle<()>> {
+    let reflector = reflector::Reflector::new(lister, node_name, options, clock, tx);
+    std::thread::Builder::new()
+        .name("source-api".into())
+        .spawn(move || reflector.run())
+}
+
+/// Why a LIST or WATCH did not give what the source needs.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiSourceError {
+    #[error(transparent)]
+    Api(#[from] ApiError),
+    /// An ERROR event in the watch stream.
+    #[error("watch error event: {code} {reason}: {message}")]
+    WatchStatus {
+        code: u16,
+        reason: String,
+        message: String,
+    },
+    #[error("watch error event without a status: {0}")]
+    WatchOther(String),
+    /// A LIST older than what this source already saw: a lagging apiserver or cache.
+    #[error("list at resourceVersion {listed} is older than resourceVersion {seen} already seen (a stale cache); keeping the pods as they are")]
+    StaleList { listed: u64, seen: u64 },
+    #[error("list response has no resourceVersion")]
+    NoResourceVersion,
+    #[error("list still not complete after {0} pages")]
+    TooManyPages(usize),
+    /// Ended at once without a single event: likely a proxy cutting the stream.
+    #[error("watch ended after {0:?} without an event")]
+    ShortWatch(Duration),
+    #[error("start the watch reader thread: {0}")]
+    Spawn(#[source] io::Error),
+}
+
+impl ApiSourceError {
+    /// 410 Gone / Expired: the resourceVersion is too old, only a new LIST helps.
+    pub fn is_gone(&self) -> bool {
+        match self {
+            ApiSourceError::Api(e) => e.is_gone(),
+            ApiSourceError::WatchStatus { code, .. } => *code == 410,
+            _ => false,
+        }
+    }
+
+    /// 401 or 403: the credentials are refused or lack the right.
+    pub fn is_auth(&self) -> bool {
+        matches!(self, ApiSourceError::Api(e) if e.is_unauthorized() || e.is_forbidden())
+    }
+
+    /// What stays the same while the same trouble repeats (paths carry changing
+    /// resourceVersions and timeouts), so it is logged once, not on every retry.
+    fn key(&self) -> String {
+        match self {
+            ApiSourceError::Api(ApiError::Status {
+                code,
+                reason,
+                message,
+                ..
+            }) => format!("{code} {reason} {message}"),
+            ApiSourceError::Api(
+                ApiError::Transport { message, .. } | ApiError::Decode { message, .. },
+            ) => message.clone(),
+            ApiSourceError::StaleList { .. } => "stale list".into(),
+            ApiSourceError::ShortWatch(_) => "short watch".into(),
+            other => other.to_string(),
+        }
+    }
+}
+
+/// Sleeping and chance, injected so tests neither sleep nor guess.
+trait Clock: Send {
+    /// Waits `duration`, or less once `stop` returns true.
+    fn sleep(&mut self, duration: Duration, stop: &dyn Fn() -> bool);
+    fn random(&mut self) -> u64;
+}
+
+struct SystemClock;
+
+/// How often a long back-off looks up to see whether anyone still listens.
+const STOP_CHECK: Duration = Duration::from_secs(1);
+
+impl Clock for SystemClock {
+    fn sleep(&mut self, duration: Duration, stop: &dyn Fn() -> bool) {
+        let until = std::time::Instant::now() + duration;
+        loop {
+            let left = until.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() || stop() {
+                return;
+            }
+            std::thread::sleep(left.min(STOP_CHECK));
+        }
+    }
+
+    fn random(&mut self) -> u64 {
+        use std::hash::{BuildHasher, Hasher};
+        // std seeds every RandomState from the OS and varies it per call: enough
+        // randomness for jitter without a crate.
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_nanos(),
+        );
+        h.finish()
+    }
+}

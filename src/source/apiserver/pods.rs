@@ -1,0 +1,149 @@
+//! The api source's set of pods: what the cluster last said about this node's pods,
+//! normalised so that only what the sync loop acts on can change it.
+
+use std::collections::{BTreeMap, HashMap};
+
+use k8s_openapi::api::core::v1::Pod;
+
+use super::SOURCE_API;
+use crate::source::static_pod::{set_seen, CONFIG_SOURCE};
+use crate::time::Timestamp;
+
+/// The pods this source wants on the node, by UID, and whether the set changed since
+/// the last snapshot was taken.
+#[derive(Default)]
+pub(super) struct PodSet {
+    pods: BTreeMap<String, Pod>,
+    /// When each pod was first seen, so `config.seen` stays put across events.
+    first_seen: HashMap<String, Timestamp>,
+    dirty: bool,
+    /// Whether a LIST has been taken in: until then nothing is sent, so the pods the
+    /// store holds from before a restart stay as they are.
+    listed: bool,
+}
+
+impl PodSet {
+    /// Takes in a complete, consistent LIST: exactly these pods, nothing else.
+    pub(super) fn replace(&mut self, items: Vec<Pod>) {
+        let mut new = BTreeMap::new();
+        for pod in items {
+            let Some(uid) = uid(&pod) else {
+                log::warn!("api pod source: pod {} has no uid; ignored", name(&pod));
+                continue;
+            };
+            if let Some(phase) = terminal_phase(&pod) {
+                if self.pods.contains_key(&uid) {
+                    log::info!(
+                        "api pod source: pod {} is {phase} in the cluster; it will not run again",
+                        name(&pod)
+                    );
+                }
+                continue;
+            }
+            let pod = self.normalise(&uid, pod);
+            new.insert(uid, pod);
+        }
+        self.first_seen.retain(|uid, _| new.contains_key(uid));
+        if !self.listed || new != self.pods {
+            self.dirty = true;
+        }
+        self.pods = new;
+        self.listed = true;
+    }
+
+    /// ADDED or MODIFIED: the pod as it is now. A pod the cluster considers finished
+    /// (Succeeded or Failed, phases it never leaves) goes, so it is never started again.
+    pub(super) fn upsert(&mut self, pod: Pod) {
+        let Some(uid) = uid(&pod) else {
+            log::warn!("api pod source: pod {} has no uid; ignored", name(&pod));
+            return;
+        };
+        if let Some(phase) = terminal_phase(&pod) {
+            if self.pods.contains_key(&uid) {
+                log::info!(
+                    "api pod source: pod {} is {phase} in the cluster; it will not run again",
+                    name(&pod)
+                );
+            }
+            self.forget(&uid);
+            return;
+        }
+        let pod = self.normalise(&uid, pod);
+        if self.pods.get(&uid) != Some(&pod) {
+            self.pods.insert(uid, pod);
+            self.dirty = true;
+        }
+    }
+
+    /// DELETED: the pod is gone from the cluster.
+    pub(super) fn remove(&mut self, pod: &Pod) {
+        if let Some(uid) = uid(pod) {
+            self.forget(&uid);
+        }
+    }
+
+    /// The whole set, when it changed since the last call and a LIST has been taken in.
+    pub(super) fn take_snapshot(&mut self) -> Option<Vec<Pod>> {
+        if !self.dirty || !self.listed {
+            return None;
+        }
+        self.dirty = false;
+        Some(self.pods.values().cloned().collect())
+    }
+
+    pub(super) fn is_dirty(&self) -> bool {
+        self.dirty && self.listed
+    }
+
+    fn forget(&mut self, uid: &str) {
+        self.first_seen.remove(uid);
+        if self.pods.remove(uid).is_some() {
+            self.dirty = true;
+        }
+    }
+
+    fn normalise(&mut self, uid: &str, pod: Pod) -> Pod {
+        let seen = *self
+            .first_seen
+            .entry(uid.to_string())
+            .or_insert_with(crate::time::now);
+        let mut pod = normalise(pod);
+        set_seen(&mut pod, seen);
+        pod
+    }
+}
+
+/// The pod as the mux keeps it: without what changes on every status update
+/// (`status`, `managedFields`, `resourceVersion`), and marked as coming from the
+/// apiserver, as the kubelet marks it. UID, generation, deletion, labels, annotations,
+/// owners and spec are kept.
+pub fn normalise(mut pod: Pod) -> Pod {
+    pod.status = None;
+    let meta = &mut pod.metadata;
+    meta.managed_fields = None;
+    meta.resource_version = None;
+    meta.annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(CONFIG_SOURCE.into(), SOURCE_API.into());
+    pod
+}
+
+/// `Succeeded` or `Failed`, when the cluster records the pod as finished.
+fn terminal_phase(pod: &Pod) -> Option<&str> {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .filter(|p| *p == "Succeeded" || *p == "Failed")
+}
+
+fn uid(pod: &Pod) -> Option<String> {
+    pod.metadata.uid.clone().filter(|u| !u.is_empty())
+}
+
+fn name(pod: &Pod) -> String {
+    format!(
+        "{}/{}",
+        pod.metadata.namespace.as_deref().unwrap_or("default"),
+        pod.metadata.name.as_deref().unwrap_or("<unnamed>")
+    )
+}

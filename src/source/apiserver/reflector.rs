@@ -1,0 +1,380 @@
+//! The api source's loop, an explicit state machine as client-go's reflector and
+//! kube-runtime's watcher are: `Listing` (every page) → `Watching { resource_version }`;
+//! a stream that ends or breaks resumes `Watching` from the last resourceVersion seen,
+//! and only a 410 goes back to `Listing`.
+
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::WatchEvent;
+use tokio::sync::mpsc::Sender;
+
+use super::lister::{PodLister, PodWatch};
+use super::pods::PodSet;
+use super::{ApiSourceError, ApiSourceOptions, Clock, SOURCE_API};
+use crate::source::SourceSnapshot;
+use crate::uplink::ApiError;
+
+/// client-go's reflector asks for watches of 5 to 10 minutes, at random, so that many
+/// clients do not reconnect in step.
+const MIN_WATCH_TIMEOUT_SECS: u64 = 300;
+/// A watch that ends sooner than this without an event is treated as a failure (as
+/// client-go does), so a proxy that cuts streams at once does not cause a busy loop.
+const MIN_HEALTHY_WATCH: Duration = Duration::from_secs(1);
+/// How often a waiting loop looks up to see whether anyone still listens.
+const MAX_WAIT: Duration = Duration::from_secs(1);
+/// Events read ahead of the loop; the reader waits when it is full.
+const EVENT_QUEUE: usize = 64;
+/// A LIST longer than this is not a node's pods (500 each); give up and retry.
+const MAX_PAGES: usize = 64;
+
+enum State {
+    Listing,
+    Watching { resource_version: String },
+}
+
+/// How one watch stream ended.
+enum End {
+    /// The server closed it (its `timeoutSeconds`): watch again at once.
+    Ended,
+    /// 410: the resourceVersion is too old.
+    Gone(ApiSourceError),
+    Broken(ApiSourceError),
+    /// Nobody listens any more.
+    Stopped,
+}
+
+pub(super) struct Reflector<L, C> {
+    lister: L,
+    node_name: String,
+    options: ApiSourceOptions,
+    clock: C,
+    tx: Sender<SourceSnapshot>,
+    pods: PodSet,
+    /// The highest resourceVersion seen, from lists, events and bookmarks; a LIST
+    /// below it comes from a stale cache.
+    highest_rv: u64,
+    /// Consecutive failures, for the back-off.
+    failures: u32,
+    /// Set when a 410 sent the source back to LIST and cleared once a watch proves
+    /// healthy: a second 410 before then waits out a back-off instead of relisting at
+    /// once, so a server that expires every watch does not cause a LIST storm.
+    relisted_for_gone: bool,
+    sent_at: Option<Instant>,
+    /// The trouble last logged, so a repeating failure is logged once.
+    reported: Option<String>,
+}
+
+impl<L: PodLister, C: Clock> Reflector<L, C> {
+    pub(super) fn new(
+        lister: L,
+        node_name: String,
+        options: ApiSourceOptions,
+        clock: C,
+        tx: Sender<SourceSnapshot>,
+    ) -> Self {
+        Reflector {
+            lister,
+            node_name,
+            options,
+            clock,
+            tx,
+            pods: PodSet::default(),
+            highest_rv: 0,
+            failures: 0,
+            relisted_for_gone: false,
+            sent_at: None,
+            reported: None,
+        }
+    }
+
+    pub(super) fn run(mut self) {
+        let mut state = State::Listing;
+        while !self.tx.is_closed() {
+            state = match state {
+                State::Listing => match self.list() {
+                    Ok(resource_version) => {
+                        if !self.relisted_for_gone {
+                            self.succeeded();
+                        }
+                        if !self.send() {
+                            return;
+                        }
+                        State::Watching { resource_version }
+                    }
+                    Err(e) => {
+                        self.failed(&e);
+                        State::Listing
+                    }
+                },
+                State::Watching {
+                    mut resource_version,
+                } => match self.watch(&mut resource_version) {
+                    End::Ended => State::Watching { resource_version },
+                    End::Broken(e) => {
+                        self.failed(&e);
+                        State::Watching { resource_version }
+                    }
+                    End::Gone(e) => {
+                        log::info!("api pod source: {e}; listing again");
+                        if self.relisted_for_gone {
+                            self.failed(&e);
+                        }
+                        self.relisted_for_gone = true;
+                        State::Listing
+                    }
+                    End::Stopped => return,
+                },
+            };
+        }
+    }
+
+    /// Every page of the node's pods. A 410 on a continue page (the token outlived
+    /// etcd's compaction) starts the list again from the first page, once.
+    fn list(&mut self) -> Result<String, ApiSourceError> {
+        let mut restarted = false;
+        'list: loop {
+            let mut items: Vec<Pod> = Vec::new();
+            let mut resource_version: Option<String> = None;
+            let mut token: Option<String> = None;
+            for _ in 0..MAX_PAGES {
+                let page = match self.lister.list(&self.node_name, token.as_deref()) {
+                    Ok(page) => page,
+                    Err(e) if e.is_gone() && token.is_some() && !restarted => {
+                        log::info!("api pod source: {e}; listing again from the start");
+                        restarted = true;
+                        continue 'list;
+                    }
+                    Err(e) => return Err(e.into()),
+                };
+                if resource_version.is_none() {
+                    resource_version = page.metadata.resource_version.clone();
+                }
+                items.extend(page.items);
+                token = page.metadata.continue_.filter(|t| !t.is_empty());
+                if token.is_some() {
+                    continue;
+                }
+                let rv = resource_version
+                    .filter(|rv| !rv.is_empty())
+                    .ok_or(ApiSourceError::NoResourceVersion)?;
+                if let Ok(listed) = rv.parse::<u64>() {
+                    if listed < self.highest_rv {
+                        return Err(ApiSourceError::StaleList {
+                            listed,
+                            seen: self.highest_rv,
+                        });
+                    }
+                    self.highest_rv = listed;
+                }
+                self.pods.replace(items);
+                return Ok(rv);
+            }
+            return Err(ApiSourceError::TooManyPages(MAX_PAGES));
+        }
+    }
+
+    /// One watch from `rv`, which follows the stream's events and bookmarks.
+    fn watch(&mut self, rv: &mut String) -> End {
+        let timeout = MIN_WATCH_TIMEOUT_SECS + self.clock.random() % (MIN_WATCH_TIMEOUT_SECS + 1);
+        let stream = match self.lister.watch(&self.node_name, rv, timeout) {
+            Ok(stream) => stream,
+            Err(e) if e.is_gone() => return End::Gone(e.into()),
+            Err(e) => return End::Broken(e.into()),
+        };
+        let events = match read_ahead(stream) {
+            Ok(events) => events,
+            Err(e) => return End::Broken(e),
+        };
+        let opened = Instant::now();
+        let mut seen = 0u64;
+        loop {
+            let first = match events.recv_timeout(self.wait()) {
+                Ok(item) => item,
+                Err(RecvTimeoutError::Timeout) => {
+                    if self.tx.is_closed() {
+                        return End::Stopped;
+                    }
+                    if self.due() && !self.send() {
+                        return End::Stopped;
+                    }
+                    continue;
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    if !self.send() {
+                        return End::Stopped;
+                    }
+                    if seen == 0 && opened.elapsed() < MIN_HEALTHY_WATCH {
+                        return End::Broken(ApiSourceError::ShortWatch(opened.elapsed()));
+                    }
+                    self.healthy();
+                    return End::Ended;
+                }
+            };
+            // Take in everything already read before deciding to send.
+            let mut next = Some(first);
+            while let Some(item) = next {
+                if let Err(end) = self.take(item, rv) {
+                    return if self.send() { end } else { End::Stopped };
+                }
+                seen += 1;
+                if seen == 1 {
+                    self.healthy();
+                }
+                next = events.try_recv().ok();
+            }
+            if self.due() && !self.send() {
+                return End::Stopped;
+            }
+        }
+    }
+
+    /// Applies one watch item; an ERROR event or a broken stream ends the watch.
+    fn take(
+        &mut self,
+        item: Result<WatchEvent<Pod>, ApiError>,
+        rv: &mut String,
+    ) -> Result<(), End> {
+        match item {
+            Ok(WatchEvent::Added(pod)) | Ok(WatchEvent::Modified(pod)) => {
+                self.advance(rv, pod.metadata.resource_version.as_deref());
+                self.pods.upsert(pod);
+            }
+            Ok(WatchEvent::Deleted(pod)) => {
+                self.advance(rv, pod.metadata.resource_version.as_deref());
+                self.pods.remove(&pod);
+            }
+            Ok(WatchEvent::Bookmark {
+                resource_version, ..
+            }) => self.advance(rv, Some(&resource_version)),
+            Ok(WatchEvent::ErrorStatus(status)) => {
+                let e = ApiSourceError::WatchStatus {
+                    code: status.code.and_then(|c| u16::try_from(c).ok()).unwrap_or(0),
+                    reason: status.reason.unwrap_or_default(),
+                    message: status.message.unwrap_or_default(),
+                };
+                return Err(if e.is_gone() {
+                    End::Gone(e)
+                } else {
+                    End::Broken(e)
+                });
+            }
+            Ok(WatchEvent::ErrorOther(raw)) => {
+                let e = ApiSourceError::WatchOther(raw.0.to_string());
+                return Err(End::Broken(e));
+            }
+            Err(e) if e.is_gone() => return Err(End::Gone(e.into())),
+            Err(e) => return Err(End::Broken(e.into())),
+        }
+        Ok(())
+    }
+
+    /// The stream moved on to `to`: the next watch starts there.
+    fn advance(&mut self, rv: &mut String, to: Option<&str>) {
+        let Some(to) = to.filter(|v| !v.is_empty()) else {
+            return;
+        };
+        if let Ok(n) = to.parse::<u64>() {
+            self.highest_rv = self.highest_rv.max(n);
+        }
+        *rv = to.to_string();
+    }
+
+    /// How long to wait for the next event: until a held-back snapshot is due, or a
+    /// while to look at whether anyone still listens.
+    fn wait(&self) -> Duration {
+        if !self.pods.is_dirty() {
+            return MAX_WAIT;
+        }
+        match self.sent_at {
+            Some(at) => (at + self.options.coalesce)
+                .saturating_duration_since(Instant::now())
+                .min(MAX_WAIT),
+            None => Duration::ZERO,
+        }
+    }
+
+    fn due(&self) -> bool {
+        self.pods.is_dirty()
+            && self
+                .sent_at
+                .is_none_or(|at| at.elapsed() >= self.options.coalesce)
+    }
+
+    /// Sends the set if it changed; false once nobody listens.
+    fn send(&mut self) -> bool {
+        let Some(pods) = self.pods.take_snapshot() else {
+            return true;
+        };
+        self.sent_at = Some(Instant::now());
+        let snapshot = SourceSnapshot {
+            source: SOURCE_API,
+            pods,
+        };
+        self.tx.blocking_send(snapshot).is_ok()
+    }
+
+    /// A watch delivered an event or ran its course: the link works.
+    fn healthy(&mut self) {
+        self.relisted_for_gone = false;
+        self.succeeded();
+    }
+
+    fn succeeded(&mut self) {
+        if self.failures > 0 {
+            log::info!(
+                "api pod source: the apiserver answers again after {} failure(s)",
+                self.failures
+            );
+        }
+        self.failures = 0;
+        self.reported = None;
+    }
+
+    /// Logs the trouble (once while it repeats) and waits out the back-off.
+    fn failed(&mut self, e: &ApiSourceError) {
+        self.failures = self.failures.saturating_add(1);
+        let key = e.key();
+        if self.reported.as_ref() != Some(&key) {
+            if e.is_auth() {
+                log::error!(
+                    "api pod source: the apiserver refuses node {}: {e}; check its credentials and that they name this node; retrying with back-off",
+                    self.node_name
+                );
+            } else {
+                log::warn!("api pod source: {e}; retrying with back-off");
+            }
+            self.reported = Some(key);
+        } else {
+            log::debug!("api pod source: {e} (failure {})", self.failures);
+        }
+        let delay = self
+            .options
+            .backoff
+            .jittered(self.failures, self.clock.random());
+        let tx = &self.tx;
+        self.clock.sleep(delay, &|| tx.is_closed());
+    }
+}
+
+/// Drains `stream` on a thread of its own into a bounded queue, so the loop can wait
+/// for events with a timeout (to send held-back changes and to notice it should stop).
+/// The queue disconnects when the stream ends; the thread ends with the stream or
+/// when the loop drops the queue.
+fn read_ahead(
+    stream: PodWatch,
+) -> Result<Receiver<Result<WatchEvent<Pod>, ApiError>>, ApiSourceError> {
+    let (tx, rx) = sync_channel(EVENT_QUEUE);
+    std::thread::Builder::new()
+        .name("source-api-watch".into())
+        .spawn(move || {
+            for item in stream {
+                if tx.send(item).is_err() {
+                    return;
+                }
+            }
+        })
+        .map_err(ApiSourceError::Spawn)?;
+    Ok(rx)
+}
