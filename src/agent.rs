@@ -57,6 +57,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
 
     let (mut mux, initial) = Mux::open(&store)?;
     let (snap_tx, mut snap_rx) = mpsc::channel(8);
+    let snap_tx_api = snap_tx.clone();
     let known_file_pods = mux.source_pods(source::SOURCE_FILE);
     source::spawn_file_source(
         config.static_pod_path.clone(),
@@ -69,6 +70,29 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         context: "start the file pod source".into(),
         source,
     })?;
+    // With a kubeconfig, pods the cluster binds to this node join the file source's;
+    // mirror pods (the cluster's view of our static pods) go to the uplink instead.
+    let (api_tx, mut api_rx) = mpsc::channel::<source::SourceSnapshot>(8);
+    let uplink = crate::uplink::start::start(&config, api_tx)?;
+    if let Some(u) = &uplink {
+        let mirrors = u.mirrors.clone();
+        let snap_tx = snap_tx_api;
+        tokio::spawn(async move {
+            while let Some(mut snapshot) = api_rx.recv().await {
+                crate::uplink::pods::update_mirrors(&mirrors, &snapshot.pods);
+                snapshot
+                    .pods
+                    .retain(|p| !crate::uplink::mirror::is_mirror(p));
+                if snap_tx.send(snapshot).await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+    let reporter = uplink
+        .as_ref()
+        .map(|u| u.reporter.clone())
+        .unwrap_or_default();
     let (change_tx, change_rx) = mpsc::channel(64);
     tokio::spawn(async move {
         while let Some(snapshot) = snap_rx.recv().await {
@@ -130,7 +154,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         },
         crash_loop_reset: config.crash_loop.reset,
         sync_frequency: config.sync_frequency,
-        reporter: crate::uplink::Reporter::standalone(),
+        reporter,
     };
     log::info!(
         "holdfast {} running as node {} (root {}, manifests {})",
@@ -144,6 +168,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         .await;
     let _ = std::fs::remove_file(root.join(crate::control::SOCKET));
     store.flush()?;
+    drop(uplink);
     log::info!("holdfast stopped; containers keep running");
     Ok(())
 }

@@ -12,6 +12,9 @@ pub enum Error {
     Runtime(#[from] crate::runtime::RuntimeError),
     #[error(transparent)]
     Source(#[from] crate::source::SourceError),
+    /// The config describes a Node the cluster would refuse.
+    #[error(transparent)]
+    Node(#[from] crate::uplink::node_status::NodeStatusError),
     /// A CLI request that could not be carried out, in words for the user.
     #[error("{0}")]
     Cli(String),
@@ -28,7 +31,7 @@ impl Error {
     /// user (flags, config), 1 for everything else.
     pub fn exit_code(&self) -> i32 {
         match self {
-            Error::Config(_) => 2,
+            Error::Config(_) | Error::Node(_) => 2,
             _ => 1,
         }
     }

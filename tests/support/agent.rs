@@ -51,6 +51,10 @@ pub struct Agent {
     pub manifests: PathBuf,
     pub cgroup_root: String,
     pub log: PathBuf,
+    /// `--hostname-override`, `node-1` unless a test sets another.
+    pub node_name: String,
+    /// More `holdfast run` arguments (`--kubeconfig`, ...).
+    pub extra_args: Vec<String>,
     child: Option<Child>,
 }
 
@@ -71,6 +75,8 @@ impl Agent {
             manifests,
             cgroup_root: cgroup_root.clone(),
             log: dir.join("agent.log"),
+            node_name: "node-1".into(),
+            extra_args: Vec::new(),
             child: None,
         };
         agent.write_config("");
@@ -106,8 +112,9 @@ impl Agent {
             .arg("--pod-manifest-path")
             .arg(&self.manifests)
             .arg("--hostname-override")
-            .arg("node-1")
+            .arg(&self.node_name)
             .arg("--v=2")
+            .args(&self.extra_args)
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log fd"))
             .stderr(log)
@@ -192,12 +199,16 @@ impl Agent {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
-    /// The pod whose name starts with `name` (static pods are suffixed with the node).
+    /// The static pod `name` (suffixed with the node's name), or the cluster pod `name`.
     pub fn pod(&self, name: &str) -> Option<Value> {
-        let full = format!("{name}-node-1");
-        self.pods()
-            .into_iter()
-            .find(|p| p["pod"]["metadata"]["name"] == full.as_str())
+        let full = format!("{name}-{}", self.node_name);
+        let pods = self.pods();
+        let named = |n: &str| {
+            pods.iter()
+                .find(|p| p["pod"]["metadata"]["name"] == n)
+                .cloned()
+        };
+        named(&full).or_else(|| named(name))
     }
 
     pub fn wait_until(&self, what: &str, within: Duration, mut cond: impl FnMut(&Self) -> bool) {

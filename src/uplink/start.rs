@@ -1,0 +1,200 @@
+//! Starting the uplink: reads the kubeconfig (again and again, with back-off, until it
+//! is usable — the pods run meanwhile) and then starts the node, pod-status and pod
+//! source threads.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, NodeStatus};
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+use super::client::Client;
+use super::node::{new_node_uid, NodeController, NodeLoop, NodeModel, Timing};
+use super::node_status::{self, NodeInput, NodeStatusError};
+use super::pods::{MirrorSet, NodeUid, PodUplink, SharedMirrors};
+use super::report::{Outbox, Reporter};
+use crate::backoff::Backoff;
+use crate::config::Config;
+use crate::node::facts::NodeFacts;
+use crate::source::SourceSnapshot;
+use crate::time::Timestamp;
+
+/// How often a kubeconfig that cannot be used is read again, at most.
+const RELOAD: Backoff = Backoff {
+    initial: Duration::from_secs(2),
+    max: Duration::from_secs(300),
+};
+
+/// The running uplink, as the agent holds it.
+pub struct Uplink {
+    pub reporter: Reporter,
+    pub mirrors: SharedMirrors,
+    pub node_uid: NodeUid,
+    stop: Arc<AtomicBool>,
+}
+
+impl Drop for Uplink {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// The Node as the config and the device describe it.
+pub struct DeviceModel {
+    input: NodeInput,
+    root_dir: std::path::PathBuf,
+    lease_seconds: i32,
+}
+
+impl NodeModel for DeviceModel {
+    fn registration(&self, now: Timestamp) -> Node {
+        let facts = NodeFacts::read(&self.root_dir);
+        node_status::registration_node(&self.input, &facts, now)
+    }
+    fn status(&self, previous: Option<&NodeStatus>, now: Timestamp) -> NodeStatus {
+        let facts = NodeFacts::read(&self.root_dir);
+        node_status::node_status(&self.input, &facts, previous, now)
+    }
+    fn status_patch(&self, old: Option<&NodeStatus>, new: &NodeStatus) -> Value {
+        node_status::status_patch(old, new)
+    }
+    fn changed(&self, old: &NodeStatus, new: &NodeStatus) -> bool {
+        node_status::needs_report(Some(old), new)
+    }
+    fn lease(&self, node_uid: &str, now: Timestamp) -> Lease {
+        let uid = Some(node_uid).filter(|u| !u.is_empty());
+        node_status::lease(&self.input.node_name, uid, self.lease_seconds, now)
+    }
+}
+
+/// Starts the uplink if the config names a kubeconfig. Cluster pods arrive on
+/// `api_pods` (mirror pods included: the caller sorts them out). A Node the config
+/// cannot describe (a label NodeRestriction refuses, ...) is an error.
+pub fn start(
+    config: &Config,
+    api_pods: mpsc::Sender<SourceSnapshot>,
+) -> Result<Option<Uplink>, NodeStatusError> {
+    let Some(kubeconfig) = config.kubeconfig.clone() else {
+        return Ok(None);
+    };
+    let model = DeviceModel {
+        input: NodeInput::from_config(config)?,
+        root_dir: config.root_dir.clone(),
+        lease_seconds: config.node_lease_duration_seconds,
+    };
+    let (reporter, outbox) = Reporter::connected();
+    let stop = Arc::new(AtomicBool::new(false));
+    let node_uid = new_node_uid();
+    let mirrors: SharedMirrors = Arc::new(std::sync::Mutex::new(MirrorSet::default()));
+    let uplink = Uplink {
+        reporter,
+        mirrors: mirrors.clone(),
+        node_uid: node_uid.clone(),
+        stop: stop.clone(),
+    };
+    let parts = Parts {
+        config: config.clone(),
+        model,
+        outbox,
+        node_uid,
+        mirrors,
+        stop,
+        api_pods,
+    };
+    let spawned = std::thread::Builder::new()
+        .name("uplink-start".into())
+        .spawn(move || parts.run(&kubeconfig));
+    if let Err(e) = spawned {
+        log::error!("uplink: cannot start a thread: {e}; running standalone");
+        return Ok(None);
+    }
+    Ok(Some(uplink))
+}
+
+struct Parts {
+    config: Config,
+    model: DeviceModel,
+    outbox: Outbox,
+    node_uid: NodeUid,
+    mirrors: SharedMirrors,
+    stop: Arc<AtomicBool>,
+    api_pods: mpsc::Sender<SourceSnapshot>,
+}
+
+impl Parts {
+    fn run(self, kubeconfig: &std::path::Path) {
+        let mut failures = 0u32;
+        let mut last_error = String::new();
+        let client = loop {
+            if self.stop.load(Ordering::Relaxed) {
+                return;
+            }
+            match Client::from_kubeconfig(kubeconfig) {
+                Ok(c) => break c,
+                Err(e) => {
+                    let msg = e.to_string();
+                    if msg != last_error {
+                        log::error!("{msg}; pods keep running, the kubeconfig is read again with back-off");
+                        last_error = msg;
+                    }
+                    failures = failures.saturating_add(1);
+                    let wait = RELOAD.jittered(failures, crate::backoff::random());
+                    sleep_unless_stopped(&self.stop, wait.max(RELOAD.initial));
+                }
+            }
+        };
+        log::info!("uplink: apiserver {}", client.server());
+
+        let timing = Timing {
+            renew: self.config.node_status_update_frequency,
+            report: self.config.node_status_report_frequency,
+            retry: super::pods::RETRY,
+        };
+        let node = NodeLoop {
+            controller: NodeController::new(
+                self.config.node_name.clone(),
+                self.model,
+                timing,
+                self.node_uid.clone(),
+            ),
+            client: client.clone(),
+            stop: self.stop.clone(),
+        };
+        if let Err(e) = node.spawn() {
+            log::error!("uplink: cannot start the node thread: {e}");
+        }
+        let pods = PodUplink {
+            client: client.clone(),
+            outbox: self.outbox,
+            node_name: self.config.node_name.clone(),
+            node_uid: self.node_uid,
+            mirrors: self.mirrors,
+            stop: self.stop.clone(),
+        };
+        if let Err(e) = pods.spawn() {
+            log::error!("uplink: cannot start the pod status thread: {e}");
+        }
+        if let Err(e) = crate::source::spawn_api_source(
+            client,
+            self.config.node_name.clone(),
+            crate::source::ApiSourceOptions::default(),
+            self.api_pods,
+        ) {
+            log::error!("uplink: cannot start the pod source: {e}");
+        }
+    }
+}
+
+fn sleep_unless_stopped(stop: &AtomicBool, total: Duration) {
+    let deadline = std::time::Instant::now() + total;
+    while !stop.load(Ordering::Relaxed) {
+        let now = std::time::Instant::now();
+        if now >= deadline {
+            return;
+        }
+        std::thread::sleep((deadline - now).min(Duration::from_millis(500)));
+    }
+}
