@@ -5,6 +5,7 @@
 pub mod client;
 pub mod error;
 pub mod kubeconfig;
+pub mod objects;
 
 pub use client::{Client, Patch, Watch};
 pub use error::ApiError;
