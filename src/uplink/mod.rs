@@ -11,6 +11,7 @@ pub mod kubeconfig;
 pub mod mirror;
 pub mod node;
 pub mod node_status;
+pub mod objects;
 pub mod pod_status;
 pub mod pods;
 pub mod report;
