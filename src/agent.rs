@@ -73,9 +73,12 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     // With a kubeconfig, pods the cluster binds to this node join the file source's;
     // mirror pods (the cluster's view of our static pods) go to the uplink instead.
     let (api_tx, mut api_rx) = mpsc::channel::<source::SourceSnapshot>(8);
-    let uplink = crate::uplink::start::start(&config, api_tx)?;
-    if let Some(u) = &uplink {
+    let (objects_tx, mut objects_rx) = mpsc::channel(16);
+    let uplink = crate::uplink::start::start(&config, &store, api_tx, objects_tx)?;
+    let mut uplink = uplink;
+    if let Some(u) = uplink.as_mut() {
         let mirrors = u.mirrors.clone();
+        let pod_set = u.pod_set.take();
         let snap_tx = snap_tx_api;
         tokio::spawn(async move {
             while let Some(mut snapshot) = api_rx.recv().await {
@@ -83,12 +86,21 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
                 snapshot
                     .pods
                     .retain(|p| !crate::uplink::mirror::is_mirror(p));
+                if let Some(set) = &pod_set {
+                    set.set_pods(&snapshot.pods);
+                }
                 if snap_tx.send(snapshot).await.is_err() {
                     return;
                 }
             }
         });
     }
+    tokio::spawn(async move {
+        // The seam for env and volume updates: a changed ConfigMap or Secret.
+        while let Some(key) = objects_rx.recv().await {
+            log::debug!("{key} changed");
+        }
+    });
     let reporter = uplink
         .as_ref()
         .map(|u| u.reporter.clone())

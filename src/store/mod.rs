@@ -94,6 +94,11 @@ fn lock(path: &Path) -> Result<Flock<File>, StoreError> {
         source,
     };
     std::fs::create_dir_all(path).map_err(io)?;
+    // The store holds cached Secrets: nobody but the agent reads it.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700)).map_err(io)?;
+    }
     let deadline = Instant::now() + LOCK_WAIT;
     loop {
         let file = OpenOptions::new()

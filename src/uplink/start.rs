@@ -13,13 +13,17 @@ use tokio::sync::mpsc;
 
 use super::client::Client;
 use super::node::{new_node_uid, NodeController, NodeLoop, NodeModel, Timing};
-use super::node_status::{self, NodeInput, NodeStatusError};
+use super::node_status::{self, NodeInput};
+use super::objects::{
+    pod_set, spawn_object_manager, ObjectCache, ObjectKey, PodSetReceiver, PodSetSender,
+};
 use super::pods::{MirrorSet, NodeUid, PodUplink, SharedMirrors};
 use super::report::{Outbox, Reporter};
 use crate::backoff::Backoff;
 use crate::config::Config;
 use crate::node::facts::NodeFacts;
 use crate::source::SourceSnapshot;
+use crate::store::Store;
 use crate::time::Timestamp;
 
 /// How often a kubeconfig that cannot be used is read again, at most.
@@ -31,6 +35,11 @@ const RELOAD: Backoff = Backoff {
 /// The running uplink, as the agent holds it.
 pub struct Uplink {
     pub reporter: Reporter,
+    /// Tells the object manager which pods the cluster has bound here (the agent
+    /// takes it; dropping it stops the manager).
+    pub pod_set: Option<PodSetSender>,
+    /// The ConfigMaps and Secrets those pods reference, kept for offline use.
+    pub objects: ObjectCache,
     pub mirrors: SharedMirrors,
     pub node_uid: NodeUid,
     stop: Arc<AtomicBool>,
@@ -75,13 +84,15 @@ impl NodeModel for DeviceModel {
 /// cannot describe (a label NodeRestriction refuses, ...) is an error.
 pub fn start(
     config: &Config,
+    store: &Store,
     api_pods: mpsc::Sender<SourceSnapshot>,
-) -> Result<Option<Uplink>, NodeStatusError> {
+    objects_changed: mpsc::Sender<ObjectKey>,
+) -> Result<Option<Uplink>, crate::Error> {
     let Some(kubeconfig) = config.kubeconfig.clone() else {
         return Ok(None);
     };
     let model = DeviceModel {
-        input: NodeInput::from_config(config)?,
+        input: NodeInput::from_config(config).map_err(crate::Error::Node)?,
         root_dir: config.root_dir.clone(),
         lease_seconds: config.node_lease_duration_seconds,
     };
@@ -89,8 +100,12 @@ pub fn start(
     let stop = Arc::new(AtomicBool::new(false));
     let node_uid = new_node_uid();
     let mirrors: SharedMirrors = Arc::new(std::sync::Mutex::new(MirrorSet::default()));
+    let objects = ObjectCache::open(store).map_err(|e| crate::Error::Cli(e.to_string()))?;
+    let (pod_set, wanted) = pod_set();
     let uplink = Uplink {
         reporter,
+        pod_set: Some(pod_set),
+        objects: objects.clone(),
         mirrors: mirrors.clone(),
         node_uid: node_uid.clone(),
         stop: stop.clone(),
@@ -98,6 +113,9 @@ pub fn start(
     let parts = Parts {
         config: config.clone(),
         model,
+        objects,
+        wanted,
+        objects_changed,
         outbox,
         node_uid,
         mirrors,
@@ -117,6 +135,9 @@ pub fn start(
 struct Parts {
     config: Config,
     model: DeviceModel,
+    objects: ObjectCache,
+    wanted: PodSetReceiver,
+    objects_changed: mpsc::Sender<ObjectKey>,
     outbox: Outbox,
     node_uid: NodeUid,
     mirrors: SharedMirrors,
@@ -176,6 +197,14 @@ impl Parts {
         };
         if let Err(e) = pods.spawn() {
             log::error!("uplink: cannot start the pod status thread: {e}");
+        }
+        if let Err(e) = spawn_object_manager(
+            client.clone(),
+            self.objects,
+            self.wanted,
+            self.objects_changed,
+        ) {
+            log::error!("uplink: cannot start the ConfigMap and Secret manager: {e}");
         }
         if let Err(e) = crate::source::spawn_api_source(
             client,
