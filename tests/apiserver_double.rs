@@ -337,3 +337,317 @@ fn periodic_bookmarks_repeat_the_latest_revision_as_in_36() {
         assert_eq!(*e, shape);
     }
 }
+
+fn drain(watch: &mut apiserver::RawStream) -> Vec<Vec<u8>> {
+    watch.set_timeout(Duration::from_secs(20));
+    let mut chunks = Vec::new();
+    while let Some(c) = watch.next_chunk().expect("chunk") {
+        chunks.push(c);
+    }
+    chunks
+}
+
+fn rv_of(r: &apiserver::RawResponse) -> String {
+    r.json()["metadata"]["resourceVersion"]
+        .as_str()
+        .expect("resourceVersion")
+        .to_string()
+}
+
+#[test]
+fn configmap_watch_by_name_is_framed_one_event_per_chunk_as_in_45() {
+    let d = double();
+    let mut s = d.fixture_session();
+    replay_all(&mut s, &NODE_SETUP);
+    replay_all(&mut s, &POD_SETUP);
+    unrecorded_objects(&d);
+    let list_rv = rv_of(&s.replay("44-node-list-configmap-by-name"));
+    let f = fixture::load("45-node-watch-configmap-by-name");
+    let target = s
+        .rewrites
+        .target(&f.target)
+        .replace("resourceVersion=273", &format!("resourceVersion={list_rv}"))
+        .replace("timeoutSeconds=10", "timeoutSeconds=3");
+    let mut watch = s.node.stream(&target).expect("watch");
+    assert_eq!(watch.code, 200);
+    s.replay("46-admin-patch-configmap");
+    let unrelated_rv = rv_of(&s.replay("47-admin-patch-unrelated-configmap"));
+    let ours = events(&drain(&mut watch));
+    // The recording's chunks: size line, event, blank line; the same here.
+    let recorded: Vec<Value> = String::from_utf8_lossy(&f.response_body)
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).expect("recorded event"))
+        .collect();
+    assert_eq!(ours[0]["type"], "MODIFIED");
+    assert_eq!(ours[0]["object"]["data"], recorded[0]["object"]["data"]);
+    assert!(ours.len() >= 2, "{ours:?}");
+    for b in &ours[1..] {
+        let mut want = recorded[1].clone();
+        want["object"]["metadata"]["resourceVersion"] = Value::from(unrelated_rv.clone());
+        assert_eq!(*b, want, "a ConfigMap bookmark carries only metadata");
+    }
+}
+
+#[test]
+fn watch_list_sends_initial_events_then_the_end_bookmark_as_in_59() {
+    let d = double();
+    let mut s = d.fixture_session();
+    replay_all(&mut s, &NODE_SETUP);
+    replay_all(&mut s, &POD_SETUP);
+    let f = fixture::load("59-node-watchlist-pods-initial-events");
+    let target = f.target.replace("timeoutSeconds=5", "timeoutSeconds=1");
+    let mut watch = s.node.stream(&target).expect("watch");
+    let ours = events(&drain(&mut watch));
+    let names: Vec<&str> = ours
+        .iter()
+        .filter(|e| e["type"] == "ADDED")
+        .map(|e| e["object"]["metadata"]["name"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(names, ["app-with-refs", "sleep-1", "sleep-2"]);
+    let recorded = recorded_events("59-node-watchlist-pods-initial-events");
+    let end = recorded
+        .iter()
+        .find(|e| e["type"] == "BOOKMARK")
+        .expect("bookmark");
+    let mut want = end.clone();
+    want["object"]["metadata"]["resourceVersion"] = Value::from(d.resource_version().to_string());
+    assert_eq!(ours[3], want);
+}
+
+#[test]
+fn after_compaction_old_watches_and_continue_tokens_are_410_as_in_62_and_63() {
+    let d = double();
+    let mut s = d.fixture_session();
+    replay_all(&mut s, &NODE_SETUP);
+    replay_all(&mut s, &POD_SETUP);
+    s.replay("27-node-list-pods-limit2");
+    d.compact();
+    let current = d.resource_version();
+    s.replay("63-node-list-pods-continue-too-old-gone");
+
+    let f = fixture::load("62-node-watch-pods-too-old-rv-gone");
+    let mut watch = s.node.stream(&f.target).expect("watch");
+    assert_eq!(watch.code, 200);
+    let chunks = drain(&mut watch);
+    assert_eq!(chunks.len(), 1, "one ERROR event, then the end");
+    let recorded = String::from_utf8_lossy(&f.response_body)
+        .trim_end()
+        .replace("(326)", &format!("({current})"));
+    assert_eq!(String::from_utf8_lossy(&chunks[0]).trim_end(), recorded);
+
+    // The current revision is not too old: a watch from it just waits.
+    let target = format!(
+        "/api/v1/pods?fieldSelector=spec.nodeName%3Dedge-node-1&watch=true&resourceVersion={current}&timeoutSeconds=1"
+    );
+    let mut watch = s.node.stream(&target).expect("watch");
+    assert!(drain(&mut watch).is_empty());
+}
+
+fn pod(name: &str, node: &str) -> k8s_openapi::api::core::v1::Pod {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"nodeName": node, "containers": [{"name": "main", "image": "busybox:1.36"}]}
+    }))
+    .expect("pod")
+}
+
+const NODE_PODS: &str = "/api/v1/pods?fieldSelector=spec.nodeName%3Dedge-node-1";
+
+#[test]
+fn injected_faults_hit_the_next_matching_request_only() {
+    let d = double();
+    let node = || d.raw(Some(apiserver::Identity::Node("edge-node-1")));
+    d.create_pod(pod("a", "edge-node-1"));
+
+    d.fail_next(("GET", "/api/v1/pods"), apiserver::Fault::Status(503));
+    let r = node().request("GET", NODE_PODS, None, b"").expect("answer");
+    assert_eq!(
+        (r.code, r.json()["reason"].as_str()),
+        (503, Some("ServiceUnavailable"))
+    );
+    let r = node().request("GET", NODE_PODS, None, b"").expect("answer");
+    assert_eq!(r.code, 200, "the fault was used up");
+
+    d.fail_next(apiserver::Matcher::any(), apiserver::Fault::Drop);
+    assert!(
+        node().request("GET", NODE_PODS, None, b"").is_err(),
+        "no answer"
+    );
+
+    d.fail_next(("GET", "/api/v1/pods"), apiserver::Fault::StaleList);
+    let watch = format!("{NODE_PODS}&watch=true&timeoutSeconds=1");
+    let mut w = node().stream(&watch).expect("a watch is not a LIST");
+    assert_eq!(w.code, 200);
+    assert_eq!(drain(&mut w).len(), 1, "the ADDED for pod a");
+    let stale = node()
+        .request("GET", NODE_PODS, None, b"")
+        .expect("answer")
+        .json();
+    assert_eq!(stale["items"].as_array().map(Vec::len), Some(0));
+    let rv: u64 = stale["metadata"]["resourceVersion"]
+        .as_str()
+        .and_then(|v| v.parse().ok())
+        .expect("rv");
+    assert!(rv < d.resource_version());
+
+    let log = d.request_log();
+    let codes: Vec<u16> = log.iter().map(|l| l.code).collect();
+    assert_eq!(codes, [503, 200, 0, 200, 200]);
+    assert!(log.iter().all(|l| l.user == "system:node:edge-node-1"));
+    assert!(log.windows(2).all(|w| w[0].at <= w[1].at));
+    assert_eq!(
+        log[3].query,
+        "fieldSelector=spec.nodeName%3Dedge-node-1&watch=true&timeoutSeconds=1"
+    );
+}
+
+#[test]
+fn dropped_watches_end_without_the_final_chunk_and_graceful_deletes_show_up() {
+    let d = double();
+    let p = d.create_pod(pod("web", "edge-node-1"));
+    let from = d.resource_version();
+    let mut node = d.raw(Some(apiserver::Identity::Node("edge-node-1")));
+    let mut w = node
+        .stream(&format!("{NODE_PODS}&watch=true&resourceVersion={from}"))
+        .expect("watch");
+    assert!(d.wait_for(Duration::from_secs(10), |d| d.open_watches() == 1));
+    let deleting = d
+        .delete_pod("default", "web", None)
+        .expect("graceful delete");
+    assert_eq!(deleting.metadata.deletion_grace_period_seconds, Some(30));
+    assert_eq!(deleting.metadata.generation, Some(2));
+    assert!(
+        d.get_pod("default", "web").is_some(),
+        "still there during its grace period"
+    );
+    d.delete_pod("default", "web", Some(0));
+    assert!(d.get_pod("default", "web").is_none());
+    w.set_timeout(Duration::from_secs(10));
+    let mut types = Vec::new();
+    for _ in 0..3 {
+        let c = w.next_chunk().expect("chunk").expect("event");
+        let e: Value = serde_json::from_slice(&c).expect("event");
+        assert_eq!(
+            e["object"]["metadata"]["uid"],
+            p.metadata.uid.clone().expect("uid").as_str()
+        );
+        types.push(e["type"].as_str().unwrap_or("").to_string());
+    }
+    assert_eq!(types, ["MODIFIED", "MODIFIED", "DELETED"]);
+    d.drop_watches();
+    assert!(w.next_chunk().is_err(), "cut, not ended");
+    assert!(d.wait_for(Duration::from_secs(10), |d| d.open_watches() == 0));
+}
+
+#[test]
+fn credentials_expired_certificates_tokens_and_server_names() {
+    let d = ApiServerDouble::start(Options {
+        server_names: vec!["apiserver.holdfast.test".into()],
+        ..Options::default()
+    });
+    let own = "/api/v1/nodes/edge-node-1";
+    let node = apiserver::Identity::Node("edge-node-1");
+    let mut by_ip = d.raw(Some(node));
+    assert!(
+        by_ip.request("GET", own, None, b"").is_err(),
+        "certificate names another host"
+    );
+    let mut named = d
+        .raw(Some(node))
+        .with_server_name("apiserver.holdfast.test");
+    assert_eq!(
+        named.request("GET", own, None, b"").expect("answer").code,
+        404
+    );
+
+    let expired = d
+        .pki()
+        .expired_client("old", "system:node:edge-node-1", &["system:nodes"]);
+    let mut old = apiserver::RawClient::new(d.addr(), d.pki(), Some(&expired))
+        .with_server_name("apiserver.holdfast.test");
+    let r = old.request("GET", own, None, b"").expect("answer");
+    assert_eq!(
+        r.code, 401,
+        "the x509 authenticator rejects it, TLS does not"
+    );
+
+    let token = d.token(node);
+    let mut bearer = d
+        .raw(None)
+        .with_bearer(&token)
+        .with_server_name("apiserver.holdfast.test");
+    assert_eq!(
+        bearer.request("GET", own, None, b"").expect("answer").code,
+        404
+    );
+    let other = bearer
+        .request("GET", "/api/v1/nodes/other-node", None, b"")
+        .expect("answer");
+    assert_eq!(other.code, 403);
+    assert_eq!(
+        other.json()["message"],
+        "nodes \"other-node\" is forbidden: User \"system:node:edge-node-1\" cannot get resource \"nodes\" in API group \"\" at the cluster scope: node 'edge-node-1' cannot read 'other-node', only its own Node object"
+    );
+    let users: Vec<String> = d.request_log().into_iter().map(|l| l.user).collect();
+    assert_eq!(
+        users,
+        [
+            "system:node:edge-node-1",
+            "",
+            "system:node:edge-node-1",
+            "system:node:edge-node-1"
+        ]
+    );
+}
+
+#[test]
+fn kubeconfigs_name_the_double_and_its_files() {
+    let d = double();
+    let dir =
+        std::env::temp_dir().join(format!("holdfast-double-kubeconfig-{}", std::process::id()));
+    let read = |p: &std::path::Path| -> serde_yaml::Value {
+        serde_yaml::from_str(&std::fs::read_to_string(p).expect("kubeconfig")).expect("yaml")
+    };
+    let files = d.kubeconfig(&dir, apiserver::Identity::Node("edge-node-1"));
+    let k = read(&files);
+    assert_eq!(k["current-context"], "double");
+    assert_eq!(
+        k["clusters"][0]["cluster"]["server"].as_str(),
+        Some(d.url().as_str())
+    );
+    let ca = k["clusters"][0]["cluster"]["certificate-authority"]
+        .as_str()
+        .expect("ca path");
+    assert_eq!(std::fs::read_to_string(ca).expect("ca"), d.pki().ca_pem);
+    for key in ["client-certificate", "client-key"] {
+        let p = k["users"][0]["user"][key].as_str().expect(key);
+        assert!(std::fs::read_to_string(p)
+            .expect(key)
+            .starts_with("-----BEGIN"));
+    }
+    let data = d.kubeconfig_with(
+        &dir,
+        apiserver::Identity::Admin,
+        &apiserver::KubeconfigOptions {
+            embed: true,
+            ..Default::default()
+        },
+    );
+    let k = read(&data);
+    let ca = k["clusters"][0]["cluster"]["certificate-authority-data"]
+        .as_str()
+        .expect("ca data");
+    assert!(!ca.is_empty() && k["users"][0]["user"]["client-key-data"].is_string());
+    let token = read(&d.kubeconfig_token(&dir, apiserver::Identity::Admin));
+    let t = token["users"][0]["user"]["token"].as_str().expect("token");
+    let mut admin = d.raw(None).with_bearer(t);
+    assert_eq!(
+        admin
+            .request("GET", "/api/v1/pods", None, b"")
+            .expect("answer")
+            .code,
+        200
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

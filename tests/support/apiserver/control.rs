@@ -178,10 +178,13 @@ impl ApiServerDouble {
         lock(&self.shared.state).rv
     }
 
-    /// Every resourceVersion older than the current one becomes too old: watches from
-    /// them get a 410 ERROR event, continue tokens from them a 410.
+    /// Every resourceVersion handed out so far becomes too old: watches from them get a
+    /// 410 ERROR event, continue tokens from them a 410. Like the apiserver's compactor
+    /// (which writes a key to etcd), this advances the revision by one, so a fresh LIST
+    /// returns a resourceVersion that is still good.
     pub fn compact(&self) {
         let mut state = lock(&self.shared.state);
+        state.rv += 1;
         state.compacted = state.rv;
         drop(state);
         self.shared.changed.notify_all();

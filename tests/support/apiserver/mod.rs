@@ -304,8 +304,13 @@ impl ApiServerDouble {
 
 impl Drop for ApiServerDouble {
     fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::SeqCst);
-        self.shared.changed.notify_all();
+        {
+            // Under the state lock, so a watch between its stop check and its wait
+            // cannot miss the wake-up.
+            let _state = lock(&self.shared.state);
+            self.shared.stop.store(true, Ordering::SeqCst);
+            self.shared.changed.notify_all();
+        }
         for (_, (tcp, _)) in lock(&self.shared.conns).open.iter() {
             let _ = tcp.shutdown(Shutdown::Both);
         }

@@ -204,7 +204,7 @@ pub fn stream(
             }
             let wait = wake
                 .saturating_duration_since(now)
-                .max(Duration::from_millis(1));
+                .clamp(Duration::from_millis(1), Duration::from_secs(1));
             state = shared
                 .changed
                 .wait_timeout(state, wait)
