@@ -207,7 +207,7 @@ impl RawClient {
         w.flush()
     }
 
-    /// One request on the keep-alive connection (reconnecting once if it was closed).
+    /// One request on the keep-alive connection (on a new one if the server closed it).
     pub fn request(
         &mut self,
         method: &str,
@@ -215,19 +215,17 @@ impl RawClient {
         content_type: Option<&str>,
         body: &[u8],
     ) -> io::Result<RawResponse> {
-        for attempt in 0..2 {
-            let mut stream = match self.stream.take() {
-                Some(s) => s,
-                None => self.connect()?,
+        loop {
+            let (mut stream, reused) = match self.stream.take() {
+                Some(s) => (s, true),
+                None => (self.connect()?, false),
             };
             let sent = self.send(&mut stream, method, target, content_type, body);
-            let head = sent.and_then(|_| read_head(&mut stream));
-            let (code, reason, headers) = match head {
+            let (code, reason, headers) = match sent.and_then(|_| read_head(&mut stream)) {
                 Ok(h) => h,
-                Err(e) if attempt == 0 => {
-                    let _ = e;
-                    continue;
-                }
+                // A kept-alive connection the server has closed meanwhile: once more on
+                // a new one.
+                Err(_) if reused => continue,
                 Err(e) => return Err(e),
             };
             let (body, chunks) = if is_chunked(&headers) {
@@ -255,7 +253,6 @@ impl RawClient {
                 chunks,
             });
         }
-        Err(io::Error::other("unreachable"))
     }
 
     /// GET on a fresh connection, returning after the head so chunks can be read as the

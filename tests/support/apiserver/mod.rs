@@ -18,15 +18,25 @@ pub mod pki;
 
 mod api;
 mod auth;
+mod authz;
 pub mod client;
+mod control;
+mod defaults;
+pub mod fixture;
 mod http;
+mod kubeconfig;
+mod patch;
+mod resources;
 mod server;
+mod status;
+mod store;
+mod watch;
 
 use std::collections::HashMap;
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -115,6 +125,91 @@ struct Conns {
     open: HashMap<u64, (TcpStream, bool)>,
 }
 
+/// A failure the next matching request gets instead of its answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// A `Status` error with this HTTP code (429 also gets `Retry-After: 1`).
+    Status(u16),
+    /// The connection is closed without an answer.
+    Drop,
+    /// A LIST answers 200 with no items and a resourceVersion one below the current one
+    /// (a lagging cache). Only matches LIST requests.
+    StaleList,
+    /// The request is answered normally after this delay.
+    Delay(Duration),
+}
+
+/// Which requests a fault applies to: all given parts must match.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Matcher {
+    /// HTTP method, e.g. `"PATCH"`.
+    pub method: Option<String>,
+    /// Path prefix (no query), e.g. `"/api/v1/namespaces/default/pods/web/status"`.
+    pub path: Option<String>,
+    /// A substring of the raw query, e.g. `"watch=true"`.
+    pub query: Option<String>,
+}
+
+impl Matcher {
+    /// Every request.
+    pub fn any() -> Matcher {
+        Matcher::default()
+    }
+
+    /// `method` requests whose path starts with `path`.
+    pub fn new(method: &str, path: &str) -> Matcher {
+        Matcher {
+            method: Some(method.to_string()),
+            path: Some(path.to_string()),
+            query: None,
+        }
+    }
+
+    /// Also requires `q` in the raw query.
+    pub fn query(mut self, q: &str) -> Matcher {
+        self.query = Some(q.to_string());
+        self
+    }
+
+    fn matches(&self, req: &http::Request) -> bool {
+        self.method.as_ref().is_none_or(|m| *m == req.method)
+            && self
+                .path
+                .as_ref()
+                .is_none_or(|p| req.path.starts_with(p.as_str()))
+            && self
+                .query
+                .as_ref()
+                .is_none_or(|q| req.query.contains(q.as_str()))
+    }
+}
+
+impl From<(&str, &str)> for Matcher {
+    fn from((method, path): (&str, &str)) -> Matcher {
+        Matcher::new(method, path)
+    }
+}
+
+struct Armed {
+    matcher: Matcher,
+    fault: Fault,
+    remaining: usize,
+}
+
+/// Takes the first armed fault matching `req` (StaleList only for LISTs).
+fn take_fault(shared: &Shared, req: &http::Request, is_list: bool) -> Option<Fault> {
+    let mut faults = lock(&shared.faults);
+    let i = faults
+        .iter()
+        .position(|a| a.matcher.matches(req) && (a.fault != Fault::StaleList || is_list))?;
+    let fault = faults[i].fault;
+    faults[i].remaining -= 1;
+    if faults[i].remaining == 0 {
+        faults.remove(i);
+    }
+    Some(fault)
+}
+
 struct Shared {
     pki: Pki,
     authn: auth::Authenticator,
@@ -123,6 +218,10 @@ struct Shared {
     stop: AtomicBool,
     conns: Mutex<Conns>,
     log: Mutex<Vec<Logged>>,
+    state: Mutex<store::State>,
+    /// Notified on every change, log entry, compaction, watch cut and stop.
+    changed: Condvar,
+    faults: Mutex<Vec<Armed>>,
 }
 
 /// The running double. Dropping it stops the server and its threads.
@@ -150,10 +249,6 @@ fn temp_dir() -> PathBuf {
     d
 }
 
-fn yaml_str(s: &str) -> String {
-    serde_json::to_string(s).unwrap_or_default()
-}
-
 impl ApiServerDouble {
     /// Listens on 127.0.0.1 (a free port) with a fresh CA and server certificate.
     pub fn start(options: Options) -> ApiServerDouble {
@@ -173,6 +268,9 @@ impl ApiServerDouble {
             stop: AtomicBool::new(false),
             conns: Mutex::new(Conns::default()),
             log: Mutex::new(Vec::new()),
+            state: Mutex::new(store::State::new()),
+            changed: Condvar::new(),
+            faults: Mutex::new(Vec::new()),
         });
         let s = shared.clone();
         let accept = std::thread::spawn(move || server::accept_loop(s, listener));
@@ -202,141 +300,17 @@ impl ApiServerDouble {
     pub fn pki(&self) -> &Pki {
         &self.shared.pki
     }
-
-    /// A fresh client certificate for `id`, issued by the double's CA; files under the
-    /// double's own directory.
-    pub fn client_cert(&self, id: Identity) -> Issued {
-        let (cn, orgs) = id.subject();
-        let orgs: Vec<&str> = orgs.iter().map(|s| s.as_str()).collect();
-        self.shared.pki.client(&id.file_tag(), &cn, &orgs)
-    }
-
-    /// A raw client presenting a fresh certificate for `id` (`None`: no credentials).
-    pub fn raw(&self, id: Option<Identity>) -> RawClient {
-        let cert = id.map(|i| self.client_cert(i));
-        RawClient::new(self.addr, &self.shared.pki, cert.as_ref())
-    }
-
-    /// A new bearer token that authenticates as `id`.
-    pub fn token(&self, id: Identity) -> String {
-        let t: [u8; 24] = http::random_bytes();
-        let token: String = t.iter().map(|b| format!("{b:02x}")).collect();
-        lock(&self.shared.authn.tokens).insert(token.clone(), id.user());
-        token
-    }
-
-    /// Writes `dir/<identity>.kubeconfig` with a client certificate for `id` (files
-    /// `ca.crt`, `<identity>.crt`, `<identity>.key` beside it) and returns its path.
-    pub fn kubeconfig(&self, dir: &Path, id: Identity) -> PathBuf {
-        self.kubeconfig_with(dir, id, &KubeconfigOptions::default())
-    }
-
-    /// Like `kubeconfig`, with a bearer token instead (`<identity>-token.kubeconfig`).
-    pub fn kubeconfig_token(&self, dir: &Path, id: Identity) -> PathBuf {
-        let opts = KubeconfigOptions {
-            credential: Credential::Token,
-            ..KubeconfigOptions::default()
-        };
-        self.kubeconfig_with(dir, id, &opts)
-    }
-
-    /// The general kubeconfig writer. The file name is `<identity>[-<credential>]
-    /// [-data].kubeconfig` in `dir`.
-    pub fn kubeconfig_with(&self, dir: &Path, id: Identity, opts: &KubeconfigOptions) -> PathBuf {
-        std::fs::create_dir_all(dir).expect("create kubeconfig dir");
-        let tag = id.file_tag();
-        let suffix = match opts.credential {
-            Credential::Certificate => "",
-            Credential::ExpiredCertificate => "-expired",
-            Credential::Token => "-token",
-            Credential::UnknownToken => "-badtoken",
-            Credential::None => "-anonymous",
-        };
-        let base = format!("{tag}{suffix}{}", if opts.embed { "-data" } else { "" });
-        let ca_path = dir.join("ca.crt");
-        std::fs::write(&ca_path, &self.shared.pki.ca_pem).expect("write ca.crt");
-        let mut cluster = format!(
-            "    server: {}\n",
-            yaml_str(&opts.server.clone().unwrap_or_else(|| self.url()))
-        );
-        if opts.embed {
-            let data = http::base64(self.shared.pki.ca_pem.as_bytes());
-            cluster.push_str(&format!("    certificate-authority-data: {data}\n"));
-        } else {
-            let p = ca_path.display().to_string();
-            cluster.push_str(&format!("    certificate-authority: {}\n", yaml_str(&p)));
-        }
-        if let Some(n) = &opts.tls_server_name {
-            cluster.push_str(&format!("    tls-server-name: {}\n", yaml_str(n)));
-        }
-        let (cn, orgs) = id.subject();
-        let orgs: Vec<&str> = orgs.iter().map(|s| s.as_str()).collect();
-        let cert = match opts.credential {
-            Credential::Certificate => Some(self.shared.pki.client(&tag, &cn, &orgs)),
-            Credential::ExpiredCertificate => Some(self.shared.pki.expired_client(
-                &format!("{tag}-expired"),
-                &cn,
-                &orgs,
-            )),
-            _ => None,
-        };
-        let mut user = String::new();
-        if let Some(c) = cert {
-            if opts.embed {
-                user.push_str(&format!(
-                    "    client-certificate-data: {}\n    client-key-data: {}\n",
-                    http::base64(c.cert_pem.as_bytes()),
-                    http::base64(c.key_pem.as_bytes())
-                ));
-            } else {
-                let cp = dir.join(format!("{base}.crt"));
-                let kp = dir.join(format!("{base}.key"));
-                std::fs::write(&cp, &c.cert_pem).expect("write client certificate");
-                std::fs::write(&kp, &c.key_pem).expect("write client key");
-                user.push_str(&format!(
-                    "    client-certificate: {}\n    client-key: {}\n",
-                    yaml_str(&cp.display().to_string()),
-                    yaml_str(&kp.display().to_string())
-                ));
-            }
-        }
-        match opts.credential {
-            Credential::Token => {
-                user.push_str(&format!("    token: {}\n", yaml_str(&self.token(id))));
-            }
-            Credential::UnknownToken => {
-                user.push_str("    token: \"0123456789abcdef0123456789abcdef\"\n");
-            }
-            _ => {}
-        }
-        if user.is_empty() {
-            user.push_str("    {}\n");
-        }
-        let user_block = if user.trim() == "{}" {
-            "  user: {}\n".to_string()
-        } else {
-            format!("  user:\n{user}")
-        };
-        let yaml = format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: double\n  cluster:\n{cluster}\
-             users:\n- name: {u}\n{user_block}contexts:\n- name: double\n  context:\n    \
-             cluster: double\n    user: {u}\ncurrent-context: double\npreferences: {{}}\n",
-            u = yaml_str(&cn),
-        );
-        let path = dir.join(format!("{base}.kubeconfig"));
-        std::fs::write(&path, yaml).expect("write kubeconfig");
-        path
-    }
-
-    /// Every request so far, in arrival order.
-    pub fn request_log(&self) -> Vec<Logged> {
-        lock(&self.shared.log).clone()
-    }
 }
 
 impl Drop for ApiServerDouble {
     fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::SeqCst);
+        {
+            // Under the state lock, so a watch between its stop check and its wait
+            // cannot miss the wake-up.
+            let _state = lock(&self.shared.state);
+            self.shared.stop.store(true, Ordering::SeqCst);
+            self.shared.changed.notify_all();
+        }
         for (_, (tcp, _)) in lock(&self.shared.conns).open.iter() {
             let _ = tcp.shutdown(Shutdown::Both);
         }

@@ -42,6 +42,10 @@ pub fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
         }));
         threads.retain(|t| !t.is_finished());
     }
+    // Connections accepted just before the stop may have missed the stopper's sweep.
+    for (tcp, _) in lock(&shared.conns).open.values() {
+        let _ = tcp.shutdown(Shutdown::Both);
+    }
     for t in threads {
         let _ = t.join();
     }
