@@ -9,43 +9,16 @@ mod apiserver;
 
 use std::time::Duration;
 
-use apiserver::fixture::{self, Session};
+use apiserver::fixture::{
+    self, drain, events, recorded_events, replay_all, rv_of, unrecorded_objects, NODE_SETUP,
+    POD_SETUP,
+};
 use apiserver::{ApiServerDouble, Options};
 use serde_json::Value;
 
 fn double() -> ApiServerDouble {
     ApiServerDouble::start(Options::default())
 }
-
-fn replay_all(s: &mut Session, names: &[&str]) {
-    for n in names {
-        s.replay(n);
-    }
-}
-
-/// Objects the recording created without recording them.
-fn unrecorded_objects(d: &ApiServerDouble) {
-    let cm: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "unrelated-config", "namespace": "default"}, "data": {"k": "v"}
-    }))
-    .expect("configmap");
-    d.put_configmap(cm);
-    let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "unrelated-secret", "namespace": "default"}, "stringData": {"k": "v"}
-    }))
-    .expect("secret");
-    d.put_secret(secret);
-}
-
-const NODE_SETUP: [&str; 1] = ["08-node-create"];
-const POD_SETUP: [&str; 6] = [
-    "19-admin-create-configmap",
-    "20-admin-create-secret",
-    "22-admin-create-pod-sleep-1",
-    "23-admin-create-pod-sleep-2",
-    "24-admin-create-pod-app-with-refs",
-    "25-admin-create-pod-on-other-node",
-];
 
 #[test]
 fn version_is_answered_to_nodes_and_anonymous_alike() {
@@ -202,35 +175,6 @@ fn without_node_restriction_a_node_patches_another_nodes_pod_status() {
     assert_eq!(pod.status.and_then(|s| s.phase).as_deref(), Some("Running"));
 }
 
-/// The events of a watch body, one JSON object per chunk.
-fn events(chunks: &[Vec<u8>]) -> Vec<Value> {
-    chunks
-        .iter()
-        .map(|c| {
-            assert_eq!(
-                c.last(),
-                Some(&b'\n'),
-                "one event per chunk, newline-terminated"
-            );
-            assert_eq!(
-                c.iter().filter(|b| **b == b'\n').count(),
-                1,
-                "one event per chunk"
-            );
-            serde_json::from_slice(c).expect("event JSON")
-        })
-        .collect()
-}
-
-fn recorded_events(name: &str) -> Vec<Value> {
-    let f = fixture::load(name);
-    String::from_utf8_lossy(&f.response_body)
-        .lines()
-        .filter(|l| l.starts_with('{'))
-        .map(|l| serde_json::from_str(l).expect("recorded event"))
-        .collect()
-}
-
 #[test]
 fn pod_watch_from_list_rv_matches_30_with_filtered_changes_advancing_the_bookmark() {
     let d = double();
@@ -239,11 +183,11 @@ fn pod_watch_from_list_rv_matches_30_with_filtered_changes_advancing_the_bookmar
     replay_all(&mut s, &POD_SETUP);
     s.replay("26-node-list-pods");
     let f = fixture::load("30-node-watch-pods");
-    // Same request with a 5 s server timeout: the last bookmark comes 2 s before it.
+    // Same request with a 6 s server timeout: the last bookmark comes 2 s before it.
     let target = s
         .rewrites
         .target(&f.target)
-        .replace("timeoutSeconds=30", "timeoutSeconds=5");
+        .replace("timeoutSeconds=30", "timeoutSeconds=6");
     let mut watch = s.node.stream(&target).expect("watch");
     assert_eq!(watch.code, 200);
     let header = |n: &str| {
@@ -338,22 +282,6 @@ fn periodic_bookmarks_repeat_the_latest_revision_as_in_36() {
     }
 }
 
-fn drain(watch: &mut apiserver::RawStream) -> Vec<Vec<u8>> {
-    watch.set_timeout(Duration::from_secs(20));
-    let mut chunks = Vec::new();
-    while let Some(c) = watch.next_chunk().expect("chunk") {
-        chunks.push(c);
-    }
-    chunks
-}
-
-fn rv_of(r: &apiserver::RawResponse) -> String {
-    r.json()["metadata"]["resourceVersion"]
-        .as_str()
-        .expect("resourceVersion")
-        .to_string()
-}
-
 #[test]
 fn configmap_watch_by_name_is_framed_one_event_per_chunk_as_in_45() {
     let d = double();
@@ -367,18 +295,13 @@ fn configmap_watch_by_name_is_framed_one_event_per_chunk_as_in_45() {
         .rewrites
         .target(&f.target)
         .replace("resourceVersion=273", &format!("resourceVersion={list_rv}"))
-        .replace("timeoutSeconds=10", "timeoutSeconds=3");
+        .replace("timeoutSeconds=10", "timeoutSeconds=5");
     let mut watch = s.node.stream(&target).expect("watch");
     assert_eq!(watch.code, 200);
     s.replay("46-admin-patch-configmap");
     let unrelated_rv = rv_of(&s.replay("47-admin-patch-unrelated-configmap"));
     let ours = events(&drain(&mut watch));
-    // The recording's chunks: size line, event, blank line; the same here.
-    let recorded: Vec<Value> = String::from_utf8_lossy(&f.response_body)
-        .lines()
-        .filter(|l| l.starts_with('{'))
-        .map(|l| serde_json::from_str(l).expect("recorded event"))
-        .collect();
+    let recorded = recorded_events("45-node-watch-configmap-by-name");
     assert_eq!(ours[0]["type"], "MODIFIED");
     assert_eq!(ours[0]["object"]["data"], recorded[0]["object"]["data"]);
     assert!(ours.len() >= 2, "{ours:?}");

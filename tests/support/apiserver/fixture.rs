@@ -4,10 +4,11 @@
 //! headers and the shape of the body.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use serde_json::Value;
 
-use super::client::{RawClient, RawResponse};
+use super::client::{RawClient, RawResponse, RawStream};
 use super::{ApiServerDouble, Identity};
 
 /// One recorded exchange.
@@ -322,3 +323,79 @@ impl ApiServerDouble {
         }
     }
 }
+
+/// The events of a watch body, one JSON object per chunk.
+pub fn events(chunks: &[Vec<u8>]) -> Vec<Value> {
+    chunks
+        .iter()
+        .map(|c| {
+            assert_eq!(
+                c.last(),
+                Some(&b'\n'),
+                "one event per chunk, newline-terminated"
+            );
+            assert_eq!(
+                c.iter().filter(|b| **b == b'\n').count(),
+                1,
+                "one event per chunk"
+            );
+            serde_json::from_slice(c).expect("event JSON")
+        })
+        .collect()
+}
+
+pub fn recorded_events(name: &str) -> Vec<Value> {
+    let f = load(name);
+    String::from_utf8_lossy(&f.response_body)
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).expect("recorded event"))
+        .collect()
+}
+
+pub fn drain(watch: &mut RawStream) -> Vec<Vec<u8>> {
+    watch.set_timeout(Duration::from_secs(20));
+    let mut chunks = Vec::new();
+    while let Some(c) = watch.next_chunk().expect("chunk") {
+        chunks.push(c);
+    }
+    chunks
+}
+
+pub fn rv_of(r: &RawResponse) -> String {
+    r.json()["metadata"]["resourceVersion"]
+        .as_str()
+        .expect("resourceVersion")
+        .to_string()
+}
+
+/// Replays each fixture in turn.
+pub fn replay_all(s: &mut Session, names: &[&str]) {
+    for n in names {
+        s.replay(n);
+    }
+}
+
+/// Objects the recording created without recording them.
+pub fn unrecorded_objects(d: &ApiServerDouble) {
+    let cm: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "unrelated-config", "namespace": "default"}, "data": {"k": "v"}
+    }))
+    .expect("configmap");
+    d.put_configmap(cm);
+    let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "unrelated-secret", "namespace": "default"}, "stringData": {"k": "v"}
+    }))
+    .expect("secret");
+    d.put_secret(secret);
+}
+
+pub const NODE_SETUP: [&str; 1] = ["08-node-create"];
+pub const POD_SETUP: [&str; 6] = [
+    "19-admin-create-configmap",
+    "20-admin-create-secret",
+    "22-admin-create-pod-sleep-1",
+    "23-admin-create-pod-sleep-2",
+    "24-admin-create-pod-app-with-refs",
+    "25-admin-create-pod-on-other-node",
+];
