@@ -74,7 +74,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     // mirror pods (the cluster's view of our static pods) go to the uplink instead.
     let (api_tx, mut api_rx) = mpsc::channel::<source::SourceSnapshot>(8);
     let (objects_tx, mut objects_rx) = mpsc::channel(16);
-    let uplink = crate::uplink::start::start(&config, &store, api_tx, objects_tx)?;
+    let known_api_pods = mux.source_pods(source::SOURCE_API).len();
+    let uplink =
+        crate::uplink::start::start(&config, &store, known_api_pods, api_tx, objects_tx)?;
     let mut uplink = uplink;
     if let Some(u) = uplink.as_mut() {
         let mirrors = u.mirrors.clone();

@@ -46,6 +46,9 @@ pub struct ApiSourceOptions {
     pub backoff: Backoff,
     /// While watch events keep coming, snapshots go out at most this often.
     pub coalesce: Duration,
+    /// How many pods from this source the store holds (from before a restart): an
+    /// empty first LIST must be confirmed before they are stopped.
+    pub known_pods: usize,
 }
 
 impl Default for ApiSourceOptions {
@@ -56,6 +59,7 @@ impl Default for ApiSourceOptions {
                 max: Duration::from_secs(300),
             },
             coalesce: Duration::from_millis(100),
+            known_pods: 0,
         }
     }
 }
@@ -103,6 +107,10 @@ pub enum ApiSourceError {
     /// A LIST older than what this source already saw: a lagging apiserver or cache.
     #[error("list at resourceVersion {listed} is older than resourceVersion {seen} already seen (a stale cache); keeping the pods as they are")]
     StaleList { listed: u64, seen: u64 },
+    /// A LIST with no pods while pods from the cluster run: believed only when the
+    /// next LIST says the same.
+    #[error("list came back empty while {0} pod(s) from the cluster run; listing once more before stopping them")]
+    EmptyList(usize),
     #[error("list response has no resourceVersion")]
     NoResourceVersion,
     #[error("list still not complete after {0} pages")]

@@ -85,6 +85,7 @@ impl NodeModel for DeviceModel {
 pub fn start(
     config: &Config,
     store: &Store,
+    known_api_pods: usize,
     api_pods: mpsc::Sender<SourceSnapshot>,
     objects_changed: mpsc::Sender<ObjectKey>,
 ) -> Result<Option<Uplink>, crate::Error> {
@@ -116,6 +117,7 @@ pub fn start(
         objects,
         wanted,
         objects_changed,
+        known_api_pods,
         outbox,
         node_uid,
         mirrors,
@@ -138,6 +140,7 @@ struct Parts {
     objects: ObjectCache,
     wanted: PodSetReceiver,
     objects_changed: mpsc::Sender<ObjectKey>,
+    known_api_pods: usize,
     outbox: Outbox,
     node_uid: NodeUid,
     mirrors: SharedMirrors,
@@ -209,7 +212,10 @@ impl Parts {
         if let Err(e) = crate::source::spawn_api_source(
             client,
             self.config.node_name.clone(),
-            crate::source::ApiSourceOptions::default(),
+            crate::source::ApiSourceOptions {
+                known_pods: self.known_api_pods,
+                ..crate::source::ApiSourceOptions::default()
+            },
             self.api_pods,
         ) {
             log::error!("uplink: cannot start the pod source: {e}");

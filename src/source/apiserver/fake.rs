@@ -146,6 +146,7 @@ pub(super) fn options() -> ApiSourceOptions {
             max: Duration::from_secs(4),
         },
         coalesce: Duration::ZERO,
+        known_pods: 0,
     }
 }
 

@@ -51,6 +51,16 @@ impl PodSet {
         self.listed = true;
     }
 
+    /// How many pods the set holds.
+    pub(super) fn len(&self) -> usize {
+        self.pods.len()
+    }
+
+    /// Whether a LIST has been taken in.
+    pub(super) fn is_listed(&self) -> bool {
+        self.listed
+    }
+
     /// ADDED or MODIFIED: the pod as it is now. A pod the cluster considers finished
     /// (Succeeded or Failed, phases it never leaves) goes, so it is never started again.
     pub(super) fn upsert(&mut self, pod: Pod) {

@@ -62,6 +62,8 @@ pub(super) struct Reflector<L, C> {
     /// once, so a server that expires every watch does not cause a LIST storm.
     relisted_for_gone: bool,
     sent_at: Option<Instant>,
+    /// An empty LIST came while pods ran; the next LIST decides.
+    confirm_empty: bool,
     /// The trouble last logged, so a repeating failure is logged once.
     reported: Option<String>,
 }
@@ -85,6 +87,7 @@ impl<L: PodLister, C: Clock> Reflector<L, C> {
             failures: 0,
             relisted_for_gone: false,
             sent_at: None,
+            confirm_empty: false,
             reported: None,
         }
     }
@@ -168,6 +171,18 @@ impl<L: PodLister, C: Clock> Reflector<L, C> {
                     }
                     self.highest_rv = listed;
                 }
+                let running = if self.pods.is_listed() {
+                    self.pods.len()
+                } else {
+                    self.options.known_pods
+                };
+                if items.is_empty() && running > 0 && !self.confirm_empty {
+                    // A transient fault (a cache not yet filled, a proxy answering for
+                    // the apiserver) must not stop a site's pods: ask again first.
+                    self.confirm_empty = true;
+                    return Err(ApiSourceError::EmptyList(running));
+                }
+                self.confirm_empty = false;
                 self.pods.replace(items);
                 return Ok(rv);
             }

@@ -501,3 +501,58 @@ fn held_back_changes_go_out_when_the_stream_ends() {
     assert_eq!(seen, [vec![], vec!["a"], vec!["a", "b"]]);
     h.stop();
 }
+
+#[test]
+fn an_empty_list_after_a_drop_is_believed_only_when_repeated() {
+    let mut h = start(
+        vec![
+            page(10, vec![pod("a", 5, "app:1"), pod("b", 6, "app:1")], None),
+            // After the 410: empty (a cache not filled yet), then the pods again.
+            page(20, vec![], None),
+            page(21, vec![pod("a", 5, "app:1"), pod("b", 6, "app:1")], None),
+        ],
+        vec![WatchStep::Stream(vec![expired_event()])],
+    );
+    let calls = h.calls_once(5);
+    assert_eq!(
+        calls[..5],
+        [list_call(), watch_call("10"), list_call(), list_call(), watch_call("21")]
+    );
+    let sent = h.sent();
+    assert!(
+        sent.iter().all(|s| names(s) == ["a", "b"]),
+        "the empty list never reached the mux: {:?}",
+        sent.iter().map(names).collect::<Vec<_>>()
+    );
+    assert_eq!(h.sleeps(), jitter(&[1]), "one back-off before asking again");
+    h.stop();
+}
+
+#[test]
+fn an_empty_list_repeated_stops_the_pods() {
+    let mut h = start(
+        vec![
+            page(10, vec![pod("a", 5, "app:1")], None),
+            page(20, vec![], None),
+            page(21, vec![], None),
+        ],
+        vec![WatchStep::Stream(vec![expired_event()])],
+    );
+    assert_eq!(h.until(&[]), 2, "the list, then the confirmed empty one");
+    h.stop();
+}
+
+#[test]
+fn an_empty_first_list_with_stored_pods_is_confirmed_first() {
+    let opts = ApiSourceOptions {
+        known_pods: 3,
+        ..options()
+    };
+    let mut h = start_with(
+        vec![page(20, vec![], None), page(21, vec![pod("a", 5, "app:1")], None)],
+        vec![],
+        opts,
+    );
+    assert_eq!(h.until(&["a"]), 1, "nothing went out before the second list");
+    h.stop();
+}
