@@ -75,8 +75,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     let (api_tx, mut api_rx) = mpsc::channel::<source::SourceSnapshot>(8);
     let (objects_tx, mut objects_rx) = mpsc::channel(16);
     let known_api_pods = mux.source_pods(source::SOURCE_API).len();
-    let uplink =
-        crate::uplink::start::start(&config, &store, known_api_pods, api_tx, objects_tx)?;
+    let uplink = crate::uplink::start::start(&config, &store, known_api_pods, api_tx, objects_tx)?;
     let mut uplink = uplink;
     if let Some(u) = uplink.as_mut() {
         let mirrors = u.mirrors.clone();

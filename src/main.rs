@@ -126,8 +126,12 @@ fn init_logging(verbosity: Option<u8>) {
         2 | 3 => "debug",
         _ => "trace",
     };
-    // Quiet libcontainer's and sled's chatter unless asked for it.
-    let default = format!("{level},libcontainer=warn,libcgroups=warn,sled=warn");
+    // Quiet the libraries' chatter (libcontainer, sled, the HTTP and TLS stack) until
+    // the highest level; holdfast's own lines follow `--v`.
+    let libs = if level == "trace" { "debug" } else { "warn" };
+    let default = format!(
+        "{level},libcontainer={libs},libcgroups={libs},sled={libs},ureq={libs},ureq_proto={libs},rustls={libs}"
+    );
     let env = env_logger::Env::default().default_filter_or(default);
     let _ = env_logger::Builder::from_env(env).try_init();
 }

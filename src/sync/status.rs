@@ -38,9 +38,13 @@ pub fn pod_status(
     i: &StatusInputs<'_>,
 ) -> PodStatus {
     let spec = pod.spec.as_ref();
-    let policy = spec
-        .and_then(|s| s.restart_policy.as_deref())
-        .unwrap_or("Always");
+    // A pod that is over restarts nothing: its containers show how they ended.
+    let policy = if i.terminal {
+        "Never"
+    } else {
+        spec.and_then(|s| s.restart_policy.as_deref())
+            .unwrap_or("Always")
+    };
     let containers: &[Container] = spec.map(|s| s.containers.as_slice()).unwrap_or(&[]);
     let pod_name = pod.metadata.name.as_deref().unwrap_or("");
     let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
@@ -331,5 +335,105 @@ pub fn qos_class(containers: &[Container]) -> &'static str {
         "Guaranteed"
     } else {
         "Burstable"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::ContainerId;
+    use crate::sync::record::Instance;
+    use k8s_openapi::api::core::v1::PodSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn pod(policy: &str) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                name: Some("web".into()),
+                uid: Some("u1".into()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(PodSpec {
+                restart_policy: Some(policy.into()),
+                containers: vec![Container {
+                    name: "main".into(),
+                    image: Some("busybox".into()),
+                    ..Container::default()
+                }],
+                ..PodSpec::default()
+            }),
+            status: None,
+        }
+    }
+
+    fn ended(code: i32) -> BTreeMap<String, ContainerRecord> {
+        let id = ContainerId::derive("u1", "main", 0);
+        let mut rec = ContainerRecord::new("main");
+        rec.current = Some(Instance {
+            id: id.clone(),
+            image: "busybox".into(),
+            image_id: String::new(),
+            state: InstanceState::Terminated(Terminated {
+                container_id: Some(id.uri()),
+                exit_code: code,
+                signal: None,
+                reason: if code == 0 { "Completed" } else { "Error" }.into(),
+                message: None,
+                started_at: None,
+                finished_at: Timestamp::from_second(1_800_000_000).expect("ts"),
+            }),
+        });
+        BTreeMap::from([("main".to_string(), rec)])
+    }
+
+    fn status_of(policy: &str, code: i32, terminal: bool) -> PodStatus {
+        let backoff = Backoff {
+            initial: Duration::from_secs(10),
+            max: Duration::from_secs(300),
+        };
+        let inputs = StatusInputs {
+            now: Timestamp::from_second(1_800_000_001).expect("ts"),
+            backoff: &backoff,
+            start_time: None,
+            host_ip: None,
+            previous: None,
+            terminal,
+        };
+        pod_status(&pod(policy), &ended(code), &inputs)
+    }
+
+    #[test]
+    fn a_deleted_pod_ends_in_a_terminal_phase_with_its_exit_codes() {
+        // Running, restarting: a restartPolicy Always pod whose container ended.
+        assert_eq!(
+            status_of("Always", 0, false).phase.as_deref(),
+            Some("Running")
+        );
+        // Deleted and stopped: terminal, by the exit codes, whatever the policy.
+        let s = status_of("Always", 0, true);
+        assert_eq!(s.phase.as_deref(), Some("Succeeded"));
+        let cs = &s.container_statuses.expect("statuses")[0];
+        let t = cs
+            .state
+            .as_ref()
+            .and_then(|st| st.terminated.as_ref())
+            .expect("terminated");
+        assert_eq!(t.exit_code, 0);
+        assert_eq!(
+            status_of("Always", 143, true).phase.as_deref(),
+            Some("Failed")
+        );
+        assert_eq!(
+            status_of("OnFailure", 143, true).phase.as_deref(),
+            Some("Failed")
+        );
+        let ready = status_of("Always", 0, true)
+            .conditions
+            .expect("conditions")
+            .into_iter()
+            .find(|c| c.type_ == "Ready")
+            .expect("Ready");
+        assert_eq!(ready.status, "False");
+        assert_eq!(ready.reason.as_deref(), Some("PodCompleted"));
     }
 }

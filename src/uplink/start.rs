@@ -161,7 +161,9 @@ impl Parts {
                 Err(e) => {
                     let msg = e.to_string();
                     if msg != last_error {
-                        log::error!("{msg}; pods keep running, the kubeconfig is read again with back-off");
+                        log::error!(
+                            "{msg}; pods keep running, the kubeconfig is read again with back-off"
+                        );
                         last_error = msg;
                     }
                     failures = failures.saturating_add(1);

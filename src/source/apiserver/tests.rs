@@ -516,7 +516,13 @@ fn an_empty_list_after_a_drop_is_believed_only_when_repeated() {
     let calls = h.calls_once(5);
     assert_eq!(
         calls[..5],
-        [list_call(), watch_call("10"), list_call(), list_call(), watch_call("21")]
+        [
+            list_call(),
+            watch_call("10"),
+            list_call(),
+            list_call(),
+            watch_call("21")
+        ]
     );
     let sent = h.sent();
     assert!(
@@ -549,10 +555,17 @@ fn an_empty_first_list_with_stored_pods_is_confirmed_first() {
         ..options()
     };
     let mut h = start_with(
-        vec![page(20, vec![], None), page(21, vec![pod("a", 5, "app:1")], None)],
+        vec![
+            page(20, vec![], None),
+            page(21, vec![pod("a", 5, "app:1")], None),
+        ],
         vec![],
         opts,
     );
-    assert_eq!(h.until(&["a"]), 1, "nothing went out before the second list");
+    assert_eq!(
+        h.until(&["a"]),
+        1,
+        "nothing went out before the second list"
+    );
     h.stop();
 }
