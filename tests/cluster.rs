@@ -472,3 +472,84 @@ fn a_kubeconfig_that_cannot_work_leaves_the_pods_running() {
     a.stop();
     a.reset();
 }
+
+#[test]
+fn configmaps_and_secrets_a_pod_references_are_fetched_and_followed() {
+    use k8s_openapi::api::core::v1::{
+        ConfigMap, ConfigMapVolumeSource, Secret, SecretVolumeSource, Volume,
+    };
+    if !need_root() {
+        return;
+    }
+    let api = double();
+    let meta = |name: &str| ObjectMeta {
+        name: Some(name.into()),
+        namespace: Some("default".into()),
+        ..ObjectMeta::default()
+    };
+    api.put_configmap(ConfigMap {
+        metadata: meta("app-config"),
+        data: Some(BTreeMap::from([("log.level".to_string(), "info".to_string())])),
+        ..ConfigMap::default()
+    });
+    api.put_secret(Secret {
+        metadata: meta("app-secret"),
+        string_data: Some(BTreeMap::from([("token".to_string(), "s3cr3t-value".to_string())])),
+        ..Secret::default()
+    });
+    let mut a = agent("cluster-objects", &api);
+    a.start();
+    let mut pod = bound_pod("app", 1);
+    if let Some(spec) = pod.spec.as_mut() {
+        spec.volumes = Some(vec![
+            Volume {
+                name: "config".into(),
+                config_map: Some(ConfigMapVolumeSource {
+                    name: "app-config".into(),
+                    ..ConfigMapVolumeSource::default()
+                }),
+                ..Volume::default()
+            },
+            Volume {
+                name: "secret".into(),
+                secret: Some(SecretVolumeSource {
+                    secret_name: Some("app-secret".into()),
+                    ..SecretVolumeSource::default()
+                }),
+                ..Volume::default()
+            },
+        ]);
+    }
+    api.create_pod(pod);
+    let node_user = format!("system:node:{NODE}");
+    for kind in ["configmaps", "secrets"] {
+        wait(&api, &a, &format!("the node to list and watch its {kind}"), |api| {
+            let log = api.request_log();
+            let by_node = |watch: bool| {
+                log.iter().any(|l| {
+                    l.user == node_user
+                        && l.code == 200
+                        && l.path == format!("/api/v1/namespaces/default/{kind}")
+                        && l.query.contains("fieldSelector=metadata.name%3Dapp-")
+                        && l.query.contains("watch=true") == watch
+                })
+            };
+            by_node(false) && by_node(true)
+        });
+    }
+    // A change arrives through the watch.
+    api.put_configmap(ConfigMap {
+        metadata: meta("app-config"),
+        data: Some(BTreeMap::from([("log.level".to_string(), "debug".to_string())])),
+        ..ConfigMap::default()
+    });
+    a.wait_until("the change noticed", WAIT, |a| {
+        a.agent_log().contains("configmap default/app-config changed")
+    });
+    assert!(
+        !a.agent_log().contains("s3cr3t-value"),
+        "a secret's value reached the log"
+    );
+    a.stop();
+    a.reset();
+}
