@@ -127,6 +127,11 @@ impl Agent {
         });
     }
 
+    /// The running agent's process id, or None when it is not running.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// SIGKILL: the agent dies at once, as in a crash.
     pub fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {
