@@ -7,7 +7,8 @@
 //! # Layout
 //! - [`config`]: flags and the KubeletConfiguration-shaped config file.
 //! - [`store`]: the sled database; nobody else opens sled.
-//! - [`source`]: pod sources (static manifest files) and the mux that merges them.
+//! - [`source`]: pod sources (static manifest files, the apiserver's list and watch) and
+//!   the mux that merges them.
 //! - [`sync`]: the sync loop, pod workers, restart back-off, pod phase and conditions.
 //! - [`runtime`]: containers on libcontainer, driven by a per-container shim process.
 //! - [`image`]: the content-addressed image store, archive import and layer unpacking.
@@ -16,7 +17,10 @@
 //! - [`cli`]: the `holdfast` subcommands other than `run`.
 //! - [`check`]: `holdfast check`, what the kernel and system provide and what is missing.
 //! - [`control`]: the local control socket `pods` and `image` use while an agent runs.
-//! - [`node`]: facts about the device (its address).
+//! - [`node`]: facts about the device: address, CPUs, memory, storage, identity.
+//! - [`uplink`]: the kube-apiserver: client (kubeconfig, TLS), Node and Lease, pod status
+//!   and final deletes, mirror pods, events, ConfigMaps and Secrets.
+//! - [`time`]: wall-clock time as Kubernetes reports it.
 //! - [`quantity`]: Kubernetes quantities (`64Mi`, `500m`).
 
 pub mod agent;

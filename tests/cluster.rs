@@ -489,12 +489,18 @@ fn configmaps_and_secrets_a_pod_references_are_fetched_and_followed() {
     };
     api.put_configmap(ConfigMap {
         metadata: meta("app-config"),
-        data: Some(BTreeMap::from([("log.level".to_string(), "info".to_string())])),
+        data: Some(BTreeMap::from([(
+            "log.level".to_string(),
+            "info".to_string(),
+        )])),
         ..ConfigMap::default()
     });
     api.put_secret(Secret {
         metadata: meta("app-secret"),
-        string_data: Some(BTreeMap::from([("token".to_string(), "s3cr3t-value".to_string())])),
+        string_data: Some(BTreeMap::from([(
+            "token".to_string(),
+            "s3cr3t-value".to_string(),
+        )])),
         ..Secret::default()
     });
     let mut a = agent("cluster-objects", &api);
@@ -523,28 +529,37 @@ fn configmaps_and_secrets_a_pod_references_are_fetched_and_followed() {
     api.create_pod(pod);
     let node_user = format!("system:node:{NODE}");
     for kind in ["configmaps", "secrets"] {
-        wait(&api, &a, &format!("the node to list and watch its {kind}"), |api| {
-            let log = api.request_log();
-            let by_node = |watch: bool| {
-                log.iter().any(|l| {
-                    l.user == node_user
-                        && l.code == 200
-                        && l.path == format!("/api/v1/namespaces/default/{kind}")
-                        && l.query.contains("fieldSelector=metadata.name%3Dapp-")
-                        && l.query.contains("watch=true") == watch
-                })
-            };
-            by_node(false) && by_node(true)
-        });
+        wait(
+            &api,
+            &a,
+            &format!("the node to list and watch its {kind}"),
+            |api| {
+                let log = api.request_log();
+                let by_node = |watch: bool| {
+                    log.iter().any(|l| {
+                        l.user == node_user
+                            && l.code == 200
+                            && l.path == format!("/api/v1/namespaces/default/{kind}")
+                            && l.query.contains("fieldSelector=metadata.name%3Dapp-")
+                            && l.query.contains("watch=true") == watch
+                    })
+                };
+                by_node(false) && by_node(true)
+            },
+        );
     }
     // A change arrives through the watch.
     api.put_configmap(ConfigMap {
         metadata: meta("app-config"),
-        data: Some(BTreeMap::from([("log.level".to_string(), "debug".to_string())])),
+        data: Some(BTreeMap::from([(
+            "log.level".to_string(),
+            "debug".to_string(),
+        )])),
         ..ConfigMap::default()
     });
     a.wait_until("the change noticed", WAIT, |a| {
-        a.agent_log().contains("configmap default/app-config changed")
+        a.agent_log()
+            .contains("configmap default/app-config changed")
     });
     assert!(
         !a.agent_log().contains("s3cr3t-value"),

@@ -235,8 +235,9 @@ fn a_missing_resource_is_not_found_and_a_closed_port_is_transient() {
     let dir = TempDir::new("uplink-tls-404");
     let client = Client::from_kubeconfig(&kubeconfig(&d, &dir.0, KubeconfigOptions::default()))
         .expect("client");
+    // The node's own Node, before it registers (fixture 06): 404, not 403.
     let err = client
-        .get::<Value>("/api/v1/nodes/nowhere")
+        .get::<Value>("/api/v1/nodes/edge-node-1")
         .expect_err("404");
     assert!(err.is_not_found(), "{err}");
 

@@ -292,16 +292,23 @@ impl<M: NodeModel> NodeController<M> {
         match api.get_node(&self.name) {
             Ok(_) => Ok(()),
             Err(e) if e.is_not_found() => {
-                log::warn!(
-                    "node {} was deleted from the cluster; registering it again",
-                    self.name
-                );
-                self.registered = false;
-                self.reported = None;
+                self.node_gone();
                 Err(e)
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// The Node is gone from the cluster: register it again, with a new lease.
+    fn node_gone(&mut self) {
+        log::warn!(
+            "node {} was deleted from the cluster; registering it again",
+            self.name
+        );
+        self.registered = false;
+        self.reported = None;
+        self.lease = None;
+        self.next_renew = None;
     }
 
     fn report_status(
@@ -328,14 +335,7 @@ impl<M: NodeModel> NodeController<M> {
                 Ok(())
             }
             Err(e) if e.is_not_found() => {
-                log::warn!(
-                    "node {} was deleted from the cluster; registering it again",
-                    self.name
-                );
-                self.registered = false;
-                self.reported = None;
-                self.lease = None;
-                self.next_renew = None;
+                self.node_gone();
                 Err(e)
             }
             Err(e) => Err(e),

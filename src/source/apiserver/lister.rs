@@ -65,7 +65,7 @@ pub fn list_path(node_name: &str, limit: u32, continue_token: Option<&str>) -> S
     let mut path = format!("{}&limit={limit}", selected(node_name));
     if let Some(token) = continue_token {
         path.push_str("&continue=");
-        path.push_str(&query_escape(token));
+        path.push_str(&crate::uplink::escape(token));
     }
     path
 }
@@ -75,30 +75,15 @@ pub fn watch_path(node_name: &str, resource_version: &str, timeout_secs: u64) ->
     format!(
         "{}&watch=true&allowWatchBookmarks=true&resourceVersion={}&timeoutSeconds={timeout_secs}",
         selected(node_name),
-        query_escape(resource_version)
+        crate::uplink::escape(resource_version)
     )
 }
 
 fn selected(node_name: &str) -> String {
     format!(
         "/api/v1/pods?fieldSelector={}",
-        query_escape(&format!("spec.nodeName={node_name}"))
+        crate::uplink::escape(&format!("spec.nodeName={node_name}"))
     )
-}
-
-/// Percent-encodes everything but RFC 3986's unreserved characters, as Go's
-/// `url.QueryEscape` does for the characters a node name, a resourceVersion or a
-/// continue token can hold.
-fn query_escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 #[cfg(test)]
@@ -140,8 +125,8 @@ mod tests {
 
     #[test]
     fn query_values_are_escaped() {
-        assert_eq!(query_escape("a=b&c d/+"), "a%3Db%26c%20d%2F%2B");
-        assert_eq!(query_escape("tok-_.~9"), "tok-_.~9");
+        assert_eq!(crate::uplink::escape("a=b&c d/+"), "a%3Db%26c%20d%2F%2B");
+        assert_eq!(crate::uplink::escape("tok-_.~9"), "tok-_.~9");
         assert!(list_path("n1", 500, Some("x=&y")).ends_with("&continue=x%3D%26y"));
     }
 }
