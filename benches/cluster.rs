@@ -12,6 +12,8 @@
 //!
 //! Prints a table and writes `target/bench/cluster.json`.
 
+mod common;
+
 #[path = "../tests/support/agent.rs"]
 mod agent;
 #[path = "../tests/support/apiserver/mod.rs"]
@@ -142,7 +144,7 @@ fn main() {
     let rest = rest.elapsed();
     std::thread::sleep(Duration::from_secs(5));
     let mem_pods = memory(pid);
-    let processes = running_containers(&a.root);
+    let processes = common::running_containers(&a.root);
     assert_eq!(processes, MEMORY_PODS, "container processes running");
 
     a.stop();
@@ -308,19 +310,6 @@ fn wait(api: &ApiServerDouble, a: &Agent, what: &str, cond: impl FnMut(&ApiServe
             tail.join("\n")
         );
     }
-}
-
-/// Containers whose process runs (the shim wrote `started.json` and no `exit.json`).
-fn running_containers(root: &Path) -> usize {
-    std::fs::read_dir(root.join("containers"))
-        .map(|d| {
-            d.flatten()
-                .filter(|e| {
-                    e.path().join("started.json").exists() && !e.path().join("exit.json").exists()
-                })
-                .count()
-        })
-        .unwrap_or(0)
 }
 
 /// Requests by kind.

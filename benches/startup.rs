@@ -7,6 +7,8 @@
 //!
 //! Prints a table and writes `target/bench/startup.json`.
 
+mod common;
+
 #[path = "../tests/support/oci.rs"]
 mod oci;
 
@@ -64,7 +66,9 @@ fn main() {
         );
         let t0 = Instant::now();
         std::fs::write(manifests.join(format!("p{i}.yaml")), yaml).expect("manifest");
-        wait(Duration::from_secs(60), || started(&root) > i);
+        wait(Duration::from_secs(60), || {
+            common::running_containers(&root) > i
+        });
         holdfast.push(t0.elapsed());
         if i + 1 == MEMORY_PODS {
             // Let the agent settle (status written, logs opened) before reading memory.
@@ -89,7 +93,9 @@ fn main() {
     for f in std::fs::read_dir(&manifests).expect("manifests").flatten() {
         let _ = std::fs::remove_file(f.path());
     }
-    wait(Duration::from_secs(120), || started(&root) == 0);
+    wait(Duration::from_secs(120), || {
+        common::running_containers(&root) == 0
+    });
     agent.stop();
     let _ = Command::new(BIN)
         .args(["reset", "--root-dir"])
@@ -191,19 +197,6 @@ fn wait(within: Duration, mut cond: impl FnMut() -> bool) {
         assert!(Instant::now() < deadline, "timed out");
         std::thread::sleep(Duration::from_micros(500));
     }
-}
-
-/// Containers whose process runs (the shim has written `started.json`, not `exit.json`).
-fn started(root: &Path) -> usize {
-    std::fs::read_dir(root.join("containers"))
-        .map(|d| {
-            d.flatten()
-                .filter(|e| {
-                    e.path().join("started.json").exists() && !e.path().join("exit.json").exists()
-                })
-                .count()
-        })
-        .unwrap_or(0)
 }
 
 /// (RSS, PSS) in KiB from smaps_rollup.
