@@ -295,18 +295,12 @@ fn running(api: &ApiServerDouble, name: &str) -> bool {
 /// Drop cleans up) with the last requests and the agent's log after `WAIT`.
 fn wait(api: &ApiServerDouble, a: &Agent, what: &str, cond: impl FnMut(&ApiServerDouble) -> bool) {
     if !api.wait_for(WAIT, cond) {
-        let log: Vec<String> = api
-            .request_log()
-            .iter()
-            .rev()
-            .take(40)
-            .map(|l| format!("{} {}?{} -> {}", l.method, l.path, l.query, l.code))
-            .collect();
+        let log = api.recent_requests(40);
         let agent_log = a.agent_log();
         let tail: Vec<&str> = agent_log.lines().rev().take(60).collect();
         panic!(
             "timed out waiting for {what}\n--- last requests (newest first) ---\n{}\n--- agent log (newest first) ---\n{}",
-            log.join("\n"),
+            log,
             tail.join("\n")
         );
     }

@@ -79,16 +79,10 @@ fn condition(pod: &Pod, type_: &str) -> Option<String> {
 
 fn wait(api: &ApiServerDouble, a: &Agent, what: &str, cond: impl FnMut(&ApiServerDouble) -> bool) {
     if !api.wait_for(WAIT, cond) {
-        let log: Vec<String> = api
-            .request_log()
-            .iter()
-            .rev()
-            .take(40)
-            .map(|l| format!("{} {}?{} -> {}", l.method, l.path, l.query, l.code))
-            .collect();
+        let log = api.recent_requests(40);
         panic!(
             "timed out waiting for {what}\n--- last requests (newest first) ---\n{}\n--- agent log ---\n{}",
-            log.join("\n"),
+            log,
             a.agent_log()
         );
     }

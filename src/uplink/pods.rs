@@ -187,9 +187,8 @@ impl PodUplink {
             self.outbox.retry_removed(removed_left);
         }
 
-        let mut events: Vec<EventReport> = events.into_iter().collect();
-        let mut unsent = Vec::new();
-        for (i, e) in events.drain(..).enumerate() {
+        let mut unsent: Vec<EventReport> = Vec::new();
+        for e in events {
             if down {
                 unsent.push(e);
                 continue;
@@ -215,7 +214,7 @@ impl PodUplink {
                     down = true;
                     unsent.push(e);
                 }
-                Err(err) => log::debug!("event {i} for pod {}: {err}", e.pod.name),
+                Err(err) => log::debug!("event {} for pod {}: {err}", e.reason, e.pod.name),
             }
         }
         if !unsent.is_empty() {

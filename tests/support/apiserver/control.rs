@@ -234,6 +234,18 @@ impl ApiServerDouble {
     }
 
     /// Forgets the requests logged so far.
+    /// The last `n` requests, newest first, one `METHOD path?query -> code` a line: for
+    /// a failing test's message.
+    pub fn recent_requests(&self, n: usize) -> String {
+        self.request_log()
+            .iter()
+            .rev()
+            .take(n)
+            .map(|l| format!("{} {}?{} -> {}", l.method, l.path, l.query, l.code))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
     pub fn clear_request_log(&self) {
         lock(&self.shared.log).clear();
     }
