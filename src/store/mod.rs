@@ -4,6 +4,7 @@
 //! are JSON. Writes happen on state change only; callers that need a change to survive
 //! a power cut call [`Store::flush`].
 
+mod batch;
 mod tree;
 
 use std::fs::{File, OpenOptions};
@@ -14,6 +15,7 @@ use std::time::{Duration, Instant};
 use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg};
 
+pub use batch::Batch;
 pub use tree::Tree;
 
 /// Bumped when the layout of a tree changes; a store written by a newer holdfast is

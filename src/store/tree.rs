@@ -52,12 +52,21 @@ where
         })
     }
 
-    fn encode(&self, key: &str, value: &T) -> Result<Vec<u8>, StoreError> {
+    pub(super) fn encode(&self, key: &str, value: &T) -> Result<Vec<u8>, StoreError> {
         serde_json::to_vec(value).map_err(|source| StoreError::Encode {
             tree: self.name,
             key: key.to_string(),
             source,
         })
+    }
+
+    pub(super) fn raw(&self) -> &sled::Tree {
+        &self.tree
+    }
+
+    /// The tree's name in the store.
+    pub fn name(&self) -> &'static str {
+        self.name
     }
 
     pub fn get(&self, key: &str) -> Result<Option<T>, StoreError> {
