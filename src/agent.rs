@@ -1,18 +1,23 @@
 //! agent: wires config, store, sources, sync loop and runtime together for `holdfast run`.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use tokio::sync::mpsc;
 
 use crate::backoff::Backoff;
 use crate::config::Config;
 use crate::control::server::{self, Control};
 use crate::image::ImageStore;
+use crate::node::NodeFacts;
 use crate::runtime::LibcontainerRuntime;
 use crate::source::{self, Mux};
 use crate::store::Store;
 use crate::sync::{Deps, SyncLoop};
+use crate::uplink::node_status::{capacity_and_allocatable, NodeInput};
+use crate::uplink::objects::ObjectCache;
 use crate::Error;
 
 /// Runs the agent until `shutdown` completes. Containers keep running afterwards.
@@ -73,7 +78,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     // With a kubeconfig, pods the cluster binds to this node join the file source's;
     // mirror pods (the cluster's view of our static pods) go to the uplink instead.
     let (api_tx, mut api_rx) = mpsc::channel::<source::SourceSnapshot>(8);
-    let (objects_tx, mut objects_rx) = mpsc::channel(16);
+    // A changed ConfigMap or Secret resyncs the pods that reference it.
+    let (objects_tx, objects_rx) = mpsc::channel(16);
     let known_api_pods = mux.source_pods(source::SOURCE_API).len();
     let uplink = crate::uplink::start::start(&config, &store, known_api_pods, api_tx, objects_tx)?;
     let mut uplink = uplink;
@@ -96,12 +102,6 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
             }
         });
     }
-    tokio::spawn(async move {
-        // The seam for env and volume updates: a changed ConfigMap or Secret.
-        while let Some(key) = objects_rx.recv().await {
-            log::debug!("{key} changed");
-        }
-    });
     let reporter = uplink
         .as_ref()
         .map(|u| u.reporter.clone())
@@ -152,6 +152,12 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         Err(e) => log::warn!("control socket: {e}; `holdfast pods` will not reach this agent"),
     }
 
+    // Standalone, the cache is empty and static pods may not use it; a cluster node
+    // reads what the uplink keeps, which is there after a reboot with no uplink.
+    let objects = match uplink.as_ref() {
+        Some(u) => u.objects.clone(),
+        None => ObjectCache::open(&store).map_err(|e| Error::Cli(e.to_string()))?,
+    };
     let deps = Deps {
         runtime,
         images,
@@ -161,6 +167,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         root_dir: root.clone(),
         node_name: config.node_name.clone(),
         host_ip: crate::node::host_ip(),
+        objects,
+        allocatable: allocatable(&config, &root).await,
         backoff: Backoff {
             initial: config.crash_loop.initial,
             max: config.crash_loop.max,
@@ -177,6 +185,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         config.static_pod_path.display()
     );
     SyncLoop::new(deps)
+        .with_object_changes(objects_rx)
         .run(initial, change_rx, exit_rx, resync_rx, shutdown)
         .await;
     let _ = std::fs::remove_file(root.join(crate::control::SOCKET));
@@ -184,4 +193,26 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     drop(uplink);
     log::info!("holdfast stopped; containers keep running");
     Ok(())
+}
+
+/// The node's allocatable resources as its status reports them, which
+/// `resourceFieldRef` gives a container without limits. Empty if the config cannot
+/// describe the node (the uplink reports that).
+async fn allocatable(config: &Config, root: &std::path::Path) -> BTreeMap<String, Quantity> {
+    let input = match NodeInput::from_config(config) {
+        Ok(i) => i,
+        Err(e) => {
+            log::warn!("node allocatable unknown ({e}): resourceFieldRef limits default to 0");
+            return BTreeMap::new();
+        }
+    };
+    let root = root.to_owned();
+    let facts = tokio::task::spawn_blocking(move || NodeFacts::read(&root)).await;
+    match facts {
+        Ok(facts) => capacity_and_allocatable(&input, &facts, None).1,
+        Err(e) => {
+            log::warn!("read node facts: {e}: resourceFieldRef limits default to 0");
+            BTreeMap::new()
+        }
+    }
 }

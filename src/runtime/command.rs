@@ -1,6 +1,7 @@
 //! A container's command line and environment by Kubernetes rules: `command` replaces
 //! the image's Entrypoint and drops its Cmd, `args` alone replace Cmd, and `$(VAR)` in
-//! command, args and env values expands from the container's own env.
+//! command and args expands from the container's own env (resolved by `sync::env`,
+//! which expands env values with [`expand`] too).
 
 use std::collections::HashMap;
 
@@ -10,11 +11,13 @@ use oci_spec::image::Config as ImageConfig;
 use super::RuntimeError;
 
 /// The container's environment as `NAME=value` strings: the image's Env, then the
-/// container's `env`, a later name replacing an earlier one in place.
+/// container's own variables (already resolved, see `sync::env`), a later name
+/// replacing an earlier one in place.
 ///
-/// Also returns the container's own variables, which are what `$(VAR)` refers to.
+/// Also returns the container's own variables, which are what `$(VAR)` in command and
+/// args refers to.
 pub fn environment(
-    container: &Container,
+    own: &[(String, String)],
     image: Option<&ImageConfig>,
 ) -> Result<(Vec<String>, HashMap<String, String>), RuntimeError> {
     let mut ordered: Vec<(String, String)> = Vec::new();
@@ -30,29 +33,22 @@ pub fn environment(
         set(name, value.to_owned(), &mut ordered);
     }
 
-    let mut own: HashMap<String, String> = HashMap::new();
-    for var in container.env.iter().flatten() {
-        if var.value_from.is_some() {
+    let mut vars: HashMap<String, String> = HashMap::new();
+    for (name, value) in own {
+        if name.is_empty() || name.contains('=') {
+            // Names never reach here unchecked; the message names no value.
             return Err(RuntimeError::Config(format!(
-                "env {:?} of container {:?}: valueFrom is not supported",
-                var.name, container.name
+                "env name {name:?} is not valid"
             )));
         }
-        if var.name.is_empty() || var.name.contains('=') {
-            return Err(RuntimeError::Config(format!(
-                "env name {:?} of container {:?} is not valid",
-                var.name, container.name
-            )));
-        }
-        let value = expand(var.value.as_deref().unwrap_or(""), &own);
-        own.insert(var.name.clone(), value.clone());
-        set(&var.name, value, &mut ordered);
+        vars.insert(name.clone(), value.clone());
+        set(name, value.clone(), &mut ordered);
     }
     let env = ordered
         .into_iter()
         .map(|(n, v)| format!("{n}={v}"))
         .collect();
-    Ok((env, own))
+    Ok((env, vars))
 }
 
 /// The process's argv.
@@ -126,7 +122,6 @@ pub fn expand(input: &str, vars: &HashMap<String, String>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::{EnvVar, EnvVarSource};
     use oci_spec::image::ConfigBuilder;
 
     fn vars(pairs: &[(&str, &str)]) -> HashMap<String, String> {
@@ -146,23 +141,20 @@ mod tests {
             .expect("image config")
     }
 
-    fn container(command: &[&str], args: &[&str], env: &[(&str, &str)]) -> Container {
+    fn container(command: &[&str], args: &[&str]) -> Container {
         let to = |v: &[&str]| (!v.is_empty()).then(|| v.iter().map(|s| s.to_string()).collect());
         Container {
             name: "c".into(),
             command: to(command),
             args: to(args),
-            env: Some(
-                env.iter()
-                    .map(|(n, v)| EnvVar {
-                        name: n.to_string(),
-                        value: Some(v.to_string()),
-                        value_from: None,
-                    })
-                    .collect(),
-            ),
             ..Default::default()
         }
+    }
+
+    fn pairs(env: &[(&str, &str)]) -> Vec<(String, String)> {
+        env.iter()
+            .map(|(n, v)| (n.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]
@@ -182,29 +174,29 @@ mod tests {
     fn command_and_args_rules() {
         let img = image(&["/entry"], &["cmd1", "cmd2"], &[]);
         let env = HashMap::new();
-        let c = container(&[], &[], &[]);
+        let c = container(&[], &[]);
         assert_eq!(
             argv(&c, Some(&img), &env).ok(),
             Some(vec!["/entry".into(), "cmd1".into(), "cmd2".into()])
         );
-        let c = container(&["/bin/sh", "-c"], &[], &[]);
+        let c = container(&["/bin/sh", "-c"], &[]);
         assert_eq!(
             argv(&c, Some(&img), &env).ok(),
             Some(vec!["/bin/sh".into(), "-c".into()])
         );
-        let c = container(&[], &["a1"], &[]);
+        let c = container(&[], &["a1"]);
         assert_eq!(
             argv(&c, Some(&img), &env).ok(),
             Some(vec!["/entry".into(), "a1".into()])
         );
-        let c = container(&["/x"], &["a1"], &[]);
+        let c = container(&["/x"], &["a1"]);
         assert_eq!(
             argv(&c, Some(&img), &env).ok(),
             Some(vec!["/x".into(), "a1".into()])
         );
         let empty = image(&[], &[], &[]);
         assert!(matches!(
-            argv(&container(&[], &[], &[]), Some(&empty), &env),
+            argv(&container(&[], &[]), Some(&empty), &env),
             Err(RuntimeError::Config(_))
         ));
     }
@@ -212,27 +204,18 @@ mod tests {
     #[test]
     fn env_merge_and_expansion() {
         let img = image(&[], &["sh"], &["PATH=/bin", "A=image", "NOVALUE"]);
-        let c = container(
-            &["echo", "$(A)", "$(PATH)", "$$(A)"],
-            &[],
-            &[("A", "mine"), ("B", "$(A)-b")],
-        );
-        let (env, own) = environment(&c, Some(&img)).expect("env");
+        let c = container(&["echo", "$(A)", "$(PATH)", "$$(A)"], &[]);
+        let own = pairs(&[("A", "mine"), ("B", "mine-b")]);
+        let (env, vars) = environment(&own, Some(&img)).expect("env");
         assert_eq!(env, vec!["PATH=/bin", "A=mine", "NOVALUE=", "B=mine-b"]);
         // Only the container's own env expands: PATH came from the image.
-        let args = argv(&c, Some(&img), &own).expect("argv");
+        let args = argv(&c, Some(&img), &vars).expect("argv");
         assert_eq!(args, vec!["echo", "mine", "$(PATH)", "$(A)"]);
     }
 
     #[test]
-    fn value_from_is_a_config_error() {
-        let mut c = container(&["x"], &[], &[]);
-        c.env = Some(vec![EnvVar {
-            name: "SECRET".into(),
-            value: None,
-            value_from: Some(EnvVarSource::default()),
-        }]);
-        let err = environment(&c, None).expect_err("valueFrom");
-        assert!(err.to_string().contains("valueFrom"), "{err}");
+    fn a_bad_name_is_a_config_error() {
+        let err = environment(&pairs(&[("A=B", "x")]), None).expect_err("bad name");
+        assert!(matches!(err, RuntimeError::Config(_)), "{err}");
     }
 }

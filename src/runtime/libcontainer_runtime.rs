@@ -164,6 +164,7 @@ impl LibcontainerRuntime {
         let oci = spec::build(&spec::SpecInput {
             pod: req.pod,
             container: req.container,
+            env: req.env,
             image: &req.image.config,
             user: ids,
             rootfs: &rootfs,

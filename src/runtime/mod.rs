@@ -52,6 +52,7 @@ pub mod spec;
 mod supervise;
 mod user;
 
+pub use command::expand;
 pub use libcontainer_runtime::{LibcontainerRuntime, DEFAULT_LOG_MAX_FILES, DEFAULT_LOG_MAX_SIZE};
 pub use reset::remove_all;
 pub use shim::shim_main;
@@ -128,6 +129,9 @@ pub struct StartRequest<'a> {
     pub id: ContainerId,
     pub pod: &'a Pod,
     pub container: &'a Container,
+    /// The container's own environment, resolved from `env` and `envFrom` (see
+    /// `sync::env`). Holds secret values: never log it.
+    pub env: &'a [(String, String)],
     pub restart_count: u32,
     pub image: &'a ResolvedImage,
     /// The node's name (hostname of host-network pods).

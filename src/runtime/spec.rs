@@ -29,6 +29,8 @@ const NOFILE: u64 = 1_048_576;
 pub struct SpecInput<'a> {
     pub pod: &'a Pod,
     pub container: &'a Container,
+    /// The container's own environment, resolved (secret values: never log it).
+    pub env: &'a [(String, String)],
     pub image: &'a ImageConfiguration,
     /// The image's `User`, already resolved to numeric ids.
     pub user: (u32, u32),
@@ -72,7 +74,7 @@ pub fn is_best_effort(container: &Container) -> bool {
 pub fn build(input: &SpecInput<'_>) -> Result<Spec, RuntimeError> {
     let container = input.container;
     let image = input.image.config().as_ref();
-    let (env, own_env) = command::environment(container, image)?;
+    let (env, own_env) = command::environment(input.env, image)?;
     let args = command::argv(container, image, &own_env)?;
     let cwd = container
         .working_dir

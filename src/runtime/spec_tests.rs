@@ -47,6 +47,7 @@ fn spec_json(pod: &Pod, container: &Container) -> Value {
     let input = SpecInput {
         pod,
         container,
+        env: &[],
         image: &image,
         user: (1000, 1001),
         rootfs: Path::new("/c/bundle/rootfs"),
@@ -200,6 +201,7 @@ fn bad_quantity_and_relative_workdir_are_config_errors() {
         let input = SpecInput {
             pod: &p,
             container: c,
+            env: &[],
             image: &image,
             user: (0, 0),
             rootfs: Path::new("/r"),

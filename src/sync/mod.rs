@@ -5,18 +5,20 @@
 //! runtime and the resync timer become messages to one worker per pod UID, and each
 //! worker owns its pod (kube-runtime's rule: never reconcile one object twice at once).
 
+pub mod env;
 mod plan;
 pub mod record;
 pub mod status;
 mod worker;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
@@ -25,6 +27,7 @@ use crate::image::ImageStore;
 use crate::runtime::{ContainerId, ContainerState, Runtime};
 use crate::source::PodChange;
 use crate::store::{Store, StoreError, Tree};
+use crate::uplink::objects::{references, ObjectCache, ObjectKey, ObjectKind, References};
 
 pub use record::ContainerRecord;
 pub use worker::PodState;
@@ -44,6 +47,11 @@ pub struct Deps {
     pub root_dir: PathBuf,
     pub node_name: String,
     pub host_ip: Option<String>,
+    /// The cached ConfigMaps and Secrets that container environments read.
+    pub objects: ObjectCache,
+    /// The node's allocatable resources: what `resourceFieldRef` reports as the limit
+    /// of a container that sets none.
+    pub allocatable: BTreeMap<String, Quantity>,
     pub backoff: Backoff,
     pub crash_loop_reset: Duration,
     pub sync_frequency: Duration,
@@ -73,6 +81,10 @@ pub struct SyncLoop {
     finished: HashSet<String>,
     registered_tx: mpsc::Sender<(ContainerId, String)>,
     registered_rx: mpsc::Receiver<(ContainerId, String)>,
+    /// The ConfigMaps and Secrets each worker's pod references, by pod UID.
+    references: HashMap<String, References>,
+    /// ConfigMaps and Secrets that changed in the cache.
+    objects_changed: Option<mpsc::Receiver<ObjectKey>>,
 }
 
 impl SyncLoop {
@@ -86,7 +98,16 @@ impl SyncLoop {
             finished: HashSet::new(),
             registered_tx,
             registered_rx,
+            references: HashMap::new(),
+            objects_changed: None,
         }
+    }
+
+    /// Resyncs the pods that reference a ConfigMap or Secret when `changed` says it
+    /// changed in the cache: a container waiting for it starts at once.
+    pub fn with_object_changes(mut self, changed: mpsc::Receiver<ObjectKey>) -> Self {
+        self.objects_changed = Some(changed);
+        self
     }
 
     /// Runs until `shutdown` completes. Pods keep running after it returns.
@@ -116,6 +137,7 @@ impl SyncLoop {
             self.apply(change).await;
         }
         tokio::pin!(shutdown);
+        let mut objects_changed = self.objects_changed.take();
         let mut tick = tokio::time::interval(self.deps.sync_frequency);
         tick.tick().await;
         loop {
@@ -125,6 +147,7 @@ impl SyncLoop {
                 Some(id) = exits.recv() => self.route_exit(id).await,
                 Some((id, uid)) = self.registered_rx.recv() => { self.owners.insert(id, uid); }
                 Some(()) = resyncs.recv() => self.broadcast_resync().await,
+                Some(key) = next_change(&mut objects_changed) => self.resync_referencing(&key),
                 _ = tick.tick() => self.broadcast_resync().await,
                 Some(done) = self.tasks.join_next(), if !self.tasks.is_empty() => {
                     if let Ok(uid) = done {
@@ -149,6 +172,7 @@ impl SyncLoop {
                 // `insert` is false when the deletion was seen before.
                 let seen = deleted && !self.finished.insert(uid.clone());
                 if let Some(h) = self.workers.get(&uid) {
+                    self.references.insert(uid.clone(), references(&pod));
                     let _ = h.tx.send(WorkerMsg::Update(pod)).await;
                 } else if seen {
                     // Stopped and reported already; waiting for the API to drop it.
@@ -166,6 +190,7 @@ impl SyncLoop {
     }
 
     fn spawn(&mut self, uid: String, pod: Pod, terminate_first: bool) {
+        self.references.insert(uid.clone(), references(&pod));
         let (tx, rx) = mpsc::channel(WORKER_QUEUE);
         let mut worker = Worker::new(self.deps.clone(), pod, self.registered_tx.clone());
         worker.terminate_first = terminate_first;
@@ -179,6 +204,7 @@ impl SyncLoop {
 
     fn forget(&mut self, uid: &str) {
         self.workers.remove(uid);
+        self.references.remove(uid);
         self.owners.retain(|_, owner| owner != uid);
     }
 
@@ -201,6 +227,25 @@ impl SyncLoop {
         for h in self.workers.values() {
             // A full mailbox already holds a message that will make the worker sync.
             let _ = h.tx.try_send(WorkerMsg::Resync);
+        }
+    }
+
+    /// Wakes the workers whose pod references `key`.
+    fn resync_referencing(&self, key: &ObjectKey) {
+        let wanted = (key.namespace.clone(), key.name.clone());
+        for (uid, refs) in &self.references {
+            let uses = match key.kind {
+                ObjectKind::ConfigMap => refs.config_maps.contains(&wanted),
+                ObjectKind::Secret => refs.secrets.contains(&wanted),
+            };
+            if !uses {
+                continue;
+            }
+            if let Some(h) = self.workers.get(uid) {
+                log::debug!("{key} changed: resyncing pod {uid}");
+                // A full mailbox already holds a message that will make the worker sync.
+                let _ = h.tx.try_send(WorkerMsg::Resync);
+            }
         }
     }
 
@@ -275,5 +320,19 @@ impl SyncLoop {
                 log::info!("removed container {id}, which belongs to no pod");
             }
         }
+    }
+}
+
+/// The next change on `rx`, or never when there is no channel (or it closed).
+async fn next_change(rx: &mut Option<mpsc::Receiver<ObjectKey>>) -> Option<ObjectKey> {
+    match rx {
+        Some(r) => match r.recv().await {
+            Some(key) => Some(key),
+            None => {
+                *rx = None;
+                std::future::pending().await
+            }
+        },
+        None => std::future::pending().await,
     }
 }

@@ -24,7 +24,9 @@ use crate::node::NodeFacts;
 use crate::time::Timestamp;
 
 pub use patch::{needs_report, status_patch};
-pub use resources::{binary_si, decimal_si, Resources, Threshold, DEFAULT_EVICTION_HARD};
+pub use resources::{
+    binary_si, capacity_and_allocatable, decimal_si, Resources, Threshold, DEFAULT_EVICTION_HARD,
+};
 
 /// `nodeInfo.kubeletVersion`, the VERSION column of `kubectl get nodes`: the Kubernetes
 /// API level holdfast implements (k8s-openapi's `v1_34`), so version-skew rules and

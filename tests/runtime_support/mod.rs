@@ -109,6 +109,7 @@ impl Env {
             id: id.clone(),
             pod,
             container,
+            env: &[],
             restart_count: 0,
             image: &self.image,
             node_name: "testnode",

@@ -1,0 +1,557 @@
+//! A container's environment as the kubelet builds it (`makeEnvironmentVariables`):
+//! `envFrom` first, then `env` in order, each `value` with `$(VAR)` expanded against what
+//! came before, each `valueFrom` resolved from the pod (`fieldRef`), the container's
+//! resources (`resourceFieldRef`) or the cached ConfigMaps and Secrets.
+//!
+//! Reads the store's copy of ConfigMaps and Secrets ([`ObjectCache`]) and never the
+//! apiserver, so a pod from the cluster gets its environment after a reboot with no
+//! uplink. An object that is not cached is "not found", as the kubelet says when the
+//! apiserver has no such object; the worker retries on resync and at once when the
+//! object arrives.
+//!
+//! Secret values pass through here: nothing in this file logs or formats a value, and
+//! [`Environment`] has no `Debug`. Errors name objects and keys, never values.
+
+use std::collections::{BTreeMap, HashMap};
+
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Container, ObjectFieldSelector, Pod, ResourceFieldSelector, Secret,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+use crate::quantity;
+use crate::runtime::expand;
+use crate::uplink::objects::{ObjectCache, ObjectsError};
+
+/// Why a container's environment cannot be built: the kubelet's
+/// CreateContainerConfigError, with the kubelet's message.
+#[derive(Debug, thiserror::Error)]
+pub enum EnvError {
+    /// `configmap "x" not found`, `secret "x" not found`.
+    #[error("{kind} {name:?} not found")]
+    NotFound { kind: &'static str, name: String },
+    /// `couldn't find key k in ConfigMap ns/x`.
+    #[error("couldn't find key {key} in {kind} {namespace}/{name}")]
+    MissingKey {
+        kind: &'static str,
+        namespace: String,
+        name: String,
+        key: String,
+    },
+    /// A static pod has no API objects to read (the apiserver refuses mirror pods that
+    /// reference them).
+    #[error("couldn't get {kind} {namespace}/{name}, static pods cannot reference API objects")]
+    StaticPod {
+        kind: &'static str,
+        namespace: String,
+        name: String,
+    },
+    /// The store could not be read; the error names the tree and key only.
+    #[error("read {kind} {namespace}/{name}: {source}")]
+    Cache {
+        kind: &'static str,
+        namespace: String,
+        name: String,
+        #[source]
+        source: ObjectsError,
+    },
+    /// A `fieldRef` the kubelet does not support, or with a bad subscript.
+    #[error("{0}")]
+    FieldRef(String),
+    /// A `resourceFieldRef` the kubelet does not support, or with a bad quantity.
+    #[error("{0}")]
+    ResourceFieldRef(String),
+    /// A name the runtime cannot pass on.
+    #[error("env name {name:?} of container {container:?} is not valid")]
+    InvalidName { name: String, container: String },
+    /// A value with a NUL byte, which no process environment can hold.
+    #[error("env {name:?} of container {container:?}: the value contains a NUL byte")]
+    NulInValue { name: String, container: String },
+}
+
+/// What resolution needs besides the pod and container.
+pub struct EnvInputs<'a> {
+    pub objects: &'a ObjectCache,
+    /// The node's name, for `spec.nodeName` of a pod that does not carry it.
+    pub node_name: &'a str,
+    /// The node's address: `status.hostIP`, and `status.podIP` while every pod shares
+    /// the node's network.
+    pub host_ip: Option<&'a str>,
+    /// The node's allocatable resources: the limit `resourceFieldRef` reports for a
+    /// container that sets none, as the kubelet does.
+    pub allocatable: &'a BTreeMap<String, Quantity>,
+}
+
+/// A container's own environment, resolved. No `Debug`: it holds secret values.
+#[derive(Default, PartialEq)]
+pub struct Environment {
+    /// `(name, value)` in the order the container declares them; a later name replaces
+    /// an earlier one in place.
+    pub vars: Vec<(String, String)>,
+    /// Warning events the kubelet records (`InvalidEnvironmentVariableNames`), as
+    /// messages; names only, never values.
+    pub invalid_names: Vec<String>,
+}
+
+impl Environment {
+    fn set(&mut self, index: &mut HashMap<String, usize>, name: String, value: String) {
+        match index.get(&name) {
+            Some(&i) => self.vars[i].1 = value,
+            None => {
+                index.insert(name.clone(), self.vars.len());
+                self.vars.push((name, value));
+            }
+        }
+    }
+}
+
+/// The event reason for envFrom keys that are skipped.
+pub const INVALID_NAMES_REASON: &str = "InvalidEnvironmentVariableNames";
+
+/// Builds `container`'s environment by the kubelet's rules. Blocks on store reads.
+pub fn resolve(
+    pod: &Pod,
+    container: &Container,
+    inputs: &EnvInputs<'_>,
+) -> Result<Environment, EnvError> {
+    let mut objects = Lookup {
+        cache: inputs.objects,
+        namespace: namespace(pod),
+        is_static: crate::source::is_static_pod(pod),
+        config_maps: HashMap::new(),
+        secrets: HashMap::new(),
+    };
+    let mut env = Environment::default();
+    let mut index: HashMap<String, usize> = HashMap::new();
+    // The names `$(VAR)` can refer to: envFrom's and the earlier env entries.
+    let mut defined: HashMap<String, String> = HashMap::new();
+
+    // envFrom first, so that env overrides it.
+    for source in container.env_from.iter().flatten() {
+        let prefix = source.prefix.as_deref().unwrap_or("");
+        let (kind, name, pairs) = if let Some(r) = &source.config_map_ref {
+            let Some(cm) = objects.config_map(&r.name, r.optional == Some(true))? else {
+                continue;
+            };
+            let pairs: Vec<(String, String)> = cm
+                .data
+                .iter()
+                .flatten()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            ("configMap", r.name.clone(), pairs)
+        } else if let Some(r) = &source.secret_ref {
+            let Some(secret) = objects.secret(&r.name, r.optional == Some(true))? else {
+                continue;
+            };
+            let pairs: Vec<(String, String)> = secret
+                .data
+                .iter()
+                .flatten()
+                .map(|(k, v)| (k.clone(), text(&v.0)))
+                .collect();
+            ("secret", r.name.clone(), pairs)
+        } else {
+            continue;
+        };
+        let mut invalid = Vec::new();
+        for (key, value) in pairs {
+            let var = format!("{prefix}{key}");
+            if !is_env_var_name(&var) {
+                invalid.push(var);
+                continue;
+            }
+            defined.insert(var.clone(), value.clone());
+            env.set(&mut index, var, value);
+        }
+        if !invalid.is_empty() {
+            invalid.sort();
+            env.invalid_names.push(format!(
+                "Keys [{}] from the EnvFrom {kind} {}/{name} were skipped since they are \
+                 considered invalid environment variable names.",
+                invalid.join(", "),
+                objects.namespace
+            ));
+        }
+    }
+
+    for var in container.env.iter().flatten() {
+        if var.name.is_empty() || var.name.contains('=') || var.name.contains('\0') {
+            return Err(EnvError::InvalidName {
+                name: var.name.clone(),
+                container: container.name.clone(),
+            });
+        }
+        let literal = var.value.as_deref().unwrap_or("");
+        // As the kubelet: a non-empty value wins over valueFrom.
+        let value = if !literal.is_empty() {
+            expand(literal, &defined)
+        } else if let Some(from) = &var.value_from {
+            let resolved = if let Some(f) = &from.field_ref {
+                Some(field_ref(pod, f, inputs)?)
+            } else if let Some(r) = &from.resource_field_ref {
+                Some(resource_field_ref(pod, container, r, inputs.allocatable)?)
+            } else if let Some(r) = &from.config_map_key_ref {
+                let optional = r.optional == Some(true);
+                match objects.config_map(&r.name, optional)? {
+                    None => None,
+                    Some(cm) => match cm.data.as_ref().and_then(|d| d.get(&r.key)) {
+                        Some(v) => Some(v.clone()),
+                        None if optional => None,
+                        None => return Err(objects.missing_key("ConfigMap", &r.name, &r.key)),
+                    },
+                }
+            } else if let Some(r) = &from.secret_key_ref {
+                let optional = r.optional == Some(true);
+                match objects.secret(&r.name, optional)? {
+                    None => None,
+                    Some(s) => match s.data.as_ref().and_then(|d| d.get(&r.key)) {
+                        Some(v) => Some(text(&v.0)),
+                        None if optional => None,
+                        None => return Err(objects.missing_key("Secret", &r.name, &r.key)),
+                    },
+                }
+            } else {
+                Some(String::new())
+            };
+            // An optional reference to nothing leaves the variable unset.
+            let Some(value) = resolved else { continue };
+            value
+        } else {
+            String::new()
+        };
+        defined.insert(var.name.clone(), value.clone());
+        env.set(&mut index, var.name.clone(), value);
+    }
+
+    if let Some((name, _)) = env.vars.iter().find(|(_, v)| v.contains('\0')) {
+        return Err(EnvError::NulInValue {
+            name: name.clone(),
+            container: container.name.clone(),
+        });
+    }
+    Ok(env)
+}
+
+fn namespace(pod: &Pod) -> String {
+    match pod.metadata.namespace.as_deref() {
+        None | Some("") => "default".to_string(),
+        Some(ns) => ns.to_string(),
+    }
+}
+
+/// Secret bytes as an environment string. The kubelet passes bytes on and the runtime's
+/// JSON spec replaces what is not UTF-8 with U+FFFD; so does this.
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// ConfigMaps and Secrets of the pod's namespace, each read from the store once.
+struct Lookup<'a> {
+    cache: &'a ObjectCache,
+    namespace: String,
+    is_static: bool,
+    config_maps: HashMap<String, Option<ConfigMap>>,
+    secrets: HashMap<String, Option<Secret>>,
+}
+
+impl Lookup<'_> {
+    /// The ConfigMap, or None when it is missing and `optional`.
+    fn config_map(&mut self, name: &str, optional: bool) -> Result<Option<&ConfigMap>, EnvError> {
+        if self.is_static {
+            return Err(self.static_pod("configMap", name));
+        }
+        if !self.config_maps.contains_key(name) {
+            let found = self
+                .cache
+                .config_map(&self.namespace, name)
+                .map_err(|source| self.cache_error("configmap", name, source))?;
+            self.config_maps.insert(name.to_string(), found);
+        }
+        match self.config_maps.get(name).and_then(Option::as_ref) {
+            Some(cm) => Ok(Some(cm)),
+            None if optional => Ok(None),
+            None => Err(EnvError::NotFound {
+                kind: "configmap",
+                name: name.to_string(),
+            }),
+        }
+    }
+
+    /// The Secret, or None when it is missing and `optional`.
+    fn secret(&mut self, name: &str, optional: bool) -> Result<Option<&Secret>, EnvError> {
+        if self.is_static {
+            return Err(self.static_pod("secret", name));
+        }
+        if !self.secrets.contains_key(name) {
+            let found = self
+                .cache
+                .secret(&self.namespace, name)
+                .map_err(|source| self.cache_error("secret", name, source))?;
+            self.secrets.insert(name.to_string(), found);
+        }
+        match self.secrets.get(name).and_then(Option::as_ref) {
+            Some(s) => Ok(Some(s)),
+            None if optional => Ok(None),
+            None => Err(EnvError::NotFound {
+                kind: "secret",
+                name: name.to_string(),
+            }),
+        }
+    }
+
+    fn static_pod(&self, kind: &'static str, name: &str) -> EnvError {
+        EnvError::StaticPod {
+            kind,
+            namespace: self.namespace.clone(),
+            name: name.to_string(),
+        }
+    }
+
+    fn cache_error(&self, kind: &'static str, name: &str, source: ObjectsError) -> EnvError {
+        EnvError::Cache {
+            kind,
+            namespace: self.namespace.clone(),
+            name: name.to_string(),
+            source,
+        }
+    }
+
+    fn missing_key(&self, kind: &'static str, name: &str, key: &str) -> EnvError {
+        EnvError::MissingKey {
+            kind,
+            namespace: self.namespace.clone(),
+            name: name.to_string(),
+            key: key.to_string(),
+        }
+    }
+}
+
+/// The kubelet's `IsEnvVarName`, by which envFrom keys are kept or skipped: a C-like
+/// identifier that may also hold `-` and `.`, and is not `.`, `..` or `..`-prefixed.
+pub fn is_env_var_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    let Some(first) = chars.next() else {
+        return false;
+    };
+    let ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_');
+    if first.is_ascii_digit() || !ok(first) || !chars.all(ok) {
+        return false;
+    }
+    name != "." && !name.starts_with("..")
+}
+
+/// `valueFrom.fieldRef`: the kubelet's `podFieldSelectorRuntimeValue`.
+fn field_ref(
+    pod: &Pod,
+    sel: &ObjectFieldSelector,
+    inputs: &EnvInputs<'_>,
+) -> Result<String, EnvError> {
+    let version = sel.api_version.as_deref().unwrap_or("");
+    if !version.is_empty() && version != "v1" {
+        return Err(EnvError::FieldRef(format!(
+            "unsupported pod version: {version}"
+        )));
+    }
+    let path = sel.field_path.as_str();
+    let meta = &pod.metadata;
+    if let Some((field, key)) = subscripted(path) {
+        let map = match field {
+            "metadata.annotations" => &meta.annotations,
+            "metadata.labels" => &meta.labels,
+            _ => {
+                return Err(EnvError::FieldRef(format!(
+                    "field label does not support subscript: {path}"
+                )))
+            }
+        };
+        let checked = if field == "metadata.annotations" {
+            key.to_ascii_lowercase()
+        } else {
+            key.to_string()
+        };
+        if !is_qualified_name(&checked) {
+            return Err(EnvError::FieldRef(format!(
+                "invalid key subscript in {path}: not a qualified name"
+            )));
+        }
+        return Ok(map
+            .as_ref()
+            .and_then(|m| m.get(key))
+            .cloned()
+            .unwrap_or_default());
+    }
+    let spec = pod.spec.as_ref();
+    let ip = inputs.host_ip.unwrap_or("").to_string();
+    Ok(match path {
+        "metadata.name" => meta.name.clone().unwrap_or_default(),
+        "metadata.namespace" => namespace(pod),
+        "metadata.uid" => meta.uid.clone().unwrap_or_default(),
+        "metadata.labels" => format_map(meta.labels.as_ref()),
+        "metadata.annotations" => format_map(meta.annotations.as_ref()),
+        "spec.nodeName" | "spec.host" => spec
+            .and_then(|s| s.node_name.clone())
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| inputs.node_name.to_string()),
+        "spec.serviceAccountName" => spec
+            .and_then(|s| s.service_account_name.clone())
+            .unwrap_or_default(),
+        // Every pod shares the node's network: one address, the node's.
+        "status.hostIP" | "status.hostIPs" | "status.podIP" | "status.podIPs" => ip,
+        "spec.restartPolicy" | "spec.schedulerName" | "status.phase" => {
+            return Err(EnvError::FieldRef(format!("unsupported fieldPath: {path}")))
+        }
+        _ => {
+            return Err(EnvError::FieldRef(format!(
+                "field label not supported: {path}"
+            )))
+        }
+    })
+}
+
+/// `metadata.labels['key']` as `("metadata.labels", "key")`.
+fn subscripted(path: &str) -> Option<(&str, &str)> {
+    let inner = path.strip_suffix("']")?;
+    let (field, key) = inner.split_once("['")?;
+    Some((field, key))
+}
+
+/// Labels or annotations as the downward API prints a whole map: `k="v"` lines in key
+/// order, values quoted as Go's `%q` does.
+fn format_map(map: Option<&BTreeMap<String, String>>) -> String {
+    let lines: Vec<String> = map
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| format!("{k}={}", go_quote(v)))
+        .collect();
+    lines.join("\n")
+}
+
+fn go_quote(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            '\r' => out.push_str("\\r"),
+            c if (c as u32) < 0x20 || c as u32 == 0x7f => {
+                out.push_str(&format!("\\x{:02x}", c as u32))
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// Kubernetes' `IsQualifiedName`: `[prefix/]name`, the name at most 63 alphanumerics,
+/// `-`, `_` and `.` that starts and ends alphanumeric, the prefix a DNS subdomain.
+fn is_qualified_name(s: &str) -> bool {
+    let (prefix, name) = match s.split_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, s),
+    };
+    let name_ok = !name.is_empty()
+        && name.len() <= 63
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    let prefix_ok = prefix.is_none_or(|p| {
+        !p.is_empty()
+            && p.len() <= 253
+            && p.split('.').all(|label| {
+                !label.is_empty()
+                    && label.len() <= 63
+                    && label.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+                    && label.ends_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+                    && label
+                        .chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+            })
+    });
+    name_ok && prefix_ok
+}
+
+/// `valueFrom.resourceFieldRef`: the kubelet's `containerResourceRuntimeValue` on the
+/// pod as `defaultPodLimitsForDownwardAPI` leaves it (an unset limit is the node's
+/// allocatable amount), with requests defaulted to limits as the API does.
+fn resource_field_ref(
+    pod: &Pod,
+    container: &Container,
+    sel: &ResourceFieldSelector,
+    allocatable: &BTreeMap<String, Quantity>,
+) -> Result<String, EnvError> {
+    let target = match sel.container_name.as_deref() {
+        None | Some("") => container,
+        Some(name) => pod
+            .spec
+            .iter()
+            .flat_map(|s| {
+                s.containers
+                    .iter()
+                    .chain(s.init_containers.iter().flatten())
+            })
+            .find(|c| c.name == name)
+            .ok_or_else(|| EnvError::ResourceFieldRef(format!("container {name} not found")))?,
+    };
+    let (kind, resource) = sel
+        .resource
+        .split_once('.')
+        .filter(|(k, _)| *k == "limits" || *k == "requests")
+        .ok_or_else(|| unsupported(&sel.resource))?;
+    let cpu = match resource {
+        "cpu" => true,
+        "memory" | "ephemeral-storage" => false,
+        _ => return Err(unsupported(&sel.resource)),
+    };
+    let resources = target.resources.as_ref();
+    let limit = resources
+        .and_then(|r| r.limits.as_ref())
+        .and_then(|m| m.get(resource));
+    let request = resources
+        .and_then(|r| r.requests.as_ref())
+        .and_then(|m| m.get(resource));
+    let amount = if kind == "limits" {
+        limit.or_else(|| allocatable.get(resource))
+    } else {
+        request.or(limit)
+    };
+    let parse = |q: &str| {
+        if cpu {
+            quantity::parse_millicpu(q)
+        } else {
+            quantity::parse_bytes(q)
+        }
+    };
+    let value = match amount {
+        Some(q) => parse(&q.0).map_err(|e| {
+            EnvError::ResourceFieldRef(format!(
+                "{} of container {}: {e}",
+                sel.resource, target.name
+            ))
+        })?,
+        None => 0,
+    };
+    // A divisor of zero (or none) is 1; CPU divides in millicores.
+    let one = if cpu { 1000 } else { 1 };
+    let divisor = match sel.divisor.as_ref().filter(|d| !d.0.is_empty()) {
+        Some(d) => parse(&d.0)
+            .map_err(|e| EnvError::ResourceFieldRef(format!("divisor of {}: {e}", sel.resource)))?,
+        None => one,
+    };
+    let divisor = if divisor == 0 { one } else { divisor };
+    Ok(value.div_ceil(divisor).to_string())
+}
+
+fn unsupported(resource: &str) -> EnvError {
+    EnvError::ResourceFieldRef(format!("unsupported container resource : {resource}"))
+}
+
+#[cfg(test)]
+#[path = "env_tests.rs"]
+mod tests;
