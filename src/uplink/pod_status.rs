@@ -40,6 +40,23 @@ pub fn status_patch(uid: &str, status: &PodStatus, owns_all: bool) -> Value {
                 .collect();
             obj.insert("$setElementOrder/conditions".into(), Value::Array(order));
         }
+        // The patch carries the whole status, and a strategic merge keeps what it does
+        // not mention: a container that went from waiting to running would show both.
+        // Null what a state no longer holds, as the kubelet's two-way patch does.
+        for list in ["containerStatuses", "initContainerStatuses"] {
+            let Some(Value::Array(statuses)) = obj.get_mut(list) else {
+                continue;
+            };
+            for status in statuses.iter_mut() {
+                for field in ["state", "lastState"] {
+                    if let Some(Value::Object(state)) = status.get_mut(field) {
+                        for member in ["waiting", "running", "terminated"] {
+                            state.entry(member).or_insert(Value::Null);
+                        }
+                    }
+                }
+            }
+        }
     }
     json!({ "metadata": { "uid": uid }, "status": body })
 }
@@ -146,6 +163,28 @@ mod tests {
             .as_object()
             .expect("object")
             .contains_key("lastProbeTime"));
+    }
+
+    #[test]
+    fn a_state_that_went_away_is_nulled() {
+        let mut st = status();
+        st.container_statuses = Some(vec![serde_json::from_value(json!({
+            "name": "main", "image": "x", "imageID": "", "ready": true, "restartCount": 0,
+            "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}},
+            "lastState": {},
+        }))
+        .expect("container status")]);
+        let body = status_patch("u1", &st, false);
+        let cs = &body["status"]["containerStatuses"][0];
+        assert_eq!(
+            cs["state"],
+            json!({"running": {"startedAt": "2026-01-01T00:00:00Z"},
+                   "waiting": null, "terminated": null})
+        );
+        assert_eq!(
+            cs["lastState"],
+            json!({"running": null, "waiting": null, "terminated": null})
+        );
     }
 
     #[test]
