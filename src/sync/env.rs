@@ -53,7 +53,7 @@ pub enum EnvError {
         namespace: String,
         name: String,
         #[source]
-        source: ObjectsError,
+        source: Box<ObjectsError>,
     },
     /// A `fieldRef` the kubelet does not support, or with a bad subscript.
     #[error("{0}")]
@@ -313,7 +313,7 @@ impl Lookup<'_> {
             kind,
             namespace: self.namespace.clone(),
             name: name.to_string(),
-            source,
+            source: Box::new(source),
         }
     }
 
