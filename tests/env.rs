@@ -268,9 +268,32 @@ fn env_from_configmaps_secrets_fields_and_resources() {
             })
         },
     );
-    // No secret value in the agent's log.
+    // No secret value in the agent's log, and the OCI config that holds them is
+    // root's alone.
     let log = a.agent_log();
     assert!(!log.contains("s3cr3t-pa55"), "secret value logged:\n{log}");
+    let id = status
+        .container_statuses
+        .as_ref()
+        .and_then(|cs| cs.first())
+        .and_then(|c| c.container_id.as_deref())
+        .and_then(|id| id.strip_prefix("libcontainer://"))
+        .expect("containerID")
+        .to_string();
+    let config = a
+        .root
+        .join("containers")
+        .join(id)
+        .join("bundle/config.json");
+    let mode = std::fs::metadata(&config)
+        .expect("config.json")
+        .permissions();
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
+        0o600,
+        "{}",
+        config.display()
+    );
     a.stop();
     a.reset();
 }

@@ -175,10 +175,22 @@ impl LibcontainerRuntime {
             nofile_hard_limit,
         })?;
         let config_path = bundle.join("config.json");
-        oci.save(&config_path).map_err(|e| RuntimeError::Io {
+        // The environment in it may hold Secret values: created 0600, root alone reads it.
+        let json = serde_json::to_vec(&oci).map_err(|e| RuntimeError::Io {
             context: format!("write {}", config_path.display()),
             source: std::io::Error::other(e.to_string()),
         })?;
+        {
+            use std::io::Write;
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&config_path)
+                .and_then(|mut f| f.write_all(&json))
+                .map_err(io_err(format!("write {}", config_path.display())))?;
+        }
 
         let shim = ShimConfig {
             id: req.id.0.clone(),
