@@ -14,13 +14,13 @@ use tokio::time::Instant;
 use crate::runtime::{ContainerId, ContainerState, RuntimeError, StartRequest};
 use crate::time::{self, Timestamp};
 
-use super::env::{self, EnvInputs};
 use super::plan::{self, Action};
 use super::record::{ContainerRecord, Instance, InstanceState, Terminated, Waiting};
 use super::status::{self, StatusInputs};
 use super::Deps;
 use crate::uplink::report::EventType;
 
+mod environment;
 mod stop;
 
 /// Messages a worker takes, in order.
@@ -464,64 +464,6 @@ impl Worker {
             }
         }
         self.records.insert(c.name.clone(), rec);
-    }
-
-    /// The container's environment, or None with `rec` waiting in
-    /// CreateContainerConfigError (a missing ConfigMap, Secret or key, ...), which the
-    /// next sync tries again: on resync, or at once when the object arrives.
-    async fn environment(
-        &self,
-        c: &k8s_openapi::api::core::v1::Container,
-        rec: &mut ContainerRecord,
-    ) -> Option<Vec<(String, String)>> {
-        let deps = self.deps.clone();
-        let pod = self.pod.clone();
-        let container = c.clone();
-        let resolved = blocking(move || {
-            let inputs = EnvInputs {
-                objects: &deps.objects,
-                node_name: &deps.node_name,
-                host_ip: deps.host_ip.as_deref(),
-                allocatable: &deps.allocatable,
-            };
-            env::resolve(&pod, &container, &inputs)
-        })
-        .await;
-        match resolved {
-            Ok(environment) => {
-                for message in environment.invalid_names {
-                    self.deps.reporter.event(
-                        &self.pod,
-                        None,
-                        EventType::Warning,
-                        env::INVALID_NAMES_REASON,
-                        message,
-                    );
-                }
-                Some(environment.vars)
-            }
-            Err(e) => {
-                // The message names objects and keys, never a value.
-                let message = e.to_string();
-                let waiting = Waiting {
-                    reason: "CreateContainerConfigError".into(),
-                    message: Some(message.clone()),
-                };
-                // Said once per distinct failure, not on every retry.
-                if rec.waiting.as_ref() != Some(&waiting) {
-                    log::warn!("pod {}: container {}: {message}", self.name(), c.name);
-                    self.deps.reporter.event(
-                        &self.pod,
-                        Some(&c.name),
-                        EventType::Warning,
-                        "Failed",
-                        format!("Error: {message}"),
-                    );
-                }
-                rec.waiting = Some(waiting);
-                None
-            }
-        }
     }
 
     /// The image id of an image already present, for containers adopted after a restart.
