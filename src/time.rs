@@ -1,10 +1,68 @@
-//! Wall-clock time as Kubernetes reports it.
+//! Wall-clock time as Kubernetes reports it, and whether it can be believed.
+//!
+//! A gateway without a real-time clock boots in 1970 and jumps forward by years when NTP
+//! syncs. Timers, back-off and lease schedules use [`std::time::Instant`] and never see
+//! the jump; this module deals with the wall times the agent records and reports:
+//!
+//! - the sanity rule: a wall time before [`FLOOR`] (a date near this release) is not real;
+//! - the correction: every clock reading also reads `CLOCK_BOOTTIME`, which counts from
+//!   boot and does not jump, so the agent knows `wall - boottime` before the jump and
+//!   after it. A time taken while the clock was not sane is moved by the difference once
+//!   the clock is sane ([`correct`]);
+//! - [`wire_times`], which fixes the time fields of a JSON body just before the uplink
+//!   sends it: corrected where that is possible, left out otherwise, so a 1970 time never
+//!   reaches the cluster as if it were real.
+//!
+//! What the process learned of the clock lives in one [`ClockHistory`] behind a mutex;
+//! [`now`] feeds it on every reading. Pure logic takes readings as arguments, so tests
+//! inject clocks.
+
+use std::sync::Mutex;
+use std::time::Duration;
 
 pub use k8s_openapi::jiff::Timestamp;
+use k8s_openapi::jiff::SignedDuration;
+use serde_json::Value;
 
-/// Now, as a Kubernetes `Time`.
+/// 2026-11-01T00:00:00Z: no real clock reads earlier than this. The build date would be
+/// a tighter floor, but capturing it needs a build script; raise this with releases.
+pub const FLOOR_UNIX: i64 = 1_793_491_200;
+/// [`FLOOR_UNIX`] as people read it.
+pub const FLOOR_TEXT: &str = "2026-11-01";
+
+/// The floor as a timestamp.
+pub fn floor() -> Timestamp {
+    Timestamp::from_second(FLOOR_UNIX).unwrap_or(Timestamp::UNIX_EPOCH)
+}
+
+/// Whether `t` can be a real wall time: not before [`FLOOR`](FLOOR_UNIX).
+pub fn is_sane(t: Timestamp) -> bool {
+    t.as_second() >= FLOOR_UNIX
+}
+
+/// Now, as a Kubernetes `Time`. Also records the reading, so that a time taken now can
+/// be corrected later if the clock is not sane yet.
 pub fn now() -> Timestamp {
-    Timestamp::now()
+    let r = Reading::now();
+    history().observe(r);
+    r.wall
+}
+
+/// Whether the wall clock is sane now.
+pub fn clock_is_sane() -> bool {
+    is_sane(now())
+}
+
+/// `t` as a real time: itself if it is sane, moved by the clock's jump if it was taken
+/// in this boot before the clock was set, or None when no real time can be given (the
+/// clock is still not sane, or `t` is from a clock the agent never saw).
+pub fn correct(t: Timestamp) -> Option<Timestamp> {
+    if is_sane(t) {
+        return Some(t);
+    }
+    let mut h = history();
+    h.observe(Reading::now());
+    h.correct(t)
 }
 
 /// RFC 3339 with nanoseconds, as CRI log lines carry it.
@@ -15,7 +73,455 @@ pub fn rfc3339_nano(t: Timestamp) -> String {
 
 /// `t + d`, saturating at the far future rather than failing.
 pub fn add(t: Timestamp, d: std::time::Duration) -> Timestamp {
-    let span = k8s_openapi::jiff::SignedDuration::try_from(d)
-        .unwrap_or(k8s_openapi::jiff::SignedDuration::MAX);
+    let span = SignedDuration::try_from(d).unwrap_or(SignedDuration::MAX);
     t.checked_add(span).unwrap_or(Timestamp::MAX)
+}
+
+/// One reading of the wall clock and of `CLOCK_BOOTTIME`, taken together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reading {
+    pub wall: Timestamp,
+    /// Time since boot, suspend included; never jumps.
+    pub boot: Duration,
+}
+
+impl Reading {
+    pub fn now() -> Reading {
+        Reading {
+            wall: Timestamp::now(),
+            boot: boottime(),
+        }
+    }
+
+    /// `wall - boot`: the wall time the clock would have shown at boot. Constant while
+    /// nobody sets the clock; a jump of the clock moves it by the jump.
+    pub fn offset(&self) -> SignedDuration {
+        self.wall.as_duration() - signed(self.boot)
+    }
+}
+
+/// `CLOCK_BOOTTIME`. It cannot fail on Linux with a valid clock id; if it ever did, the
+/// monotonic clock (same origin, suspend excluded) stands in.
+fn boottime() -> Duration {
+    use nix::time::{clock_gettime, ClockId};
+    let ts = clock_gettime(ClockId::CLOCK_BOOTTIME)
+        .or_else(|_| clock_gettime(ClockId::CLOCK_MONOTONIC))
+        .unwrap_or_else(|_| nix::sys::time::TimeSpec::new(0, 0));
+    Duration::new(ts.tv_sec().max(0) as u64, ts.tv_nsec().clamp(0, 999_999_999) as u32)
+}
+
+fn signed(d: Duration) -> SignedDuration {
+    SignedDuration::try_from(d).unwrap_or(SignedDuration::MAX)
+}
+
+/// Boot times may differ by this much between two readings of one offset (the two
+/// clocks are read one after the other, and NTP slews the wall clock a little).
+const SLACK: SignedDuration = SignedDuration::from_secs(2);
+
+/// What the process has seen of the clock: the offset (`wall - boot`) while it was not
+/// sane and after it became sane.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ClockHistory {
+    /// The offset of the newest reading before the floor.
+    insane: Option<SignedDuration>,
+    /// The newest reading.
+    last: Option<Reading>,
+}
+
+impl ClockHistory {
+    /// Takes in a reading; logs the moments the clock is found wrong and is set.
+    pub fn observe(&mut self, r: Reading) {
+        let was = self.last.map(|l| is_sane(l.wall));
+        if !is_sane(r.wall) {
+            let offset = r.offset();
+            if self.insane.is_none_or(|o| (o - offset).abs() > SLACK) {
+                if self.insane.is_some() {
+                    log::warn!(
+                        "wall clock set to {}, still before {FLOOR_TEXT}: times taken \
+                         before this may not be correctable",
+                        r.wall
+                    );
+                }
+                self.insane = Some(offset);
+            }
+            if was != Some(false) {
+                log::warn!(
+                    "wall clock reads {}, before {FLOOR_TEXT}: it is not set; times taken \
+                     now are held back from the cluster until it is",
+                    r.wall
+                );
+            }
+        } else if was == Some(false) {
+            if let Some(insane) = self.insane {
+                log::info!(
+                    "wall clock set: now {}, a jump of {}s; times taken before are moved by it",
+                    r.wall,
+                    (r.offset() - insane).as_secs()
+                );
+            }
+        }
+        self.last = Some(r);
+    }
+
+    /// `t` as a real time, if that can be known (see [`correct`]).
+    pub fn correct(&self, t: Timestamp) -> Option<Timestamp> {
+        if is_sane(t) {
+            return Some(t);
+        }
+        let last = self.last?;
+        if !is_sane(last.wall) {
+            return None;
+        }
+        let insane = self.insane?;
+        // When, in boot time, was `t` taken if the clock then had the offset the agent
+        // saw? Before boot, or after the newest reading, means it was not: `t` is from
+        // another boot or another wrong setting of the clock.
+        let boot_at = t.as_duration() - insane;
+        if boot_at < -SLACK || boot_at > signed(last.boot) + SLACK {
+            return None;
+        }
+        let real = t.checked_add(last.offset() - insane).ok()?;
+        is_sane(real).then_some(real)
+    }
+}
+
+static HISTORY: Mutex<ClockHistory> = Mutex::new(ClockHistory {
+    insane: None,
+    last: None,
+});
+
+fn history() -> std::sync::MutexGuard<'static, ClockHistory> {
+    // Every update leaves a consistent history: a panic elsewhere does not spoil it.
+    HISTORY.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Keys whose string values are Kubernetes `Time` or `MicroTime` in the objects the
+/// uplink sends: object metadata, pod and container status, node conditions, the
+/// Lease, Events.
+const TIME_KEYS: &[&str] = &[
+    "creationTimestamp",
+    "deletionTimestamp",
+    "startTime",
+    "startedAt",
+    "finishedAt",
+    "lastProbeTime",
+    "lastTransitionTime",
+    "lastHeartbeatTime",
+    "acquireTime",
+    "renewTime",
+    "firstTimestamp",
+    "lastTimestamp",
+    "eventTime",
+    "lastObservedTime",
+];
+
+/// Annotations whose values are times (the kubelet's `config.seen` on mirror pods).
+const TIME_ANNOTATIONS: &[&str] = &["kubernetes.io/config.seen"];
+
+/// What [`wire_times`] did to a body.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WireTimes {
+    /// Times taken before the clock was set, moved to the real time.
+    pub corrected: usize,
+    /// Times that could not be made real, left out of the body.
+    pub omitted: usize,
+}
+
+/// Fixes the time fields of a body about to go to the apiserver, with the process's
+/// clock history: see [`wire_times_with`].
+pub fn wire_times(body: &mut Value) -> WireTimes {
+    let mut h = history();
+    h.observe(Reading::now());
+    wire_times_with(&h, body)
+}
+
+/// Every time field in `body` before the floor is corrected, or removed when it cannot
+/// be. Removing is what the API allows everywhere the agent sends times: they are all
+/// optional, and in a strategic-merge patch a missing field leaves the server's value
+/// as it was, while `null` would delete it. Labels and annotations other than the
+/// known time annotations are user data and left alone.
+pub fn wire_times_with(history: &ClockHistory, body: &mut Value) -> WireTimes {
+    let mut done = WireTimes::default();
+    walk(history, body, &mut done);
+    done
+}
+
+fn walk(h: &ClockHistory, v: &mut Value, done: &mut WireTimes) {
+    match v {
+        Value::Array(items) => {
+            for item in items {
+                walk(h, item, done);
+            }
+        }
+        Value::Object(map) => {
+            let mut remove = Vec::new();
+            for (key, value) in map.iter_mut() {
+                match key.as_str() {
+                    k if TIME_KEYS.contains(&k) => {
+                        if !fix(h, value, done) {
+                            remove.push(key.clone());
+                        }
+                    }
+                    "annotations" => {
+                        if let Value::Object(a) = value {
+                            let mut gone = Vec::new();
+                            for (k, val) in a.iter_mut() {
+                                if TIME_ANNOTATIONS.contains(&k.as_str()) && !fix(h, val, done) {
+                                    gone.push(k.clone());
+                                }
+                            }
+                            for k in gone {
+                                a.remove(&k);
+                            }
+                        }
+                    }
+                    "labels" => {}
+                    _ => walk(h, value, done),
+                }
+            }
+            for key in remove {
+                map.remove(&key);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Fixes one time value in place; false when it must be removed.
+fn fix(h: &ClockHistory, v: &mut Value, done: &mut WireTimes) -> bool {
+    let Value::String(text) = v else {
+        return true;
+    };
+    let Ok(t) = text.parse::<Timestamp>() else {
+        return true;
+    };
+    if is_sane(t) {
+        return true;
+    }
+    match h.correct(t) {
+        Some(real) => {
+            *text = wire_format(real, text.contains('.'));
+            done.corrected += 1;
+            true
+        }
+        None => {
+            done.omitted += 1;
+            false
+        }
+    }
+}
+
+/// `Time` on the wire is whole seconds; `MicroTime` (and the annotation) has fractions.
+fn wire_format(t: Timestamp, fraction: bool) -> String {
+    if fraction {
+        let micros = Timestamp::from_microsecond(t.as_microsecond()).unwrap_or(t);
+        micros.strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()
+    } else {
+        t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const BOOT_AT: i64 = 1_795_000_000; // 2026-11-18, when the board booted for real
+
+    fn ts(secs: i64) -> Timestamp {
+        Timestamp::from_second(secs).expect("ts")
+    }
+
+    /// A board that boots with its clock at 0 and reads it `boot` seconds after boot.
+    fn at_1970(boot: u64) -> Reading {
+        Reading {
+            wall: ts(boot as i64),
+            boot: Duration::from_secs(boot),
+        }
+    }
+
+    /// The same board after NTP set its clock: the real time `boot` seconds after boot.
+    fn set(boot: u64) -> Reading {
+        Reading {
+            wall: ts(BOOT_AT + boot as i64),
+            boot: Duration::from_secs(boot),
+        }
+    }
+
+    #[test]
+    fn the_floor_separates_sane_from_not() {
+        assert!(!is_sane(Timestamp::UNIX_EPOCH));
+        assert!(!is_sane(ts(FLOOR_UNIX - 1)));
+        assert!(is_sane(ts(FLOOR_UNIX)));
+        assert!(is_sane(ts(BOOT_AT)));
+        assert_eq!(floor().to_string(), format!("{FLOOR_TEXT}T00:00:00Z"));
+    }
+
+    #[test]
+    fn a_time_from_before_the_jump_moves_by_the_jump() {
+        let mut h = ClockHistory::default();
+        h.observe(at_1970(30));
+        let crashed = ts(95); // a container exit, 95 s after boot
+        h.observe(at_1970(120));
+        assert_eq!(h.correct(crashed), None, "no real time before the clock is set");
+        h.observe(set(400));
+        assert_eq!(h.correct(crashed), Some(ts(BOOT_AT + 95)));
+        // Sane times pass as they are.
+        assert_eq!(h.correct(ts(BOOT_AT + 500)), Some(ts(BOOT_AT + 500)));
+    }
+
+    #[test]
+    fn a_clock_set_to_another_wrong_time_first_still_corrects() {
+        // fake-hwclock style: the clock comes up at the last shutdown's time, 1971.
+        let shut = 31_000_000;
+        let mut h = ClockHistory::default();
+        h.observe(Reading {
+            wall: ts(shut + 10),
+            boot: Duration::from_secs(10),
+        });
+        h.observe(set(60));
+        assert_eq!(h.correct(ts(shut + 42)), Some(ts(BOOT_AT + 42)));
+    }
+
+    #[test]
+    fn times_that_cannot_be_from_this_boot_are_not_corrected() {
+        let mut h = ClockHistory::default();
+        h.observe(at_1970(100));
+        h.observe(set(200));
+        // Taken "after" the newest reading: another boot, or a wrong clock the agent
+        // never saw.
+        assert_eq!(h.correct(ts(5_000)), None);
+        // Before boot.
+        assert_eq!(h.correct(ts(-50)), None);
+        // A process that never saw the clock wrong cannot correct.
+        let mut fresh = ClockHistory::default();
+        fresh.observe(set(300));
+        assert_eq!(fresh.correct(ts(100)), None);
+    }
+
+    #[test]
+    fn a_clock_that_goes_wrong_again_stops_correction() {
+        let mut h = ClockHistory::default();
+        h.observe(at_1970(10));
+        h.observe(set(20));
+        assert!(h.correct(ts(5)).is_some());
+        h.observe(at_1970(30));
+        assert_eq!(h.correct(ts(5)), None);
+    }
+
+    #[test]
+    fn readings_of_one_offset_do_not_count_as_a_jump() {
+        let mut h = ClockHistory::default();
+        h.observe(at_1970(10));
+        // Read a millisecond apart: wall and boot disagree by a hair.
+        h.observe(Reading {
+            wall: ts(11),
+            boot: Duration::from_millis(11_001),
+        });
+        h.observe(set(20));
+        assert_eq!(h.correct(ts(10)), Some(ts(BOOT_AT + 10)));
+    }
+
+    fn history_after_jump() -> ClockHistory {
+        let mut h = ClockHistory::default();
+        h.observe(at_1970(50));
+        h.observe(set(1_000));
+        h
+    }
+
+    #[test]
+    fn wire_times_correct_status_fields() {
+        let mut body = json!({
+            "metadata": {"uid": "u1"},
+            "status": {
+                "startTime": "1970-01-01T00:00:07Z",
+                "conditions": [
+                    {"type": "Ready", "lastProbeTime": null, "lastTransitionTime": "1970-01-01T00:00:09Z"}
+                ],
+                "containerStatuses": [{
+                    "name": "app",
+                    "state": {"terminated": {"exitCode": 1, "startedAt": "1970-01-01T00:00:08Z", "finishedAt": "1970-01-01T00:00:40Z"}},
+                    "lastState": {}
+                }]
+            }
+        });
+        let done = wire_times_with(&history_after_jump(), &mut body);
+        assert_eq!(done, WireTimes { corrected: 4, omitted: 0 });
+        let real = |s: i64| ts(BOOT_AT + s).strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+        assert_eq!(body["status"]["startTime"], real(7));
+        assert_eq!(body["status"]["conditions"][0]["lastTransitionTime"], real(9));
+        assert_eq!(body["status"]["conditions"][0]["lastProbeTime"], Value::Null);
+        let term = &body["status"]["containerStatuses"][0]["state"]["terminated"];
+        assert_eq!(term["startedAt"], real(8));
+        assert_eq!(term["finishedAt"], real(40));
+        assert_eq!(term["exitCode"], 1);
+    }
+
+    #[test]
+    fn wire_times_keep_micro_time_precision() {
+        let mut body = json!({"spec": {"renewTime": "1970-01-01T00:00:30.250000Z", "holderIdentity": "n"}});
+        wire_times_with(&history_after_jump(), &mut body);
+        let want = Timestamp::from_millisecond((BOOT_AT + 30) * 1000 + 250).expect("ts");
+        assert_eq!(
+            body["spec"]["renewTime"],
+            want.strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()
+        );
+        assert!(body["spec"]["renewTime"]
+            .as_str()
+            .is_some_and(|s| s.ends_with(".250000Z")));
+    }
+
+    #[test]
+    fn wire_times_leave_out_what_cannot_be_made_real() {
+        let mut h = ClockHistory::default();
+        h.observe(at_1970(50)); // not set yet
+        let mut body = json!({
+            "firstTimestamp": "1970-01-01T00:00:20Z",
+            "lastTimestamp": "1970-01-01T00:00:20Z",
+            "reason": "Started",
+            "metadata": {
+                "name": "web.1",
+                "annotations": {"kubernetes.io/config.seen": "1970-01-01T00:00:10.5Z", "note": "1970-01-01T00:00:10Z"},
+                "labels": {"startedAt": "x"}
+            }
+        });
+        let done = wire_times_with(&h, &mut body);
+        assert_eq!(done, WireTimes { corrected: 0, omitted: 3 });
+        assert_eq!(
+            body,
+            json!({
+                "reason": "Started",
+                "metadata": {
+                    "name": "web.1",
+                    "annotations": {"note": "1970-01-01T00:00:10Z"},
+                    "labels": {"startedAt": "x"}
+                }
+            })
+        );
+    }
+
+    #[test]
+    fn wire_times_pass_sane_bodies_untouched() {
+        let mut body = json!({
+            "status": {"conditions": [{"type": "Ready", "lastHeartbeatTime": "2026-11-23T10:00:00Z"}]},
+            "startedAt": "not a time",
+            "renewTime": 5
+        });
+        let before = body.clone();
+        let done = wire_times_with(&ClockHistory::default(), &mut body);
+        assert_eq!(done, WireTimes::default());
+        assert_eq!(body, before);
+    }
+
+    #[test]
+    fn the_process_clock_reads_boottime() {
+        let a = Reading::now();
+        let b = Reading::now();
+        assert!(b.boot >= a.boot);
+        assert!(a.boot > Duration::ZERO);
+        // On this machine the clock is set: nothing to correct.
+        if is_sane(a.wall) {
+            assert_eq!(correct(a.wall), Some(a.wall));
+        }
+    }
 }
