@@ -313,11 +313,22 @@ fn encode<B: Serialize + ?Sized>(
 ) -> Result<Vec<u8>, ApiError> {
     // Serialising our own typed objects fails only on a non-string map key; say so
     // instead of sending half a body.
-    serde_json::to_vec(body).map_err(|e| ApiError::Decode {
+    let failed = |e: serde_json::Error| ApiError::Decode {
         method,
         path: path.to_string(),
         message: format!("request body: {e}"),
-    })
+    };
+    let mut value = serde_json::to_value(body).map_err(failed)?;
+    // Times taken before the wall clock was set are corrected here, or left out: no
+    // 1970 time reaches the cluster as if it were real.
+    let fixed = crate::time::wire_times(&mut value);
+    if fixed.omitted > 0 {
+        log::debug!(
+            "{method} {path}: {} time(s) left out, taken before the clock was set",
+            fixed.omitted
+        );
+    }
+    serde_json::to_vec(&value).map_err(failed)
 }
 
 /// The error a non-2xx answer carries. A body that cannot be read still leaves the code.

@@ -148,6 +148,12 @@ impl<M: NodeModel> NodeController<M> {
         wall: Timestamp,
         random: u64,
     ) -> Instant {
+        // The Lease and the node's heartbeats carry the wall time: from a clock that is
+        // not set they would tell the cluster 1970, and a renewTime older than the last
+        // renews nothing. They wait for the clock, on the usual schedule.
+        if !crate::time::is_sane(wall) {
+            return now + self.timing.renew;
+        }
         match self.try_step(api, now, wall) {
             Ok(next) => {
                 if self.failures > 0 || self.last_error.is_some() {

@@ -370,3 +370,41 @@ fn a_lease_written_by_someone_else_is_read_again() {
         "{calls:?}"
     );
 }
+
+#[test]
+fn nothing_is_sent_before_the_clock_is_set_and_the_lease_follows_a_jump() {
+    let (api, mut c, _ready, _) = setup();
+    // A board that booted in 1970: its wall clock is 40 s past the epoch.
+    let booted = Clock {
+        t0: Instant::now(),
+        wall0: Timestamp::from_second(40).expect("ts"),
+    };
+    let t0 = booted.t0;
+    let mut now = t0;
+    for _ in 0..6 {
+        let next = c.step(&api, now, booted.wall(now), 0);
+        assert_eq!(next, now + TIMING.renew, "the usual schedule, no retry storm");
+        now = next;
+    }
+    assert!(api.calls().is_empty(), "no 1970 lease or status may go out");
+    assert!(!c.is_registered());
+    // NTP sets the clock years forward: registration and the lease go out at once, with
+    // the new time, and renewals keep the monotonic 10 s schedule.
+    let set = Clock {
+        t0,
+        wall0: Timestamp::from_second(1_800_000_000).expect("ts"),
+    };
+    let next = c.step(&api, now, set.wall(now), 0);
+    assert_eq!(api.calls(), ["create_node", "get_lease", "create_lease"]);
+    assert_eq!(next, now + TIMING.renew);
+    let renewed = api
+        .lease
+        .borrow()
+        .as_ref()
+        .and_then(|l| l.spec.as_ref()?.renew_time.clone())
+        .map(|t| t.0);
+    assert_eq!(renewed, Some(set.wall(now)));
+    run(&mut c, &api, &set, next, next + Duration::from_secs(30));
+    let renewals = api.calls().iter().filter(|c| *c == "update_lease").count();
+    assert_eq!(renewals, 4);
+}
