@@ -20,8 +20,8 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-pub use k8s_openapi::jiff::Timestamp;
 use k8s_openapi::jiff::SignedDuration;
+pub use k8s_openapi::jiff::Timestamp;
 use serde_json::Value;
 
 /// 2026-11-01T00:00:00Z: no real clock reads earlier than this. The build date would be
@@ -107,7 +107,10 @@ fn boottime() -> Duration {
     let ts = clock_gettime(ClockId::CLOCK_BOOTTIME)
         .or_else(|_| clock_gettime(ClockId::CLOCK_MONOTONIC))
         .unwrap_or_else(|_| nix::sys::time::TimeSpec::new(0, 0));
-    Duration::new(ts.tv_sec().max(0) as u64, ts.tv_nsec().clamp(0, 999_999_999) as u32)
+    Duration::new(
+        ts.tv_sec().max(0) as u64,
+        ts.tv_nsec().clamp(0, 999_999_999) as u32,
+    )
 }
 
 fn signed(d: Duration) -> SignedDuration {
@@ -363,7 +366,11 @@ mod tests {
         h.observe(at_1970(30));
         let crashed = ts(95); // a container exit, 95 s after boot
         h.observe(at_1970(120));
-        assert_eq!(h.correct(crashed), None, "no real time before the clock is set");
+        assert_eq!(
+            h.correct(crashed),
+            None,
+            "no real time before the clock is set"
+        );
         h.observe(set(400));
         assert_eq!(h.correct(crashed), Some(ts(BOOT_AT + 95)));
         // Sane times pass as they are.
@@ -446,11 +453,23 @@ mod tests {
             }
         });
         let done = wire_times_with(&history_after_jump(), &mut body);
-        assert_eq!(done, WireTimes { corrected: 4, omitted: 0 });
+        assert_eq!(
+            done,
+            WireTimes {
+                corrected: 4,
+                omitted: 0
+            }
+        );
         let real = |s: i64| ts(BOOT_AT + s).strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
         assert_eq!(body["status"]["startTime"], real(7));
-        assert_eq!(body["status"]["conditions"][0]["lastTransitionTime"], real(9));
-        assert_eq!(body["status"]["conditions"][0]["lastProbeTime"], Value::Null);
+        assert_eq!(
+            body["status"]["conditions"][0]["lastTransitionTime"],
+            real(9)
+        );
+        assert_eq!(
+            body["status"]["conditions"][0]["lastProbeTime"],
+            Value::Null
+        );
         let term = &body["status"]["containerStatuses"][0]["state"]["terminated"];
         assert_eq!(term["startedAt"], real(8));
         assert_eq!(term["finishedAt"], real(40));
@@ -459,7 +478,8 @@ mod tests {
 
     #[test]
     fn wire_times_keep_micro_time_precision() {
-        let mut body = json!({"spec": {"renewTime": "1970-01-01T00:00:30.250000Z", "holderIdentity": "n"}});
+        let mut body =
+            json!({"spec": {"renewTime": "1970-01-01T00:00:30.250000Z", "holderIdentity": "n"}});
         wire_times_with(&history_after_jump(), &mut body);
         let want = Timestamp::from_millisecond((BOOT_AT + 30) * 1000 + 250).expect("ts");
         assert_eq!(
@@ -486,7 +506,13 @@ mod tests {
             }
         });
         let done = wire_times_with(&h, &mut body);
-        assert_eq!(done, WireTimes { corrected: 0, omitted: 3 });
+        assert_eq!(
+            done,
+            WireTimes {
+                corrected: 0,
+                omitted: 3
+            }
+        );
         assert_eq!(
             body,
             json!({

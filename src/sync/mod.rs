@@ -8,6 +8,7 @@
 pub mod env;
 mod plan;
 pub mod record;
+mod restart_timer;
 pub mod status;
 mod worker;
 

@@ -23,6 +23,8 @@ use crate::uplink::report::EventType;
 mod environment;
 mod stop;
 
+use super::restart_timer::RestartTimers;
+
 /// Messages a worker takes, in order.
 #[derive(Debug)]
 pub enum WorkerMsg {
@@ -55,6 +57,8 @@ pub(super) struct Worker {
     wake: Option<Instant>,
     /// The restart count for which a BackOff event went out, per container.
     backoff_told: BTreeMap<String, u32>,
+    /// Back-off deadlines on the monotonic clock.
+    restart_timers: RestartTimers,
     registered: mpsc::Sender<(ContainerId, String)>,
     /// Set for a pod that is only to be stopped (it was removed while the agent was down).
     pub(super) terminate_first: bool,
@@ -96,6 +100,7 @@ impl Worker {
             start_time,
             wake: None,
             backoff_told: BTreeMap::new(),
+            restart_timers: RestartTimers::default(),
             registered,
             terminate_first: false,
         }
@@ -171,7 +176,16 @@ impl Worker {
                 .entry(c.name.clone())
                 .or_insert_with(|| ContainerRecord::new(&c.name))
                 .clone();
-            match plan::plan(&policy, &rec, time::now(), &self.deps.backoff) {
+            let wall = time::now();
+            let planned = plan::plan(&policy, &rec, wall, &self.deps.backoff);
+            let (action, wake) = self.restart_timers.apply(
+                &c.name,
+                rec.restart_count,
+                planned,
+                wall,
+                Instant::now(),
+            );
+            match action {
                 Action::Keep => {}
                 Action::Start => self.start(c, rec).await,
                 Action::Restart => {
@@ -185,7 +199,7 @@ impl Worker {
                     rec.restart_count = rec.restart_count.saturating_add(1);
                     self.start(c, rec).await;
                 }
-                Action::BackOff { until, .. } => {
+                Action::BackOff { .. } => {
                     if self.backoff_told.get(&c.name) != Some(&rec.restart_count) {
                         self.backoff_told.insert(c.name.clone(), rec.restart_count);
                         let pod_name = self.pod.metadata.name.clone().unwrap_or_default();
@@ -200,17 +214,16 @@ impl Worker {
                             ),
                         );
                     }
-                    self.wake_at(until)
+                    if let Some(at) = wake {
+                        self.wake_at(at)
+                    }
                 }
             }
         }
         self.persist().await;
     }
 
-    fn wake_at(&mut self, at: Timestamp) {
-        let left = at.duration_since(time::now());
-        let left = Duration::try_from(left).unwrap_or(Duration::ZERO);
-        let at = Instant::now() + left;
+    fn wake_at(&mut self, at: Instant) {
         self.wake = Some(match self.wake {
             Some(w) if w < at => w,
             _ => at,

@@ -383,7 +383,11 @@ fn nothing_is_sent_before_the_clock_is_set_and_the_lease_follows_a_jump() {
     let mut now = t0;
     for _ in 0..6 {
         let next = c.step(&api, now, booted.wall(now), 0);
-        assert_eq!(next, now + TIMING.renew, "the usual schedule, no retry storm");
+        assert_eq!(
+            next,
+            now + TIMING.renew,
+            "the usual schedule, no retry storm"
+        );
         now = next;
     }
     assert!(api.calls().is_empty(), "no 1970 lease or status may go out");
