@@ -2,16 +2,12 @@
 //! that can be trusted with TLS certificates.
 
 use super::{Facts, Item, Status};
+// A clock before the floor is certainly wrong; the agent holds back times taken before it.
+use crate::time::{FLOOR_TEXT as CLOCK_FLOOR_TEXT, FLOOR_UNIX as CLOCK_FLOOR_UNIX};
 
 /// Below this, an image pull or a day of logs can fill the disk.
 const MIN_FREE_BYTES: u64 = 500 * 1024 * 1024;
 const MIN_FREE_INODES_PERCENT: u64 = 5;
-/// 2026-11-01T00:00:00Z. A clock before the day this check was written is certainly
-/// wrong. The build date would be a tighter floor, but capturing it needs a build
-/// script, and a build script for one timestamp costs every build; raise this with
-/// releases instead.
-const CLOCK_FLOOR_UNIX: i64 = 1_793_491_200;
-const CLOCK_FLOOR_TEXT: &str = "2026-11-01";
 
 pub fn checks(f: &Facts, required: &mut Vec<Item>) {
     match &f.disk {

@@ -166,6 +166,12 @@ impl Parts {
                         );
                         last_error = msg;
                     }
+                    if wait_for_clock(&self.stop) {
+                        // The certificates looked not yet valid to a clock that was not
+                        // set: read the file again now that it is, not after a back-off
+                        // that grew while the board was in 1970.
+                        continue;
+                    }
                     failures = failures.saturating_add(1);
                     let wait = RELOAD.jittered(failures, crate::backoff::random());
                     sleep_unless_stopped(&self.stop, wait.max(RELOAD.initial));
@@ -223,6 +229,17 @@ impl Parts {
             log::error!("uplink: cannot start the pod source: {e}");
         }
     }
+}
+
+/// Waits while the wall clock is not set (reading the local clock only); true if it
+/// had to wait.
+fn wait_for_clock(stop: &AtomicBool) -> bool {
+    let mut waited = false;
+    while !stop.load(Ordering::Relaxed) && !crate::time::clock_is_sane() {
+        waited = true;
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    waited
 }
 
 fn sleep_unless_stopped(stop: &AtomicBool, total: Duration) {

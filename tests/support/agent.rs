@@ -55,6 +55,8 @@ pub struct Agent {
     pub node_name: String,
     /// More `holdfast run` arguments (`--kubeconfig`, ...).
     pub extra_args: Vec<String>,
+    /// More environment for `holdfast run` (its shims inherit it too).
+    pub extra_env: Vec<(String, String)>,
     child: Option<Child>,
 }
 
@@ -77,6 +79,7 @@ impl Agent {
             log: dir.join("agent.log"),
             node_name: "node-1".into(),
             extra_args: Vec::new(),
+            extra_env: Vec::new(),
             child: None,
         };
         agent.write_config("");
@@ -115,6 +118,7 @@ impl Agent {
             .arg(&self.node_name)
             .arg("--v=2")
             .args(&self.extra_args)
+            .envs(self.extra_env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log fd"))
             .stderr(log)
