@@ -35,6 +35,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
             source,
         },
     )?;
+    // What the agent sees of an unset clock outlives it within the boot.
+    crate::time::remember_in(&root.join("clock"));
     let store = Store::open(&root.join("db"))?;
     let images = Arc::new(ImageStore::open(&root, &store)?);
     {

@@ -17,6 +17,7 @@
 //! [`now`] feeds it on every reading. Pure logic takes readings as arguments, so tests
 //! inject clocks.
 
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -129,6 +130,16 @@ pub struct ClockHistory {
     insane: Option<SignedDuration>,
     /// The newest reading.
     last: Option<Reading>,
+    /// Where the insane offset is kept for a later process of the same boot.
+    memory: Option<Memory>,
+}
+
+/// A file that keeps the offset seen before the clock was set, with the boot it was
+/// seen in.
+#[derive(Debug, Clone, PartialEq)]
+struct Memory {
+    path: PathBuf,
+    boot_id: String,
 }
 
 impl ClockHistory {
@@ -146,6 +157,7 @@ impl ClockHistory {
                     );
                 }
                 self.insane = Some(offset);
+                self.save();
             }
             if was != Some(false) {
                 log::warn!(
@@ -164,6 +176,52 @@ impl ClockHistory {
             }
         }
         self.last = Some(r);
+    }
+
+    /// Keeps the offset seen before the clock was set in `path` from now on, and takes
+    /// the one kept there if an earlier process of this boot (`boot_id`) saw the clock
+    /// unset: an agent restarted after NTP set the clock can still correct the times
+    /// its store holds from before. A file from another boot, or one that cannot be
+    /// read, is ignored.
+    pub fn remember_in(&mut self, path: &Path, boot_id: &str) {
+        match std::fs::read_to_string(path) {
+            Ok(text) => match parse_memory(&text) {
+                Some((id, offset)) if id == boot_id => {
+                    if self.insane.is_none() {
+                        self.insane = Some(offset);
+                    }
+                }
+                Some(_) => {}
+                None => log::warn!(
+                    "{}: not a clock record; ignored (it is rewritten when needed)",
+                    path.display()
+                ),
+            },
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => log::warn!("read {}: {e}; ignored", path.display()),
+        }
+        self.memory = Some(Memory {
+            path: path.to_path_buf(),
+            boot_id: boot_id.to_string(),
+        });
+        self.save();
+    }
+
+    /// Writes the insane offset when there is one and a place for it. Rare: once per
+    /// setting of the clock before the floor, so it costs the flash nothing to speak of.
+    fn save(&self) {
+        let (Some(m), Some(offset)) = (&self.memory, self.insane) else {
+            return;
+        };
+        let text = format!("{} {}\n", m.boot_id, offset.as_nanos());
+        if std::fs::read_to_string(&m.path).is_ok_and(|old| old == text) {
+            return;
+        }
+        let tmp = m.path.with_extension("tmp");
+        let written = std::fs::write(&tmp, &text).and_then(|()| std::fs::rename(&tmp, &m.path));
+        if let Err(e) = written {
+            log::warn!("write {}: {e}", m.path.display());
+        }
     }
 
     /// `t` as a real time, if that can be known (see [`correct`]).
@@ -188,9 +246,43 @@ impl ClockHistory {
     }
 }
 
+fn parse_memory(text: &str) -> Option<(&str, SignedDuration)> {
+    let mut parts = text.split_whitespace();
+    let id = parts.next()?;
+    let nanos: i128 = parts.next()?.parse().ok()?;
+    if parts.next().is_some() {
+        return None;
+    }
+    let secs = i64::try_from(nanos / 1_000_000_000).ok()?;
+    let sub = i32::try_from(nanos % 1_000_000_000).ok()?;
+    Some((id, SignedDuration::new(secs, sub)))
+}
+
+/// This boot's id, from the kernel.
+fn boot_id() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+}
+
+/// Keeps what this process learns of the clock in `path` (under the agent's root dir)
+/// and takes what an earlier agent of this boot kept there; see
+/// [`ClockHistory::remember_in`].
+pub fn remember_in(path: &Path) {
+    let Some(id) = boot_id() else {
+        log::warn!("no boot id: times taken before the clock was set are corrected only by the agent that took them");
+        return;
+    };
+    let mut h = history();
+    h.observe(Reading::now());
+    h.remember_in(path, &id);
+}
+
 static HISTORY: Mutex<ClockHistory> = Mutex::new(ClockHistory {
     insane: None,
     last: None,
+    memory: None,
 });
 
 fn history() -> std::sync::MutexGuard<'static, ClockHistory> {
@@ -427,6 +519,39 @@ mod tests {
         });
         h.observe(set(20));
         assert_eq!(h.correct(ts(10)), Some(ts(BOOT_AT + 10)));
+    }
+
+    #[test]
+    fn a_later_process_of_the_same_boot_corrects_with_the_kept_offset() {
+        let dir = crate::testutil::TempDir::new("clock-memory");
+        let path = dir.0.join("clock");
+        let mut first = ClockHistory::default();
+        first.remember_in(&path, "boot-a");
+        assert!(!path.exists(), "nothing to keep while the clock looks set");
+        first.observe(at_1970(30));
+        let exited = ts(42);
+        // The agent dies; NTP sets the clock; a new agent starts.
+        let mut second = ClockHistory::default();
+        second.observe(set(100));
+        assert_eq!(second.correct(exited), None);
+        second.remember_in(&path, "boot-a");
+        assert_eq!(second.correct(exited), Some(ts(BOOT_AT + 42)));
+        // After a reboot the kept offset means nothing.
+        let mut rebooted = ClockHistory::default();
+        rebooted.observe(set(100));
+        rebooted.remember_in(&path, "boot-b");
+        assert_eq!(rebooted.correct(exited), None);
+        // A damaged file is ignored, and rewritten once there is something to keep.
+        std::fs::write(&path, "garbage").expect("write");
+        let mut third = ClockHistory::default();
+        third.remember_in(&path, "boot-c");
+        assert_eq!(
+            std::fs::read_to_string(&path).ok().as_deref(),
+            Some("garbage")
+        );
+        third.observe(at_1970(5));
+        let kept = std::fs::read_to_string(&path).expect("kept");
+        assert!(kept.starts_with("boot-c "), "{kept}");
     }
 
     fn history_after_jump() -> ClockHistory {

@@ -293,6 +293,23 @@ impl Rig {
     }
 }
 
+/// When the running container `web` started, as the cluster sees it.
+fn web_started(pod: &Pod) -> Option<Timestamp> {
+    pod.status
+        .as_ref()?
+        .container_statuses
+        .as_ref()?
+        .iter()
+        .find(|c| c.name == "web")?
+        .state
+        .as_ref()?
+        .running
+        .as_ref()?
+        .started_at
+        .clone()
+        .map(|t| t.0)
+}
+
 fn restarts(pod: &Pod, container: &str) -> i32 {
     pod.status
         .as_ref()
@@ -412,18 +429,13 @@ fn a_board_that_boots_in_1970_reports_real_times_once_ntp_sets_its_clock() {
     // No 1970 time anywhere, and the ones taken before the jump are the real ones: the
     // running container started before the jump, at a real time after the agent did.
     let times = assert_times_real(&r.api, real_start - 5, 0);
-    let mirror = r.mirror().expect("mirror pod");
-    let web = mirror
-        .status
-        .as_ref()
-        .and_then(|s| s.container_statuses.as_ref())
-        .and_then(|cs| cs.iter().find(|c| c.name == "web"))
-        .and_then(|c| c.state.as_ref()?.running.as_ref()?.started_at.clone())
+    let web = r
+        .mirror()
+        .and_then(|p| web_started(&p))
         .expect("web startedAt");
     assert!(
-        web.0.as_second() >= real_start - 2 && web.0.as_second() <= web_started_before_jump,
-        "web started at {} (agent started {real_start}, jump at {jumped}): {times:?}",
-        web.0
+        web.as_second() >= real_start - 2 && web.as_second() <= web_started_before_jump,
+        "web started at {web} (agent started {real_start}, jump at {jumped}): {times:?}"
     );
     let events = r.api.list_events();
     assert!(
@@ -487,5 +499,45 @@ fn a_jump_during_back_off_with_the_link_down_makes_no_storm() {
     // Times taken before the jump are real times of the clock then; none is before
     // the agent started or beyond the new clock.
     assert_times_real(&r.api, real_start - 5, jump);
+    r.agent.reset();
+}
+
+#[test]
+fn an_agent_restarted_after_the_jump_still_corrects_what_it_stored_in_1970() {
+    let Some(lib) = can_run() else { return };
+    let real_start = real_now();
+    let mut r = rig("clock-restart", &lib, -(real_start - 100));
+    r.link.set_up(false);
+    r.agent.start();
+    r.agent
+        .wait_until("a restart in 1970", WAIT, |_| r.local_restarts() >= 1);
+    // The agent dies in 1970 with its store full of 1970 times; NTP sets the clock while
+    // it is down; it starts again with a set clock and the link up.
+    r.agent.kill9();
+    let killed = real_now();
+    r.clock.set(0);
+    r.link.set_up(true);
+    r.agent.start();
+    r.wait("the mirror pod with web running", WAIT, |api| {
+        api.get_pod("default", &mirror_name())
+            .and_then(|p| p.status?.container_statuses)
+            .is_some_and(|cs| {
+                cs.iter().any(|c| {
+                    c.name == "web" && c.state.as_ref().is_some_and(|s| s.running.is_some())
+                })
+            })
+    });
+    r.wait("the lease", WAIT, |api| api.get_lease(NODE).is_some());
+    let times = assert_times_real(&r.api, real_start - 5, 0);
+    // web has run since 1970: its start time is real because the first agent kept the
+    // clock's offset for this boot under its root dir.
+    let web = r
+        .mirror()
+        .and_then(|p| web_started(&p))
+        .expect("web's startedAt was left out: the 1970 time was not corrected");
+    assert!(
+        web.as_second() >= real_start - 2 && web.as_second() <= killed,
+        "web started at {web} (agent started {real_start}, killed {killed}): {times:?}"
+    );
     r.agent.reset();
 }
