@@ -20,7 +20,8 @@
 //! - [`node`]: facts about the device: address, CPUs, memory, storage, identity.
 //! - [`uplink`]: the kube-apiserver: client (kubeconfig, TLS), Node and Lease, pod status
 //!   and final deletes, mirror pods, events, ConfigMaps and Secrets.
-//! - [`time`]: wall-clock time as Kubernetes reports it.
+//! - [`time`]: wall-clock time as Kubernetes reports it; times taken before the clock
+//!   was set (a board without an RTC boots in 1970) are corrected or held back.
 //! - [`quantity`]: Kubernetes quantities (`64Mi`, `500m`).
 
 pub mod agent;

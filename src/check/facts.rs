@@ -125,7 +125,7 @@ impl Facts {
             max_user_namespaces: read("/proc/sys/user/max_user_namespaces")
                 .and_then(|s| s.trim().parse().ok()),
             disk: Some(disk(&root_dir)),
-            now: Some(crate::time::now()),
+            now: Some(crate::time::Timestamp::now()),
             expected_cgroup,
         })
     }
