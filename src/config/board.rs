@@ -247,6 +247,7 @@ pub(super) fn fill_from_profile(file: FileConfig, profile: FileConfig) -> FileCo
         node_lease_duration_seconds,
         port,
         max_pods,
+        uplink_retry_max,
     } = profile;
     system_reserved.extend(file.system_reserved);
     kube_reserved.extend(file.kube_reserved);
@@ -283,6 +284,7 @@ pub(super) fn fill_from_profile(file: FileConfig, profile: FileConfig) -> FileCo
             .or(node_lease_duration_seconds),
         port: file.port.or(port),
         max_pods: file.max_pods.or(max_pods),
+        uplink_retry_max: file.uplink_retry_max.or(uplink_retry_max),
     }
 }
 

@@ -18,6 +18,8 @@ pub const DEFAULT_NODE_STATUS_REPORT_FREQUENCY: Duration = Duration::from_secs(3
 pub const DEFAULT_NODE_LEASE_DURATION_SECONDS: i32 = 40;
 /// `port` when the file leaves it out: the kubelet's.
 pub const DEFAULT_PORT: u16 = 10250;
+/// `uplinkRetryMax` when neither the file nor `--uplink-retry-max` sets it.
+pub const DEFAULT_UPLINK_RETRY_MAX: Duration = Duration::from_secs(300);
 /// `maxPods` when the file leaves it out.
 pub const DEFAULT_MAX_PODS: u32 = 110;
 
@@ -47,6 +49,9 @@ impl Reader<'_> {
             "maxPods" => {
                 let n = self.integer(key, value, 1, i64::from(u32::MAX))?;
                 out.max_pods = u32::try_from(n).ok();
+            }
+            "uplinkRetryMax" => {
+                out.uplink_retry_max = Some(self.positive_duration(key, value)?);
             }
             "registerWithTaints" => out.register_with_taints = Some(self.taints(key, value)?),
             _ => return Ok(false),
@@ -217,6 +222,36 @@ holdfast:
             let ip: IpAddr = bad.parse().expect("ip");
             let msg = check_node_ip(ip).err().unwrap_or_default();
             assert!(msg.contains(why), "{bad}: {msg}");
+        }
+    }
+
+    #[test]
+    fn uplink_retry_max_from_the_file_or_the_flag() {
+        let tmp = TempDir::new("uplink-retry");
+        let path = tmp.0.join("config.yaml");
+        std::fs::write(
+            &path,
+            "uplinkRetryMax: 90s\nholdfast: {hostnameOverride: gw}\n",
+        )
+        .expect("write");
+        let p = path.display().to_string();
+        let (config, _) = load_run_args(&args(&["--hostname-override=gw"])).expect("load");
+        assert_eq!(config.uplink_retry_max, Duration::from_secs(300));
+        let (config, warnings) = load_run_args(&args(&["--config", &p])).expect("load");
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(config.uplink_retry_max, Duration::from_secs(90));
+        let (config, _) =
+            load_run_args(&args(&["--config", &p, "--uplink-retry-max=2m"])).expect("load");
+        assert_eq!(config.uplink_retry_max, Duration::from_secs(120));
+        for bad in ["--uplink-retry-max=0s", "--uplink-retry-max=soon"] {
+            match load_run_args(&args(&["--hostname-override=gw", bad])) {
+                Err(ConfigError::Flag { flag, .. }) => assert_eq!(flag, "--uplink-retry-max"),
+                other => panic!("{bad}: {other:?}"),
+            }
+        }
+        match parse("uplinkRetryMax: 0s\n") {
+            Err(ConfigError::Key { key, .. }) => assert_eq!(key, "uplinkRetryMax"),
+            other => panic!("{other:?}"),
         }
     }
 

@@ -54,6 +54,8 @@ pub struct FileConfig {
     pub port: Option<u16>,
     /// `maxPods`.
     pub max_pods: Option<u32>,
+    /// `uplinkRetryMax`: the longest wait between two tries to reach the apiserver.
+    pub uplink_retry_max: Option<Duration>,
 }
 
 /// Reads and parses the config file at `path`; returns what it sets and a warning for

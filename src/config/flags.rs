@@ -33,6 +33,8 @@ pub struct RunFlags {
     pub node_ip: Option<IpAddr>,
     /// `--register-with-taints`: replaces the file's list as a whole.
     pub register_with_taints: Option<Vec<Taint>>,
+    /// `--uplink-retry-max`: wins over the file's `uplinkRetryMax`.
+    pub uplink_retry_max: Option<std::time::Duration>,
 }
 
 pub const USAGE: &str = "usage: holdfast run [flags]
@@ -53,6 +55,8 @@ flags:
   --register-with-taints K=V:E,...
                               taints the node registers with; E is NoSchedule,
                               PreferNoSchedule or NoExecute
+  --uplink-retry-max D        longest wait between tries to reach the apiserver
+                              while it is unreachable (default 5m)
   --v N, -v N                 log verbosity (0 info, 2 debug, 4 trace)";
 
 /// Parses the arguments that follow `run`. Both `--flag value` and `--flag=value`.
@@ -82,6 +86,7 @@ pub fn parse_flags(args: &[String]) -> Result<RunFlags, ConfigError> {
             "--kubeconfig" => "--kubeconfig",
             "--node-ip" => "--node-ip",
             "--register-with-taints" => "--register-with-taints",
+            "--uplink-retry-max" => "--uplink-retry-max",
             _ if name.starts_with('-') => {
                 return Err(ConfigError::Flag {
                     flag: name.to_string(),
@@ -118,6 +123,19 @@ pub fn parse_flags(args: &[String]) -> Result<RunFlags, ConfigError> {
             "--node-ip" => flags.node_ip = Some(node_ip(canonical, &value)?),
             "--register-with-taints" => {
                 flags.register_with_taints = Some(taints(canonical, &value)?);
+            }
+            "--uplink-retry-max" => {
+                let d = super::parse_duration(&value).map_err(|reason| ConfigError::Flag {
+                    flag: canonical.into(),
+                    reason,
+                })?;
+                if d.is_zero() {
+                    return Err(ConfigError::Flag {
+                        flag: canonical.into(),
+                        reason: "must be more than zero".into(),
+                    });
+                }
+                flags.uplink_retry_max = Some(d);
             }
             "--node-labels" => pairs(canonical, &value, '=', check_label, &mut flags.node_labels)?,
             "--system-reserved" => pairs(

@@ -25,6 +25,7 @@ pub use board::{
 pub use cluster::{
     check_node_ip, DEFAULT_MAX_PODS, DEFAULT_NODE_LEASE_DURATION_SECONDS,
     DEFAULT_NODE_STATUS_REPORT_FREQUENCY, DEFAULT_NODE_STATUS_UPDATE_FREQUENCY, DEFAULT_PORT,
+    DEFAULT_UPLINK_RETRY_MAX,
 };
 pub use duration::parse_duration;
 pub use file::{parse_config, read_config_file, FileConfig};
@@ -93,6 +94,9 @@ pub struct Config {
     pub port: u16,
     /// `maxPods`, default 110.
     pub max_pods: u32,
+    /// `uplinkRetryMax` / `--uplink-retry-max`, default 5 min: the cap of the jittered
+    /// exponential back-off while the apiserver cannot be reached.
+    pub uplink_retry_max: Duration,
 }
 
 /// Restart back-off: `initial` doubling to `max`, forgotten after `reset` of clean running.
@@ -140,6 +144,7 @@ impl Config {
             node_lease_duration_seconds: DEFAULT_NODE_LEASE_DURATION_SECONDS,
             port: DEFAULT_PORT,
             max_pods: DEFAULT_MAX_PODS,
+            uplink_retry_max: DEFAULT_UPLINK_RETRY_MAX,
         }
     }
 }
@@ -291,6 +296,9 @@ fn merge(
     }
     if let Some(n) = file.max_pods {
         config.max_pods = n;
+    }
+    if let Some(d) = flags.uplink_retry_max.or(file.uplink_retry_max) {
+        config.uplink_retry_max = d;
     }
     Ok(config)
 }
