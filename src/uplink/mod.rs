@@ -8,6 +8,7 @@ pub mod der;
 pub mod error;
 pub mod events;
 pub mod kubeconfig;
+pub mod link;
 pub mod mirror;
 pub mod node;
 pub mod node_status;
@@ -25,6 +26,7 @@ mod testpki;
 pub use client::{Client, Patch, Watch};
 pub use error::ApiError;
 pub use kubeconfig::KubeconfigError;
+pub use link::{Link, LinkReport, Stage};
 pub use report::{Outbox, Reporter};
 
 /// Percent-encodes `s` for a URL path segment or query value: everything but the

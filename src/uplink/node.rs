@@ -5,6 +5,10 @@
 //!
 //! The controller is a state machine stepped on a clock it is given, so its schedule is
 //! tested on a virtual clock; [`NodeLoop`] runs it on its own thread.
+//!
+//! It is the uplink's only prober while the apiserver does not answer: it owns the
+//! [`Link`]'s back-off, and a successful Lease renewal and node status move the link
+//! to `NodeReady`, which lets the pod-status thread drain the outbox.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -16,6 +20,7 @@ use serde_json::Value;
 
 use super::client::{Client, Patch};
 use super::error::ApiError;
+use super::link::Link;
 use super::pods::NodeUid;
 use crate::backoff::Backoff;
 use crate::time::Timestamp;
@@ -33,8 +38,7 @@ pub trait NodeApi {
 
 const LEASE_NS: &str = "kube-node-lease";
 
-/// Full jitter can draw zero; a retry waits at least this long.
-const MIN_RETRY: Duration = Duration::from_millis(100);
+use super::link::MIN_RETRY;
 
 impl NodeApi for Client {
     fn create_node(&self, node: &Node) -> Result<Node, ApiError> {
@@ -99,7 +103,7 @@ pub struct Timing {
     pub renew: Duration,
     /// Full status at least this often: `nodeStatusReportFrequency`, 5 min.
     pub report: Duration,
-    /// Retry pacing after a failure (full jitter).
+    /// Retry pacing after a failure (full jitter); `max` is `uplinkRetryMax`.
     pub retry: Backoff,
 }
 
@@ -116,6 +120,7 @@ pub struct NodeController<M: NodeModel> {
     failures: u32,
     /// The last error, logged once until something changes.
     last_error: Option<String>,
+    link: Link,
 }
 
 impl<M: NodeModel> NodeController<M> {
@@ -132,7 +137,21 @@ impl<M: NodeModel> NodeController<M> {
             next_renew: None,
             failures: 0,
             last_error: None,
+            link: Link::new(timing.retry),
         }
+    }
+
+    /// Probes and reports on `link` (shared with the other uplink threads) instead of
+    /// a link of its own.
+    pub fn with_link(mut self, link: Link) -> Self {
+        self.link = link;
+        self
+    }
+
+    /// The link this controller probes; the pod-status thread and the pod source wait
+    /// on it.
+    pub fn link(&self) -> Link {
+        self.link.clone()
     }
 
     pub fn is_registered(&self) -> bool {
@@ -154,6 +173,13 @@ impl<M: NodeModel> NodeController<M> {
         if !crate::time::is_sane(wall) {
             return now + self.timing.renew;
         }
+        if self.link.is_down() {
+            // Back from an outage (or another thread saw one): the cluster may have
+            // marked the node NotReady meanwhile, so full status goes right after the
+            // Lease, whether or not it changed.
+            self.reported_at = None;
+            self.next_renew = None;
+        }
         match self.try_step(api, now, wall) {
             Ok(next) => {
                 if self.failures > 0 || self.last_error.is_some() {
@@ -161,6 +187,7 @@ impl<M: NodeModel> NodeController<M> {
                 }
                 self.failures = 0;
                 self.last_error = None;
+                self.link.node_ready(now, wall);
                 next
             }
             Err(e) => {
@@ -177,6 +204,11 @@ impl<M: NodeModel> NodeController<M> {
                     }
                     self.last_error = Some(msg);
                 }
+                if e.is_transient() {
+                    // The link is down: back off, up to `uplinkRetryMax`.
+                    return now + self.link.probe_failed(now, wall, random);
+                }
+                // The apiserver answers but refuses: retry on the renewal schedule.
                 let delay = self
                     .timing
                     .retry

@@ -7,6 +7,7 @@ use k8s_openapi::api::core::v1::NodeCondition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 
 use super::*;
+use crate::uplink::link::Stage;
 
 #[derive(Default)]
 struct Fake {
@@ -339,16 +340,91 @@ fn a_dead_uplink_backs_off_and_recovers() {
     *api.down.borrow_mut() = true;
     let t0 = clock.t0;
     let mut now = t0;
-    for _ in 0..5 {
+    let link = c.link();
+    let mut waits = Vec::new();
+    for _ in 0..8 {
         let next = c.step(&api, now, clock.wall(now), u64::MAX);
-        assert!(next > now && next <= now + TIMING.renew);
+        assert!(next > now && next <= now + TIMING.retry.max);
+        waits.push(next - now);
         now = next;
     }
-    assert_eq!(api.calls().len(), 5, "one attempt per step while down");
+    assert_eq!(api.calls().len(), 8, "one attempt per step while down");
+    for (n, wait) in waits.iter().enumerate() {
+        let want = TIMING.retry.jittered(n as u32 + 1, u64::MAX).max(MIN_RETRY);
+        assert_eq!(*wait, want, "jittered, capped back-off: {waits:?}");
+    }
     assert!(!c.is_registered());
+    let report = link.report();
+    assert_eq!(report.stage, Stage::Down);
+    assert_eq!(report.failures, 8);
+    assert_eq!(report.next_retry, Some(clock.wall(now)));
     *api.down.borrow_mut() = false;
     c.step(&api, now, clock.wall(now), 0);
     assert!(c.is_registered());
+    assert_eq!(link.stage(), Stage::NodeReady);
+    assert_eq!(link.report().failures, 0);
+}
+
+#[test]
+fn after_an_outage_the_lease_goes_first_then_full_status_even_if_unchanged() {
+    let (api, mut c, _ready, clock) = setup();
+    let t0 = clock.t0;
+    let link = c.link();
+    let mut now = run(&mut c, &api, &clock, t0, t0 + Duration::from_secs(30));
+    link.drained();
+    api.calls();
+    *api.down.borrow_mut() = true;
+    for _ in 0..3 {
+        now = c.step(&api, now, clock.wall(now), 1);
+    }
+    assert_eq!(link.stage(), Stage::Down);
+    assert_eq!(api.calls().len(), 3, "one probe per step");
+    *api.down.borrow_mut() = false;
+    c.step(&api, now, clock.wall(now), 0);
+    assert_eq!(
+        api.calls(),
+        ["get_lease", "update_lease", "patch_node_status"],
+        "lease first, then the status although it did not change"
+    );
+    assert_eq!(link.stage(), Stage::NodeReady);
+    assert_eq!(link.report().since, Some(clock.wall(now)));
+}
+
+#[test]
+fn a_refusal_is_not_a_dead_link() {
+    let (api, mut c, _ready, clock) = setup();
+    let link = c.link();
+    *api.node.borrow_mut() = Some(Node::default());
+    // create_node conflicts and get_node answers: registration works; a forbidden
+    // lease is the apiserver answering, not the link going down.
+    struct Refusing<'a>(&'a Fake);
+    impl NodeApi for Refusing<'_> {
+        fn create_node(&self, n: &Node) -> Result<Node, ApiError> {
+            self.0.create_node(n)
+        }
+        fn get_node(&self, n: &str) -> Result<Node, ApiError> {
+            self.0.get_node(n)
+        }
+        fn patch_node(&self, n: &str, b: &Value) -> Result<Node, ApiError> {
+            self.0.patch_node(n, b)
+        }
+        fn patch_node_status(&self, n: &str, b: &Value) -> Result<Node, ApiError> {
+            self.0.patch_node_status(n, b)
+        }
+        fn get_lease(&self, _n: &str) -> Result<Lease, ApiError> {
+            Err(Fake::status(403, "Forbidden"))
+        }
+        fn create_lease(&self, l: &Lease) -> Result<Lease, ApiError> {
+            self.0.create_lease(l)
+        }
+        fn update_lease(&self, l: &Lease) -> Result<Lease, ApiError> {
+            self.0.update_lease(l)
+        }
+    }
+    let now = clock.t0;
+    let next = c.step(&Refusing(&api), now, clock.wall(now), u64::MAX);
+    assert!(next <= now + TIMING.renew);
+    assert_eq!(link.report().failures, 0, "only transport trouble counts");
 }
 
 #[test]
