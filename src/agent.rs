@@ -82,8 +82,11 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     let (api_tx, mut api_rx) = mpsc::channel::<source::SourceSnapshot>(8);
     // A changed ConfigMap or Secret resyncs the pods that reference it.
     let (objects_tx, objects_rx) = mpsc::channel(16);
-    let known_api_pods = mux.source_pods(source::SOURCE_API).len();
-    let uplink = crate::uplink::start::start(&config, &store, known_api_pods, api_tx, objects_tx)?;
+    let seed = crate::uplink::start::ApiSeed {
+        pods: mux.source_pods(source::SOURCE_API),
+        resource_version: mux.resource_version(source::SOURCE_API),
+    };
+    let uplink = crate::uplink::start::start(&config, &store, seed, api_tx, objects_tx)?;
     let mut uplink = uplink;
     if let Some(u) = uplink.as_mut() {
         let mirrors = u.mirrors.clone();

@@ -25,11 +25,13 @@ use std::io;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Pod;
+
 use tokio::sync::mpsc::Sender;
 
 use super::SourceSnapshot;
 use crate::backoff::Backoff;
-use crate::uplink::ApiError;
+use crate::uplink::{ApiError, Link};
 
 pub use lister::{list_path, watch_path, PodList, PodLister, PodWatch, LIST_LIMIT};
 pub use pods::normalise;
@@ -64,27 +66,44 @@ impl Default for ApiSourceOptions {
     }
 }
 
+/// Where the source starts from and whom it follows.
+#[derive(Clone, Default)]
+pub struct ApiSourceResume {
+    /// The uplink's link: while it is down the source waits for it (the node controller
+    /// probes) instead of retrying on its own, and after a reconnect it resyncs only
+    /// once the outbox is drained (`Drained`). `None`: the source paces itself.
+    pub link: Option<Link>,
+    /// The pods the store holds from this source, from before a restart.
+    pub pods: Vec<Pod>,
+    /// The resourceVersion stored with them: with one, the source starts by watching
+    /// from it (no LIST), and lists only if the apiserver answers 410.
+    pub resource_version: Option<String>,
+}
+
 /// Starts the api source on its own thread. It sends a snapshot after each successful
 /// LIST and after each change a watch brings, and ends when the receiver is dropped.
 /// Until the first LIST succeeds it sends nothing, so the pods the store holds from
-/// before a restart keep running while the uplink is down.
+/// before a restart keep running while the uplink is down; a source resumed from a
+/// stored resourceVersion sends the stored pods once at start instead.
 pub fn spawn_api_source(
     lister: impl PodLister + Send + 'static,
     node_name: String,
     options: ApiSourceOptions,
+    resume: ApiSourceResume,
     tx: Sender<SourceSnapshot>,
 ) -> io::Result<JoinHandle<()>> {
-    spawn_with_clock(lister, node_name, options, SystemClock, tx)
+    spawn_with_clock(lister, node_name, options, resume, SystemClock, tx)
 }
 
 fn spawn_with_clock(
     lister: impl PodLister + Send + 'static,
     node_name: String,
     options: ApiSourceOptions,
+    resume: ApiSourceResume,
     clock: impl Clock + 'static,
     tx: Sender<SourceSnapshot>,
 ) -> io::Result<JoinHandle<()>> {
-    let reflector = reflector::Reflector::new(lister, node_name, options, clock, tx);
+    let reflector = reflector::Reflector::new(lister, node_name, options, resume, clock, tx);
     std::thread::Builder::new()
         .name("source-api".into())
         .spawn(move || reflector.run())
@@ -128,6 +147,16 @@ impl ApiSourceError {
         match self {
             ApiSourceError::Api(e) => e.is_gone(),
             ApiSourceError::WatchStatus { code, .. } => *code == 410,
+            _ => false,
+        }
+    }
+
+    /// The apiserver could not be reached or is overloaded: the link is down (as
+    /// opposed to the apiserver answering something the source must act on).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            ApiSourceError::Api(e) => e.is_transient(),
+            ApiSourceError::WatchStatus { code, .. } => *code == 429 || *code >= 500,
             _ => false,
         }
     }

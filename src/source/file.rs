@@ -260,6 +260,7 @@ fn run(mut source: FileSource, inotify: Inotify, period: Duration, tx: Sender<So
                         let snapshot = SourceSnapshot {
                             source: SOURCE_FILE,
                             pods: pods.clone(),
+                            resource_version: None,
                         };
                         if tx.blocking_send(snapshot).is_err() {
                             return;

@@ -16,8 +16,8 @@ use k8s_openapi::api::core::v1::Pod;
 use serde::{Deserialize, Serialize};
 
 pub use apiserver::{
-    list_path, normalise, spawn_api_source, watch_path, ApiSourceError, ApiSourceOptions, PodList,
-    PodLister, PodWatch, LIST_LIMIT, SOURCE_API,
+    list_path, normalise, spawn_api_source, watch_path, ApiSourceError, ApiSourceOptions,
+    ApiSourceResume, PodList, PodLister, PodWatch, LIST_LIMIT, SOURCE_API,
 };
 pub use file::{read_manifests, spawn_file_source, SOURCE_FILE};
 pub use mux::Mux;
@@ -33,6 +33,9 @@ pub struct SourceSnapshot {
     /// `file`, later `http` and `api`.
     pub source: &'static str,
     pub pods: Vec<Pod>,
+    /// Where the source's view of the cluster stands (the api source's last LIST or
+    /// watch event), kept with the pods so a restarted agent resumes its watch there.
+    pub resource_version: Option<String>,
 }
 
 /// What the sync loop is told: one pod appeared, changed or went away.

@@ -1,6 +1,11 @@
 //! The pod config mux: one set of pods per source, merged by UID into adds, updates and
 //! removes for the sync loop, and persisted so a restarted agent runs its pods before
 //! any source has spoken (the kubelet's PodConfig, with sled as its memory).
+//!
+//! A source's resourceVersion is stored with its pods, in the same batch, and only
+//! when the pod set changed: a bookmark that moves the version alone writes nothing
+//! (flash wear); a restarted api source resumes from the stored version and replays
+//! what came after it.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -8,16 +13,21 @@ use k8s_openapi::api::core::v1::Pod;
 
 use super::static_pod::CONFIG_SEEN;
 use super::{DesiredPod, PodChange, SourceError, SourceSnapshot};
-use crate::store::{Store, Tree};
+use crate::store::{Batch, Store, Tree};
 
 /// The store tree holding the desired pods, keyed by pod UID.
 const PODS_TREE: &str = "pods";
+/// The store tree holding each source's resourceVersion, keyed by source name.
+const VERSIONS_TREE: &str = "source_versions";
 
 pub struct Mux {
     store: Store,
     pods: Tree<DesiredPod>,
+    versions: Tree<String>,
     /// Per source, its pods by UID, as they are in the store.
     sets: HashMap<String, BTreeMap<String, Pod>>,
+    /// Per source, the resourceVersion stored with its pods.
+    stored_versions: HashMap<String, String>,
     writes: u64,
 }
 
@@ -26,6 +36,18 @@ impl Mux {
     /// again without waiting for their sources.
     pub fn open(store: &Store) -> Result<(Mux, Vec<PodChange>), SourceError> {
         let pods: Tree<DesiredPod> = store.tree(PODS_TREE)?;
+        let versions: Tree<String> = store.tree(VERSIONS_TREE)?;
+        let mut stored_versions = HashMap::new();
+        for key in versions.keys()? {
+            match versions.get(&key) {
+                Ok(Some(rv)) => {
+                    stored_versions.insert(key, rv);
+                }
+                Ok(None) => {}
+                // Without it the source lists again: nothing is lost.
+                Err(e) => log::warn!("{e}; the source will list again"),
+            }
+        }
         let mut sets: HashMap<String, BTreeMap<String, Pod>> = HashMap::new();
         let mut changes = Vec::new();
         for (uid, desired) in pods.entries()? {
@@ -37,7 +59,9 @@ impl Mux {
         let mux = Mux {
             store: store.clone(),
             pods,
+            versions,
             sets,
+            stored_versions,
             writes: 0,
         };
         Ok((mux, changes))
@@ -49,10 +73,11 @@ impl Mux {
     pub fn apply(&mut self, snapshot: SourceSnapshot) -> Result<Vec<PodChange>, SourceError> {
         let source = snapshot.source;
         let empty = BTreeMap::new();
+        let snapshot_pods = snapshot.pods;
         let old = self.sets.get(source).unwrap_or(&empty);
 
         let mut new: BTreeMap<String, Pod> = BTreeMap::new();
-        for pod in snapshot.pods {
+        for pod in snapshot_pods {
             let name = pod_name(&pod);
             let Some(uid) = pod.metadata.uid.clone().filter(|u| !u.is_empty()) else {
                 log::error!("source {source}: pod {name} has no uid; ignored");
@@ -90,10 +115,11 @@ impl Mux {
             return Ok(Vec::new());
         }
 
+        // Pods and the version they are at go in as one: after a power cut the stored
+        // version never claims changes the stored pods lack.
+        let mut batch = Batch::new();
         for uid in &removes {
-            if self.pods.remove(uid)?.is_some() {
-                self.writes += 1;
-            }
+            batch.remove(&self.pods, uid);
         }
         for uid in updates.iter().chain(&adds) {
             let Some(pod) = new.get(uid) else { continue };
@@ -101,8 +127,24 @@ impl Mux {
                 source: source.to_string(),
                 pod: pod.clone(),
             };
-            if self.pods.put(uid, &record)? {
-                self.writes += 1;
+            batch.put(&self.pods, uid, &record)?;
+        }
+        let version = snapshot.resource_version.filter(|rv| !rv.is_empty());
+        match &version {
+            Some(rv) => batch.put(&self.versions, source, rv)?,
+            // A source that cannot say where it is must not resume from an old place.
+            None if self.stored_versions.contains_key(source) => {
+                batch.remove(&self.versions, source)
+            }
+            None => {}
+        }
+        self.writes += self.store.apply(batch)? as u64;
+        match version {
+            Some(rv) => {
+                self.stored_versions.insert(source.to_string(), rv);
+            }
+            None => {
+                self.stored_versions.remove(source);
             }
         }
         self.store.flush()?;
@@ -142,6 +184,11 @@ impl Mux {
             .get(source)
             .map(|set| set.values().cloned().collect())
             .unwrap_or_default()
+    }
+
+    /// The resourceVersion stored with the source's pods, if any.
+    pub fn resource_version(&self, source: &str) -> Option<String> {
+        self.stored_versions.get(source).cloned()
     }
 
     /// The desired pod with this UID, from any source.
@@ -218,7 +265,51 @@ mod tests {
     }
 
     fn snap(source: &'static str, pods: Vec<Pod>) -> SourceSnapshot {
-        SourceSnapshot { source, pods }
+        SourceSnapshot {
+            source,
+            pods,
+            resource_version: None,
+        }
+    }
+
+    fn snap_at(pods: Vec<Pod>, rv: &str) -> SourceSnapshot {
+        SourceSnapshot {
+            source: "api",
+            pods,
+            resource_version: Some(rv.into()),
+        }
+    }
+
+    #[test]
+    fn the_resource_version_is_stored_with_the_pods_and_only_when_they_change() {
+        let dir = TempDir::new("versions");
+        {
+            let store = Store::open(&dir.0).expect("store");
+            let (mut mux, _) = Mux::open(&store).expect("open");
+            mux.apply(snap_at(vec![pod("a", "nginx:1", "t0")], "10"))
+                .expect("apply");
+            assert_eq!(mux.writes(), 2, "the pod and its version");
+            assert_eq!(mux.resource_version("api").as_deref(), Some("10"));
+            // Only the version moved (bookmarks, status updates): nothing written.
+            let changes = mux
+                .apply(snap_at(vec![pod("a", "nginx:1", "t5")], "42"))
+                .expect("apply");
+            assert!(changes.is_empty());
+            assert_eq!(mux.writes(), 2);
+            assert_eq!(mux.resource_version("api").as_deref(), Some("10"));
+            mux.apply(snap_at(
+                vec![pod("a", "nginx:1", "t0"), pod("b", "nginx:1", "t0")],
+                "50",
+            ))
+            .expect("apply");
+            assert_eq!(mux.writes(), 4);
+        }
+        let store = Store::open(&dir.0).expect("reopen");
+        let (mux, changes) = Mux::open(&store).expect("open");
+        assert_eq!(summary(&changes), ["add a", "add b"]);
+        assert_eq!(mux.resource_version("api").as_deref(), Some("50"));
+        assert_eq!(mux.resource_version("file"), None);
+        assert_eq!(mux.source_pods("api").len(), 2);
     }
 
     fn summary(changes: &[PodChange]) -> Vec<String> {

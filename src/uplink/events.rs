@@ -66,7 +66,15 @@ fn truncate_to_seconds(t: Timestamp) -> Timestamp {
 #[derive(Default)]
 pub struct SpamFilter {
     buckets: HashMap<String, (f64, Instant)>,
-    recent: HashMap<(String, Option<String>, &'static str, String), Instant>,
+    recent: HashMap<
+        (
+            String,
+            Option<String>,
+            std::borrow::Cow<'static, str>,
+            String,
+        ),
+        Instant,
+    >,
 }
 
 impl SpamFilter {
@@ -75,7 +83,7 @@ impl SpamFilter {
         let key = (
             e.pod.uid.clone(),
             e.container.clone(),
-            e.reason,
+            e.reason.clone(),
             e.message.clone(),
         );
         if let Some(at) = self.recent.get(&key) {
@@ -123,8 +131,9 @@ mod tests {
             },
             container: Some("app".into()),
             type_: EventType::Normal,
-            reason,
+            reason: reason.into(),
             message: message.into(),
+            id: 0,
             at: Timestamp::from_second(1_763_796_801).expect("ts"),
         }
     }

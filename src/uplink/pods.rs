@@ -1,6 +1,9 @@
 //! The pod side of the uplink, on its own thread: drains the outbox (pod statuses, final
-//! deletes, events, mirror pods) whenever the apiserver answers, and backs off when it
-//! does not. Nothing here blocks a pod worker.
+//! deletes, events, mirror pods) whenever the apiserver answers. When a call fails for
+//! a reason retrying can cure it marks the [`Link`] down and waits for the node
+//! controller's probe to bring it back to `NodeReady` (Lease and node status first)
+//! rather than retrying on its own; the first pass after that drains the outbox and
+//! moves the link to `Drained`. Nothing here blocks a pod worker.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,6 +16,7 @@ use serde_json::Value;
 use super::client::Client;
 use super::error::ApiError;
 use super::events::{event_object, SpamFilter};
+use super::link::{Link, Stage};
 use super::mirror::{self, Mirror};
 use super::pod_status::{self, delete_for_good, patch_status, pod_path};
 use super::report::{EventReport, Outbox, PodRef, StatusReport};
@@ -75,11 +79,12 @@ pub struct PodUplink {
     pub node_uid: NodeUid,
     pub mirrors: SharedMirrors,
     pub stop: Arc<AtomicBool>,
+    pub link: Link,
 }
 
 /// What one pass achieved: whether the apiserver could not be reached.
 #[derive(PartialEq, Eq)]
-enum Link {
+enum Pass {
     Up,
     Down,
 }
@@ -90,7 +95,6 @@ struct State {
     statics: HashMap<String, StatusReport>,
     filter: SpamFilter,
     mirror_generation: u64,
-    failures: u32,
     down_logged: bool,
 }
 
@@ -106,16 +110,25 @@ impl PodUplink {
             statics: HashMap::new(),
             filter: SpamFilter::default(),
             mirror_generation: 0,
-            failures: 0,
             down_logged: false,
         };
-        let mut wait = IDLE_WAIT;
-        while !self.stop.load(Ordering::Relaxed) {
+        let stop = || self.stop.load(Ordering::Relaxed);
+        while !stop() {
+            // Only the node controller probes a dead link; wait for it to come back.
+            if !self.link.wait_until(Stage::NodeReady, &stop) {
+                return;
+            }
+            let stage = self.link.stage();
+            // Reconnecting: drain what is there now, without waiting for more.
+            let wait = if stage == Stage::NodeReady {
+                Duration::ZERO
+            } else {
+                IDLE_WAIT
+            };
             let batch = self.outbox.take(wait);
-            let link = self.pass(&mut st, batch);
-            if link == Link::Down {
-                st.failures = st.failures.saturating_add(1);
-                wait = RETRY.jittered(st.failures, crate::backoff::random());
+            let pass = self.pass(&mut st, batch);
+            if pass == Pass::Down {
+                self.link.report_down(crate::time::now());
                 if !st.down_logged {
                     log::warn!(
                         "apiserver {} unreachable; pod statuses and events wait in the outbox",
@@ -123,21 +136,20 @@ impl PodUplink {
                     );
                     st.down_logged = true;
                 }
-                // Sleep the back-off out; new work waits in the outbox meanwhile.
-                std::thread::sleep(wait);
-                wait = Duration::ZERO;
             } else {
                 if st.down_logged {
                     log::info!("apiserver {} reachable again", self.client.server());
                     st.down_logged = false;
                 }
-                st.failures = 0;
-                wait = IDLE_WAIT;
+                if stage == Stage::NodeReady {
+                    // Everything sent, or refused for reasons a retry cannot cure.
+                    self.link.drained();
+                }
             }
         }
     }
 
-    fn pass(&self, st: &mut State, batch: super::report::Pending) -> Link {
+    fn pass(&self, st: &mut State, batch: super::report::Pending) -> Pass {
         let super::report::Pending {
             statuses,
             events,
@@ -145,6 +157,11 @@ impl PodUplink {
             ..
         } = batch;
         let mut down = false;
+        // What is done with (sent, or refused for good): its store record goes.
+        let mut done_statuses = Vec::new();
+        let mut done_events = Vec::new();
+        let mut done_removed = Vec::new();
+        let mut sent_any = false;
 
         for (uid, report) in statuses {
             if down {
@@ -157,12 +174,18 @@ impl PodUplink {
             } else {
                 self.cluster_status(&report)
             };
-            if let Err(e) = result {
-                if e.is_transient() {
+            match result {
+                Ok(()) => {
+                    sent_any = true;
+                    done_statuses.push(uid);
+                }
+                Err(e) if e.is_transient() => {
                     down = true;
                     self.outbox.retry_status(uid, report);
-                } else {
+                }
+                Err(e) => {
                     log::warn!("pod {}: status not reported: {e}", name(&report.pod));
+                    done_statuses.push(uid);
                 }
             }
         }
@@ -174,12 +197,15 @@ impl PodUplink {
                 removed_left.push(r);
                 continue;
             }
-            if let Err(e) = self.delete_mirror(&r) {
-                if e.is_transient() {
+            match self.delete_mirror(&r) {
+                Ok(()) => done_removed.push(r.uid),
+                Err(e) if e.is_transient() => {
                     down = true;
                     removed_left.push(r);
-                } else {
+                }
+                Err(e) => {
                     log::warn!("mirror pod {}/{}: {e}", r.namespace, r.name);
+                    done_removed.push(r.uid);
                 }
             }
         }
@@ -199,6 +225,7 @@ impl PodUplink {
                     e.reason,
                     e.pod.name
                 );
+                done_events.push(e.id);
                 continue;
             }
             let path = format!(
@@ -209,16 +236,24 @@ impl PodUplink {
                 .client
                 .post::<_, Value>(&path, &event_object(&e, &self.node_name))
             {
-                Ok(_) => {}
+                Ok(_) => done_events.push(e.id),
                 Err(err) if err.is_transient() => {
                     down = true;
                     unsent.push(e);
                 }
-                Err(err) => log::debug!("event {} for pod {}: {err}", e.reason, e.pod.name),
+                Err(err) => {
+                    log::debug!("event {} for pod {}: {err}", e.reason, e.pod.name);
+                    done_events.push(e.id);
+                }
             }
         }
         if !unsent.is_empty() {
             self.outbox.retry_events(unsent);
+        }
+        self.outbox
+            .sent(&done_statuses, &done_events, &done_removed);
+        if sent_any {
+            self.link.synced(crate::time::now());
         }
 
         if !down {
@@ -241,9 +276,9 @@ impl PodUplink {
             }
         }
         if down {
-            Link::Down
+            Pass::Down
         } else {
-            Link::Up
+            Pass::Up
         }
     }
 

@@ -4,20 +4,36 @@
 //! Bounded by the number of pods, never by the length of an outage: one pending status
 //! per pod (the newest replaces an unsent one) and a fixed ring of events (the oldest
 //! unsent event makes room).
+//!
+//! What waits survives an agent restart: while the [`Link`] is down, or after a send
+//! failed, each pending status, event and removed static pod is also written to the
+//! store (trees `outbox_statuses`, `outbox_events`, `outbox_removed`), and deleted
+//! once sent. With the link up and the apiserver answering nothing is written, so a
+//! healthy agent does not wear its flash with statuses that are gone in milliseconds.
+//! The times a status carries are the container records' own: nothing is restamped.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
+use serde::{Deserialize, Serialize};
 
+use super::link::Link;
+use crate::store::{Batch, Store, StoreError, Tree};
 use crate::time::{self, Timestamp};
 
 /// How many unsent events are kept; older ones are dropped first.
 pub const EVENT_RING: usize = 256;
 
+/// The store trees the outbox persists to.
+pub const STATUS_TREE: &str = "outbox_statuses";
+pub const EVENT_TREE: &str = "outbox_events";
+pub const REMOVED_TREE: &str = "outbox_removed";
+
 /// A pod as the uplink needs to name it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PodRef {
     pub namespace: String,
     pub name: String,
@@ -39,7 +55,7 @@ impl PodRef {
 }
 
 /// The newest status of one pod, not yet sent.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct StatusReport {
     /// The pod as the agent runs it (a static pod's spec makes its mirror pod).
     pub pod: Pod,
@@ -50,7 +66,7 @@ pub struct StatusReport {
 }
 
 /// `Normal` or `Warning`, as the Event API has them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum EventType {
     Normal,
     Warning,
@@ -66,15 +82,18 @@ impl EventType {
 }
 
 /// One event about a pod or one of its containers.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EventReport {
     pub pod: PodRef,
     /// The container the event is about (`fieldPath: spec.containers{name}`).
     pub container: Option<String>,
     pub type_: EventType,
-    pub reason: &'static str,
+    pub reason: Cow<'static, str>,
     pub message: String,
     pub at: Timestamp,
+    /// Its place in the ring, which is also its key in the store.
+    #[serde(default)]
+    pub id: u64,
 }
 
 /// What waits to be sent.
@@ -90,13 +109,54 @@ pub struct Pending {
 }
 
 impl Pending {
-    fn is_empty(&self) -> bool {
+    pub fn is_empty(&self) -> bool {
         self.statuses.is_empty() && self.events.is_empty() && self.removed_static.is_empty()
     }
 }
 
+/// What waits, as `holdfast status` shows it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Depth {
+    pub statuses: usize,
+    pub events: usize,
+    pub events_dropped: u64,
+    pub removed_static: usize,
+}
+
+/// The store side: which records are written, so they can be kept current and deleted
+/// once sent.
+struct Persist {
+    store: Store,
+    statuses: Tree<StatusReport>,
+    events: Tree<EventReport>,
+    removed: Tree<PodRef>,
+    link: Link,
+    stored_statuses: BTreeSet<String>,
+    stored_events: BTreeSet<u64>,
+    stored_removed: BTreeSet<String>,
+}
+
+impl Persist {
+    fn apply(&self, batch: Batch, what: &str) {
+        if batch.is_empty() {
+            return;
+        }
+        if let Err(e) = self.store.apply(batch) {
+            // The report still waits in memory; only a restart before it is sent loses it.
+            log::error!("outbox: persist {what}: {e}");
+        }
+    }
+}
+
+struct Queue {
+    pending: Pending,
+    next_id: u64,
+    persist: Option<Persist>,
+}
+
 struct Shared {
-    pending: Mutex<Pending>,
+    queue: Mutex<Queue>,
     wake: Condvar,
 }
 
@@ -112,16 +172,99 @@ pub struct Outbox {
     shared: Arc<Shared>,
 }
 
+fn event_key(id: u64) -> String {
+    // Zero-padded, so the store's key order is the ring's order.
+    format!("{id:020}")
+}
+
 impl Reporter {
     /// A reporter that drops everything: no kubeconfig, nobody to tell.
     pub fn standalone() -> Reporter {
         Reporter { shared: None }
     }
 
-    /// A reporter and the outbox the uplink drains.
+    /// A reporter and the outbox the uplink drains, kept in memory only.
     pub fn connected() -> (Reporter, Outbox) {
+        Reporter::with_queue(Queue {
+            pending: Pending::default(),
+            next_id: 0,
+            persist: None,
+        })
+    }
+
+    /// A reporter and its outbox, loaded with what the store kept from before a
+    /// restart, and persisting to it while `link` is down. A record that cannot be
+    /// read is logged and left in the store.
+    pub fn persistent(store: &Store, link: Link) -> Result<(Reporter, Outbox), StoreError> {
+        let statuses: Tree<StatusReport> = store.tree(STATUS_TREE)?;
+        let events: Tree<EventReport> = store.tree(EVENT_TREE)?;
+        let removed: Tree<PodRef> = store.tree(REMOVED_TREE)?;
+        let mut pending = Pending::default();
+        let mut persist = Persist {
+            store: store.clone(),
+            statuses: statuses.clone(),
+            events: events.clone(),
+            removed: removed.clone(),
+            link,
+            stored_statuses: BTreeSet::new(),
+            stored_events: BTreeSet::new(),
+            stored_removed: BTreeSet::new(),
+        };
+        for key in statuses.keys()? {
+            match statuses.get(&key) {
+                Ok(Some(r)) => {
+                    persist.stored_statuses.insert(key.clone());
+                    pending.statuses.insert(key, r);
+                }
+                Ok(None) => {}
+                Err(e) => log::error!("outbox: {e}; left in the store"),
+            }
+        }
+        let mut next_id = 0;
+        for key in events.keys()? {
+            match events.get(&key) {
+                Ok(Some(mut e)) => {
+                    // The key is the truth about the id (older records may lack it).
+                    if let Ok(id) = key.parse::<u64>() {
+                        e.id = id;
+                    }
+                    next_id = next_id.max(e.id + 1);
+                    persist.stored_events.insert(e.id);
+                    pending.events.push_back(e);
+                }
+                Ok(None) => {}
+                Err(e) => log::error!("outbox: {e}; left in the store"),
+            }
+        }
+        for key in removed.keys()? {
+            match removed.get(&key) {
+                Ok(Some(r)) => {
+                    persist.stored_removed.insert(key);
+                    pending.removed_static.push(r);
+                }
+                Ok(None) => {}
+                Err(e) => log::error!("outbox: {e}; left in the store"),
+            }
+        }
+        let loaded = Depth::of(&pending);
+        if loaded.statuses + loaded.events + loaded.removed_static > 0 {
+            log::info!(
+                "outbox: {} pod status(es), {} event(s) and {} removed static pod(s) kept from before the restart",
+                loaded.statuses,
+                loaded.events,
+                loaded.removed_static
+            );
+        }
+        Ok(Reporter::with_queue(Queue {
+            pending,
+            next_id,
+            persist: Some(persist),
+        }))
+    }
+
+    fn with_queue(queue: Queue) -> (Reporter, Outbox) {
         let shared = Arc::new(Shared {
-            pending: Mutex::new(Pending::default()),
+            queue: Mutex::new(queue),
             wake: Condvar::new(),
         });
         (
@@ -136,9 +279,9 @@ impl Reporter {
         self.shared.is_some()
     }
 
-    fn with(&self, f: impl FnOnce(&mut Pending)) {
+    fn with(&self, f: impl FnOnce(&mut Queue)) {
         let Some(shared) = &self.shared else { return };
-        f(&mut lock(&shared.pending));
+        f(&mut lock(&shared.queue));
         shared.wake.notify_all();
     }
 
@@ -147,17 +290,21 @@ impl Reporter {
         let Some(uid) = pod.metadata.uid.clone() else {
             return;
         };
-        self.with(|p| {
+        self.with(|q| {
+            let p = &mut q.pending;
             // A finished pod stays finished: a later status must not undo the delete.
             let finished = finished || p.statuses.get(&uid).is_some_and(|r| r.finished);
-            p.statuses.insert(
-                uid,
-                StatusReport {
-                    pod: pod.clone(),
-                    status: status.clone(),
-                    finished,
-                },
-            );
+            let report = StatusReport {
+                pod: pod.clone(),
+                status: status.clone(),
+                finished,
+            };
+            if let Some(ps) = q.persist.as_mut() {
+                if ps.link.is_down() || ps.stored_statuses.contains(&uid) {
+                    persist_status(ps, &uid, &report);
+                }
+            }
+            q.pending.statuses.insert(uid, report);
         });
     }
 
@@ -170,20 +317,41 @@ impl Reporter {
         reason: &'static str,
         message: String,
     ) {
-        let report = EventReport {
+        let mut report = EventReport {
             pod: PodRef::of(pod),
             container: container.map(str::to_string),
             type_,
-            reason,
+            reason: Cow::Borrowed(reason),
             message,
             at: time::now(),
+            id: 0,
         };
-        self.with(|p| {
-            if p.events.len() >= EVENT_RING {
-                p.events.pop_front();
-                p.events_dropped += 1;
+        self.with(|q| {
+            report.id = q.next_id;
+            q.next_id += 1;
+            let mut batch = Batch::new();
+            if q.pending.events.len() >= EVENT_RING {
+                if let Some(old) = q.pending.events.pop_front() {
+                    q.pending.events_dropped += 1;
+                    if let Some(ps) = q.persist.as_mut() {
+                        if ps.stored_events.remove(&old.id) {
+                            batch.remove(&ps.events, &event_key(old.id));
+                        }
+                    }
+                }
             }
-            p.events.push_back(report);
+            if let Some(ps) = q.persist.as_mut() {
+                if ps.link.is_down() {
+                    match batch.put(&ps.events, &event_key(report.id), &report) {
+                        Ok(()) => {
+                            ps.stored_events.insert(report.id);
+                        }
+                        Err(e) => log::error!("outbox: {e}"),
+                    }
+                }
+                ps.apply(batch, "an event");
+            }
+            q.pending.events.push_back(report);
         });
     }
 
@@ -191,63 +359,178 @@ impl Reporter {
     /// static pod's mirror pod is to be deleted.
     pub fn removed(&self, pod: &Pod, is_static: bool) {
         let r = PodRef::of(pod);
-        self.with(|p| {
-            if !p.statuses.get(&r.uid).is_some_and(|s| s.finished) {
-                p.statuses.remove(&r.uid);
+        self.with(|q| {
+            let mut batch = Batch::new();
+            if !q.pending.statuses.get(&r.uid).is_some_and(|s| s.finished) {
+                q.pending.statuses.remove(&r.uid);
+                if let Some(ps) = q.persist.as_mut() {
+                    if ps.stored_statuses.remove(&r.uid) {
+                        batch.remove(&ps.statuses, &r.uid);
+                    }
+                }
             }
             if is_static {
-                p.removed_static.push(r);
+                if let Some(ps) = q.persist.as_mut() {
+                    if ps.link.is_down() {
+                        persist_removed(ps, &mut batch, &r);
+                    }
+                }
+                q.pending.removed_static.push(r);
+            }
+            if let Some(ps) = q.persist.as_ref() {
+                ps.apply(batch, "a removed pod");
             }
         });
     }
 }
 
+fn persist_status(ps: &mut Persist, uid: &str, report: &StatusReport) {
+    let mut batch = Batch::new();
+    match batch.put(&ps.statuses, uid, report) {
+        Ok(()) => {
+            ps.stored_statuses.insert(uid.to_string());
+            ps.apply(batch, "a pod status");
+        }
+        Err(e) => log::error!("outbox: {e}"),
+    }
+}
+
+fn persist_removed(ps: &mut Persist, batch: &mut Batch, r: &PodRef) {
+    match batch.put(&ps.removed, &r.uid, r) {
+        Ok(()) => {
+            ps.stored_removed.insert(r.uid.clone());
+        }
+        Err(e) => log::error!("outbox: {e}"),
+    }
+}
+
+impl Depth {
+    fn of(p: &Pending) -> Depth {
+        Depth {
+            statuses: p.statuses.len(),
+            events: p.events.len(),
+            events_dropped: p.events_dropped,
+            removed_static: p.removed_static.len(),
+        }
+    }
+}
+
 impl Outbox {
-    /// Waits up to `timeout` for something to send and takes all of it.
+    /// Waits up to `timeout` for something to send and takes all of it. What is taken
+    /// stays in the store until [`Outbox::sent`] says it went (or a retry puts it back).
     pub fn take(&self, timeout: Duration) -> Pending {
-        let mut pending = lock(&self.shared.pending);
-        if pending.is_empty() {
-            pending = match self.shared.wake.wait_timeout(pending, timeout) {
+        let mut q = lock(&self.shared.queue);
+        if q.pending.is_empty() && !timeout.is_zero() {
+            q = match self.shared.wake.wait_timeout(q, timeout) {
                 Ok((g, _)) => g,
                 Err(poisoned) => poisoned.into_inner().0,
             };
         }
-        let dropped = pending.events_dropped;
-        let taken = std::mem::take(&mut *pending);
-        pending.events_dropped = dropped;
+        let dropped = q.pending.events_dropped;
+        let taken = std::mem::take(&mut q.pending);
+        q.pending.events_dropped = dropped;
         taken
     }
 
-    /// Puts back a status that could not be sent, unless a newer one arrived meanwhile.
+    /// Puts back a status that could not be sent, unless a newer one arrived meanwhile;
+    /// either way the pod's pending status is now in the store.
     pub fn retry_status(&self, uid: String, report: StatusReport) {
-        let mut pending = lock(&self.shared.pending);
-        pending.statuses.entry(uid).or_insert(report);
+        let mut q = lock(&self.shared.queue);
+        let q = &mut *q;
+        let current = q.pending.statuses.entry(uid.clone()).or_insert(report);
+        if let Some(ps) = q.persist.as_mut() {
+            if !ps.stored_statuses.contains(&uid) {
+                persist_status(ps, &uid, current);
+            }
+        }
     }
 
     /// Puts back events that could not be sent, ahead of newer ones, within the ring.
     pub fn retry_events(&self, events: Vec<EventReport>) {
-        let mut pending = lock(&self.shared.pending);
+        let mut q = lock(&self.shared.queue);
+        let q = &mut *q;
+        let mut batch = Batch::new();
         for e in events.into_iter().rev() {
-            if pending.events.len() >= EVENT_RING {
-                pending.events_dropped += 1;
+            if q.pending.events.len() >= EVENT_RING {
+                q.pending.events_dropped += 1;
+                if let Some(ps) = q.persist.as_mut() {
+                    if ps.stored_events.remove(&e.id) {
+                        batch.remove(&ps.events, &event_key(e.id));
+                    }
+                }
                 continue;
             }
-            pending.events.push_front(e);
+            if let Some(ps) = q.persist.as_mut() {
+                if !ps.stored_events.contains(&e.id) {
+                    match batch.put(&ps.events, &event_key(e.id), &e) {
+                        Ok(()) => {
+                            ps.stored_events.insert(e.id);
+                        }
+                        Err(err) => log::error!("outbox: {err}"),
+                    }
+                }
+            }
+            q.pending.events.push_front(e);
+        }
+        if let Some(ps) = q.persist.as_ref() {
+            ps.apply(batch, "events");
         }
     }
 
     pub fn retry_removed(&self, removed: Vec<PodRef>) {
-        lock(&self.shared.pending).removed_static.extend(removed);
+        let mut q = lock(&self.shared.queue);
+        let q = &mut *q;
+        let mut batch = Batch::new();
+        if let Some(ps) = q.persist.as_mut() {
+            for r in &removed {
+                if !ps.stored_removed.contains(&r.uid) {
+                    persist_removed(ps, &mut batch, r);
+                }
+            }
+            ps.apply(batch, "removed pods");
+        }
+        q.pending.removed_static.extend(removed);
+    }
+
+    /// These went out (or were refused for good): their records leave the store,
+    /// unless a newer status for the same pod waits (its record is the current one).
+    pub fn sent(&self, statuses: &[String], events: &[u64], removed: &[String]) {
+        let mut q = lock(&self.shared.queue);
+        let q = &mut *q;
+        let Some(ps) = q.persist.as_mut() else { return };
+        let mut batch = Batch::new();
+        for uid in statuses {
+            if !q.pending.statuses.contains_key(uid) && ps.stored_statuses.remove(uid) {
+                batch.remove(&ps.statuses, uid);
+            }
+        }
+        for id in events {
+            if ps.stored_events.remove(id) {
+                batch.remove(&ps.events, &event_key(*id));
+            }
+        }
+        for uid in removed {
+            let again = q.pending.removed_static.iter().any(|r| &r.uid == uid);
+            if !again && ps.stored_removed.remove(uid) {
+                batch.remove(&ps.removed, uid);
+            }
+        }
+        ps.apply(batch, "sent reports");
     }
 
     /// How many statuses and events wait.
     pub fn depth(&self) -> (usize, usize) {
-        let p = lock(&self.shared.pending);
-        (p.statuses.len(), p.events.len())
+        let q = lock(&self.shared.queue);
+        (q.pending.statuses.len(), q.pending.events.len())
+    }
+
+    /// What waits, in full.
+    pub fn depth_report(&self) -> Depth {
+        Depth::of(&lock(&self.shared.queue).pending)
     }
 }
 
-fn lock(m: &Mutex<Pending>) -> MutexGuard<'_, Pending> {
+fn lock(m: &Mutex<Queue>) -> MutexGuard<'_, Queue> {
     // A panic elsewhere while holding the lock leaves valid data: keep using it.
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
@@ -256,6 +539,7 @@ fn lock(m: &Mutex<Pending>) -> MutexGuard<'_, Pending> {
 mod tests {
     use super::*;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use std::time::Duration;
 
     fn pod(uid: &str) -> Pod {
         Pod {
@@ -339,6 +623,161 @@ mod tests {
         assert!(got.statuses.contains_key("b"));
         assert_eq!(got.removed_static.len(), 1);
         assert_eq!(got.removed_static[0].uid, "a");
+    }
+
+    fn link() -> Link {
+        Link::new(crate::backoff::Backoff {
+            initial: Duration::from_secs(1),
+            max: Duration::from_secs(60),
+        })
+    }
+
+    /// A status with a container that ended at a fixed time, as its record says.
+    fn crashed_at(secs: i64) -> PodStatus {
+        use k8s_openapi::api::core::v1::{
+            ContainerState, ContainerStateTerminated, ContainerStatus,
+        };
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let t = Timestamp::from_second(secs).expect("ts");
+        PodStatus {
+            phase: Some("Running".into()),
+            container_statuses: Some(vec![ContainerStatus {
+                name: "c".into(),
+                restart_count: 3,
+                last_state: Some(ContainerState {
+                    terminated: Some(ContainerStateTerminated {
+                        exit_code: 1,
+                        finished_at: Some(Time(t)),
+                        ..ContainerStateTerminated::default()
+                    }),
+                    ..ContainerState::default()
+                }),
+                ..ContainerStatus::default()
+            }]),
+            ..PodStatus::default()
+        }
+    }
+
+    fn stored_keys(store: &Store, tree: &'static str) -> Vec<String> {
+        let t: Tree<serde_json::Value> = store.tree(tree).expect("tree");
+        t.keys().expect("keys")
+    }
+
+    #[test]
+    fn what_waits_while_down_survives_a_restart_with_its_true_times() {
+        let dir = crate::testutil::TempDir::new("outbox-restart");
+        {
+            let store = Store::open(&dir.0).expect("store");
+            let (r, _out) = Reporter::persistent(&store, link()).expect("outbox");
+            r.status(&pod("a"), &status("Pending"), false);
+            r.status(&pod("a"), &crashed_at(1_700_000_100), false);
+            r.status(&pod("b"), &status("Failed"), true);
+            r.event(
+                &pod("a"),
+                Some("c"),
+                EventType::Warning,
+                "BackOff",
+                "x".into(),
+            );
+            r.event(&pod("a"), None, EventType::Normal, "Killing", "y".into());
+            r.removed(&pod("s"), true);
+            assert_eq!(stored_keys(&store, STATUS_TREE), ["a", "b"]);
+            store.flush().expect("flush");
+        }
+        let store = Store::open(&dir.0).expect("reopen");
+        let (r, out) = Reporter::persistent(&store, link()).expect("outbox");
+        let depth = out.depth_report();
+        assert_eq!(
+            (depth.statuses, depth.events, depth.removed_static),
+            (2, 2, 1)
+        );
+        let got = out.take(Duration::ZERO);
+        let a = &got.statuses["a"].status;
+        assert_eq!(
+            a,
+            &crashed_at(1_700_000_100),
+            "newest wins, times untouched"
+        );
+        assert!(got.statuses["b"].finished);
+        let reasons: Vec<&str> = got.events.iter().map(|e| e.reason.as_ref()).collect();
+        assert_eq!(reasons, ["BackOff", "Killing"], "in order");
+        assert_eq!(got.events[0].container.as_deref(), Some("c"));
+        assert_eq!(got.removed_static[0].uid, "s");
+        // New events follow the loaded ones.
+        r.event(&pod("a"), None, EventType::Normal, "Started", "z".into());
+        let next = out.take(Duration::ZERO);
+        assert!(next.events[0].id > got.events[1].id);
+
+        // Once sent, the records go.
+        let ids: Vec<u64> = got
+            .events
+            .iter()
+            .chain(&next.events)
+            .map(|e| e.id)
+            .collect();
+        out.sent(&["a".into(), "b".into()], &ids, &["s".into()]);
+        for tree in [STATUS_TREE, EVENT_TREE, REMOVED_TREE] {
+            assert!(stored_keys(&store, tree).is_empty(), "{tree}");
+        }
+    }
+
+    #[test]
+    fn nothing_is_written_while_up_until_a_send_fails() {
+        let dir = crate::testutil::TempDir::new("outbox-up");
+        let store = Store::open(&dir.0).expect("store");
+        let l = link();
+        l.node_ready(std::time::Instant::now(), time::now());
+        let (r, out) = Reporter::persistent(&store, l.clone()).expect("outbox");
+        r.status(&pod("a"), &status("Running"), false);
+        r.event(&pod("a"), None, EventType::Normal, "Started", "x".into());
+        assert!(stored_keys(&store, STATUS_TREE).is_empty());
+        assert!(stored_keys(&store, EVENT_TREE).is_empty());
+
+        let mut got = out.take(Duration::ZERO);
+        // A newer status arrives while the old one is in flight, then the send fails.
+        r.status(&pod("a"), &crashed_at(1_700_000_200), false);
+        let old = got.statuses.remove("a").expect("a");
+        out.retry_status("a".into(), old);
+        out.retry_events(got.events.into_iter().collect());
+        assert_eq!(stored_keys(&store, STATUS_TREE), ["a"]);
+        assert_eq!(stored_keys(&store, EVENT_TREE).len(), 1);
+        let t: Tree<StatusReport> = store.tree(STATUS_TREE).expect("tree");
+        let kept = t.get("a").expect("get").expect("stored");
+        assert_eq!(kept.status, crashed_at(1_700_000_200), "the newest is kept");
+        // Later statuses for a pod with a record keep the record current, link up or not.
+        r.status(&pod("a"), &crashed_at(1_700_000_300), false);
+        let kept = t.get("a").expect("get").expect("stored");
+        assert_eq!(kept.status, crashed_at(1_700_000_300));
+        let got = out.take(Duration::ZERO);
+        let ids: Vec<u64> = got.events.iter().map(|e| e.id).collect();
+        out.sent(&["a".into()], &ids, &[]);
+        assert!(stored_keys(&store, STATUS_TREE).is_empty());
+        assert!(stored_keys(&store, EVENT_TREE).is_empty());
+    }
+
+    #[test]
+    fn the_stored_ring_is_bounded_by_its_size_not_the_outage() {
+        let dir = crate::testutil::TempDir::new("outbox-ring");
+        let store = Store::open(&dir.0).expect("store");
+        let (r, out) = Reporter::persistent(&store, link()).expect("outbox");
+        for n in 0..EVENT_RING + 40 {
+            r.event(
+                &pod("a"),
+                None,
+                EventType::Normal,
+                "Started",
+                format!("{n}"),
+            );
+            r.status(&pod("a"), &status(&format!("P{n}")), false);
+        }
+        assert_eq!(stored_keys(&store, EVENT_TREE).len(), EVENT_RING);
+        assert_eq!(stored_keys(&store, STATUS_TREE).len(), 1);
+        let depth = out.depth_report();
+        assert_eq!(depth.events, EVENT_RING);
+        assert_eq!(depth.events_dropped, 40);
+        // A pod gone from the node takes its unsent status with it.
+        r.removed(&pod("a"), false);
+        assert!(stored_keys(&store, STATUS_TREE).is_empty());
     }
 
     #[test]

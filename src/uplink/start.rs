@@ -12,17 +12,18 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 
 use super::client::Client;
+use super::link::{Link, LinkReport};
 use super::node::{new_node_uid, NodeController, NodeLoop, NodeModel, Timing};
 use super::node_status::{self, NodeInput};
 use super::objects::{
     pod_set, spawn_object_manager, ObjectCache, ObjectKey, PodSetReceiver, PodSetSender,
 };
 use super::pods::{MirrorSet, NodeUid, PodUplink, SharedMirrors};
-use super::report::{Outbox, Reporter};
+use super::report::{Depth, Outbox, Reporter};
 use crate::backoff::Backoff;
 use crate::config::Config;
 use crate::node::facts::NodeFacts;
-use crate::source::SourceSnapshot;
+use crate::source::{ApiSourceResume, SourceSnapshot};
 use crate::store::Store;
 use crate::time::Timestamp;
 
@@ -42,7 +43,33 @@ pub struct Uplink {
     pub objects: ObjectCache,
     pub mirrors: SharedMirrors,
     pub node_uid: NodeUid,
+    /// The link and the outbox, for `holdfast status`.
+    pub view: UplinkView,
     stop: Arc<AtomicBool>,
+}
+
+/// What `holdfast status` reads from a running uplink. Cheap to clone.
+#[derive(Clone)]
+pub struct UplinkView {
+    pub link: Link,
+    pub outbox: Outbox,
+}
+
+impl UplinkView {
+    pub fn link(&self) -> LinkReport {
+        self.link.report()
+    }
+    pub fn outbox(&self) -> Depth {
+        self.outbox.depth_report()
+    }
+}
+
+/// What the store kept of the api source: its pods and where they were, so the source
+/// resumes its watch there after a restart.
+#[derive(Debug, Clone, Default)]
+pub struct ApiSeed {
+    pub pods: Vec<k8s_openapi::api::core::v1::Pod>,
+    pub resource_version: Option<String>,
 }
 
 impl Drop for Uplink {
@@ -80,12 +107,13 @@ impl NodeModel for DeviceModel {
 }
 
 /// Starts the uplink if the config names a kubeconfig. Cluster pods arrive on
-/// `api_pods` (mirror pods included: the caller sorts them out). A Node the config
-/// cannot describe (a label NodeRestriction refuses, ...) is an error.
+/// `api_pods` (mirror pods included: the caller sorts them out); `seed` is what the
+/// store holds from the api source. A Node the config cannot describe (a label
+/// NodeRestriction refuses, ...) is an error.
 pub fn start(
     config: &Config,
     store: &Store,
-    known_api_pods: usize,
+    seed: ApiSeed,
     api_pods: mpsc::Sender<SourceSnapshot>,
     objects_changed: mpsc::Sender<ObjectKey>,
 ) -> Result<Option<Uplink>, crate::Error> {
@@ -97,7 +125,11 @@ pub fn start(
         root_dir: config.root_dir.clone(),
         lease_seconds: config.node_lease_duration_seconds,
     };
-    let (reporter, outbox) = Reporter::connected();
+    let link = Link::new(Backoff {
+        initial: super::pods::RETRY.initial,
+        max: config.uplink_retry_max.max(super::pods::RETRY.initial),
+    });
+    let (reporter, outbox) = Reporter::persistent(store, link.clone())?;
     let stop = Arc::new(AtomicBool::new(false));
     let node_uid = new_node_uid();
     let mirrors: SharedMirrors = Arc::new(std::sync::Mutex::new(MirrorSet::default()));
@@ -109,6 +141,10 @@ pub fn start(
         objects: objects.clone(),
         mirrors: mirrors.clone(),
         node_uid: node_uid.clone(),
+        view: UplinkView {
+            link: link.clone(),
+            outbox: outbox.clone(),
+        },
         stop: stop.clone(),
     };
     let parts = Parts {
@@ -117,7 +153,8 @@ pub fn start(
         objects,
         wanted,
         objects_changed,
-        known_api_pods,
+        seed,
+        link,
         outbox,
         node_uid,
         mirrors,
@@ -140,7 +177,8 @@ struct Parts {
     objects: ObjectCache,
     wanted: PodSetReceiver,
     objects_changed: mpsc::Sender<ObjectKey>,
-    known_api_pods: usize,
+    seed: ApiSeed,
+    link: Link,
     outbox: Outbox,
     node_uid: NodeUid,
     mirrors: SharedMirrors,
@@ -183,7 +221,10 @@ impl Parts {
         let timing = Timing {
             renew: self.config.node_status_update_frequency,
             report: self.config.node_status_report_frequency,
-            retry: super::pods::RETRY,
+            retry: Backoff {
+                initial: super::pods::RETRY.initial,
+                max: self.config.uplink_retry_max,
+            },
         };
         let node = NodeLoop {
             controller: NodeController::new(
@@ -191,7 +232,8 @@ impl Parts {
                 self.model,
                 timing,
                 self.node_uid.clone(),
-            ),
+            )
+            .with_link(self.link.clone()),
             client: client.clone(),
             stop: self.stop.clone(),
         };
@@ -205,6 +247,7 @@ impl Parts {
             node_uid: self.node_uid,
             mirrors: self.mirrors,
             stop: self.stop.clone(),
+            link: self.link.clone(),
         };
         if let Err(e) = pods.spawn() {
             log::error!("uplink: cannot start the pod status thread: {e}");
@@ -221,8 +264,13 @@ impl Parts {
             client,
             self.config.node_name.clone(),
             crate::source::ApiSourceOptions {
-                known_pods: self.known_api_pods,
+                known_pods: self.seed.pods.len(),
                 ..crate::source::ApiSourceOptions::default()
+            },
+            ApiSourceResume {
+                link: Some(self.link),
+                pods: self.seed.pods,
+                resource_version: self.seed.resource_version,
             },
             self.api_pods,
         ) {

@@ -159,6 +159,15 @@ pub(super) fn start_with(
     watches: Vec<WatchStep>,
     opts: ApiSourceOptions,
 ) -> Harness {
+    start_resumed(lists, watches, opts, ApiSourceResume::default())
+}
+
+pub(super) fn start_resumed(
+    lists: Vec<ListStep>,
+    watches: Vec<WatchStep>,
+    opts: ApiSourceOptions,
+    resume: ApiSourceResume,
+) -> Harness {
     let fake = Fake::new(lists, watches);
     let sleeps = Arc::new(Mutex::new(Vec::new()));
     let clock = FakeClock {
@@ -166,7 +175,7 @@ pub(super) fn start_with(
     };
     let (tx, rx) = mpsc::channel(256);
     let handle =
-        spawn_with_clock(fake.clone(), NODE.into(), opts, clock, tx).expect("spawn source");
+        spawn_with_clock(fake.clone(), NODE.into(), opts, resume, clock, tx).expect("spawn source");
     Harness {
         fake,
         sleeps,

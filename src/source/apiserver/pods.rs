@@ -51,6 +51,27 @@ impl PodSet {
         self.listed = true;
     }
 
+    /// Takes in the pods the store kept from before a restart (already normalised) as
+    /// if listed, so the source can resume watching where they were, and sends them
+    /// once so everyone downstream knows the set.
+    pub(super) fn seed(&mut self, pods: Vec<Pod>) {
+        for pod in pods {
+            let Some(uid) = uid(&pod) else { continue };
+            if let Some(seen) = pod
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(crate::source::CONFIG_SEEN))
+                .and_then(|s| s.parse::<Timestamp>().ok())
+            {
+                self.first_seen.insert(uid.clone(), seen);
+            }
+            self.pods.insert(uid, pod);
+        }
+        self.listed = true;
+        self.dirty = true;
+    }
+
     /// How many pods the set holds.
     pub(super) fn len(&self) -> usize {
         self.pods.len()

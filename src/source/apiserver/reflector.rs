@@ -1,7 +1,12 @@
 //! The api source's loop, an explicit state machine as client-go's reflector and
 //! kube-runtime's watcher are: `Listing` (every page) → `Watching { resource_version }`;
 //! a stream that ends or breaks resumes `Watching` from the last resourceVersion seen,
-//! and only a 410 goes back to `Listing`.
+//! and only a 410 goes back to `Listing`. A source resumed from the store starts in
+//! `Watching` at the stored resourceVersion.
+//!
+//! With a [`Link`], a failure that means the apiserver cannot be reached marks the
+//! link down and the loop waits for the link to come back and the outbox to drain
+//! (`Drained`) before it lists or watches again: the node controller alone probes.
 
 use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
@@ -12,9 +17,9 @@ use tokio::sync::mpsc::Sender;
 
 use super::lister::{PodLister, PodWatch};
 use super::pods::PodSet;
-use super::{ApiSourceError, ApiSourceOptions, Clock, SOURCE_API};
+use super::{ApiSourceError, ApiSourceOptions, ApiSourceResume, Clock, SOURCE_API};
 use crate::source::SourceSnapshot;
-use crate::uplink::ApiError;
+use crate::uplink::{ApiError, Link, Stage};
 
 /// client-go's reflector asks for watches of 5 to 10 minutes, at random, so that many
 /// clients do not reconnect in step.
@@ -66,6 +71,11 @@ pub(super) struct Reflector<L, C> {
     confirm_empty: bool,
     /// The trouble last logged, so a repeating failure is logged once.
     reported: Option<String>,
+    /// The resourceVersion the set is at, sent with each snapshot.
+    rv: Option<String>,
+    link: Option<Link>,
+    /// Where to start: a stored resourceVersion to watch from.
+    resume_from: Option<String>,
 }
 
 impl<L: PodLister, C: Clock> Reflector<L, C> {
@@ -73,28 +83,60 @@ impl<L: PodLister, C: Clock> Reflector<L, C> {
         lister: L,
         node_name: String,
         options: ApiSourceOptions,
+        resume: ApiSourceResume,
         clock: C,
         tx: Sender<SourceSnapshot>,
     ) -> Self {
+        let mut pods = PodSet::default();
+        let resume_from = resume.resource_version.filter(|rv| !rv.is_empty());
+        let highest_rv = resume_from
+            .as_deref()
+            .and_then(|rv| rv.parse::<u64>().ok())
+            .unwrap_or(0);
+        if resume_from.is_some() {
+            pods.seed(resume.pods);
+        }
         Reflector {
             lister,
             node_name,
             options,
             clock,
             tx,
-            pods: PodSet::default(),
-            highest_rv: 0,
+            pods,
+            highest_rv,
             failures: 0,
             relisted_for_gone: false,
             sent_at: None,
             confirm_empty: false,
             reported: None,
+            rv: resume_from.clone(),
+            link: resume.link,
+            resume_from,
         }
     }
 
     pub(super) fn run(mut self) {
-        let mut state = State::Listing;
+        let mut state = match self.resume_from.take() {
+            Some(resource_version) => {
+                log::info!(
+                    "api pod source: {} pod(s) from the store; resuming the watch at resourceVersion {resource_version}",
+                    self.pods.len()
+                );
+                if !self.send() {
+                    return;
+                }
+                State::Watching { resource_version }
+            }
+            None => State::Listing,
+        };
         while !self.tx.is_closed() {
+            if let Some(link) = &self.link {
+                // Down: the node controller probes; then the outbox drains first.
+                let tx = &self.tx;
+                if !link.wait_until(Stage::Drained, &|| tx.is_closed()) {
+                    return;
+                }
+            }
             state = match state {
                 State::Listing => match self.list() {
                     Ok(resource_version) => {
@@ -184,6 +226,8 @@ impl<L: PodLister, C: Clock> Reflector<L, C> {
                 }
                 self.confirm_empty = false;
                 self.pods.replace(items);
+                self.rv = Some(rv.clone());
+                self.synced();
                 return Ok(rv);
             }
             return Err(ApiSourceError::TooManyPages(MAX_PAGES));
@@ -287,6 +331,7 @@ impl<L: PodLister, C: Clock> Reflector<L, C> {
 
     /// The stream moved on to `to`: the next watch starts there.
     fn advance(&mut self, rv: &mut String, to: Option<&str>) {
+        self.synced();
         let Some(to) = to.filter(|v| !v.is_empty()) else {
             return;
         };
@@ -294,6 +339,13 @@ impl<L: PodLister, C: Clock> Reflector<L, C> {
             self.highest_rv = self.highest_rv.max(n);
         }
         *rv = to.to_string();
+        self.rv = Some(rv.clone());
+    }
+
+    fn synced(&self) {
+        if let Some(link) = &self.link {
+            link.synced(crate::time::now());
+        }
     }
 
     /// How long to wait for the next event: until a held-back snapshot is due, or a
@@ -326,6 +378,7 @@ impl<L: PodLister, C: Clock> Reflector<L, C> {
         let snapshot = SourceSnapshot {
             source: SOURCE_API,
             pods,
+            resource_version: self.rv.clone(),
         };
         self.tx.blocking_send(snapshot).is_ok()
     }
@@ -363,6 +416,11 @@ impl<L: PodLister, C: Clock> Reflector<L, C> {
             self.reported = Some(key);
         } else {
             log::debug!("api pod source: {e} (failure {})", self.failures);
+        }
+        if let (Some(link), true) = (&self.link, e.is_transient()) {
+            // The node controller probes a dead link; the loop waits on the link.
+            link.report_down(crate::time::now());
+            return;
         }
         let delay = self
             .options

@@ -569,3 +569,107 @@ fn an_empty_first_list_with_stored_pods_is_confirmed_first() {
     );
     h.stop();
 }
+
+fn stored(name: &str) -> Pod {
+    let mut p = normalise(pod(name, 1, "app:1"));
+    crate::source::static_pod::set_seen(
+        &mut p,
+        crate::time::Timestamp::from_second(1_700_000_000).expect("ts"),
+    );
+    p
+}
+
+fn resumed(pods: Vec<Pod>, rv: &str, link: Option<Link>) -> ApiSourceResume {
+    ApiSourceResume {
+        link,
+        pods,
+        resource_version: Some(rv.into()),
+    }
+}
+
+#[test]
+fn a_resumed_source_watches_from_the_stored_version_without_listing() {
+    let mut h = start_resumed(
+        vec![],
+        vec![WatchStep::Stream(vec![
+            // Deleted and bound in the cluster while the agent was away.
+            Ok(WatchEvent::Deleted(pod("b", 41, "app:1"))),
+            Ok(WatchEvent::Added(pod("c", 42, "app:1"))),
+        ])],
+        options(),
+        resumed(vec![stored("a"), stored("b")], "40", None),
+    );
+    let calls = h.calls_once(2);
+    assert_eq!(calls, [watch_call("40"), watch_call("42")], "no LIST");
+    let sent = h.sent();
+    assert_eq!(
+        names(&sent[0]),
+        ["a", "b"],
+        "the stored set, once, at start"
+    );
+    assert_eq!(sent[0].resource_version.as_deref(), Some("40"));
+    let last = sent.last().expect("snapshots");
+    assert_eq!(names(last), ["a", "c"]);
+    assert_eq!(last.resource_version.as_deref(), Some("42"));
+    // The stored pod kept its first-seen time: it is the same pod, not a new one.
+    let a = &last.pods[0];
+    assert_eq!(a, &stored("a"));
+    h.stop();
+}
+
+#[test]
+fn a_resumed_source_lists_once_when_its_version_is_gone() {
+    let mut h = start_resumed(
+        vec![page(
+            90,
+            vec![pod("a", 5, "app:1"), pod("c", 80, "app:1")],
+            None,
+        )],
+        vec![WatchStep::Fail(status(410, "Expired"))],
+        options(),
+        resumed(vec![stored("a"), stored("b")], "40", None),
+    );
+    let calls = h.calls_once(3);
+    assert_eq!(calls, [watch_call("40"), list_call(), watch_call("90")]);
+    assert_eq!(h.until(&["a", "c"]), 2);
+    assert!(h.sleeps().is_empty(), "a 410 relists at once");
+    h.stop();
+}
+
+#[test]
+fn with_a_link_a_dead_apiserver_is_waited_for_not_retried() {
+    let link = Link::new(Backoff {
+        initial: Duration::from_secs(1),
+        max: Duration::from_secs(60),
+    });
+    link.node_ready(Instant::now(), crate::time::now());
+    link.drained();
+    let mut h = start_resumed(
+        vec![],
+        vec![
+            WatchStep::Fail(transport("connection refused")),
+            WatchStep::Stream(vec![Ok(WatchEvent::Added(pod("c", 42, "app:1")))]),
+        ],
+        options(),
+        resumed(vec![stored("a")], "40", Some(link.clone())),
+    );
+    assert_eq!(h.calls_once(1), [watch_call("40")]);
+    let deadline = Instant::now() + DEADLINE;
+    while !link.is_down() {
+        assert!(Instant::now() < deadline, "the link was not marked down");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    // Down: nothing more until the node controller brings it back and the outbox
+    // drains. (A bounded look: the source would have retried at once otherwise.)
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(h.fake.calls().len(), 1, "{:?}", h.fake.calls());
+    link.node_ready(Instant::now(), crate::time::now());
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(h.fake.calls().len(), 1, "waits for the outbox to drain too");
+    link.drained();
+    assert_eq!(h.calls_once(2), [watch_call("40"), watch_call("40")]);
+    assert_eq!(h.until(&["a", "c"]), 2);
+    assert!(h.sleeps().is_empty(), "no back-off of its own");
+    assert!(link.report().last_sync.is_some());
+    h.stop();
+}
