@@ -149,6 +149,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         images: images.clone(),
         podstates: podstates.clone(),
         resync: resync_tx,
+        root_dir: root.clone(),
+        uplink: uplink.as_ref().map(|u| u.view.clone()),
     });
     match server::bind(&root) {
         Ok(listener) => {

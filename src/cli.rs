@@ -1,5 +1,5 @@
-//! cli: the `holdfast` subcommands other than `run`: `pods` and `image`. They ask a
-//! running agent through the control socket, or open the store when none runs.
+//! cli: the `holdfast` subcommands other than `run`: `pods`, `status` and `image`. They
+//! ask a running agent through the control socket, or open the store when none runs.
 
 use std::path::PathBuf;
 
@@ -106,6 +106,52 @@ pub fn pods(args: &[String]) -> Result<(), Error> {
         println!("{out}");
     } else {
         print!("{}", render_pods(&pods, crate::time::now()));
+    }
+    Ok(())
+}
+
+/// `holdfast status`: the uplink (standalone, up, or down since when and retrying
+/// when), the outbox, the last successful sync, the store's size and the pods it
+/// knows. With no agent running it says so and reads what it can from the root dir.
+pub fn status(args: &[String]) -> Result<(), Error> {
+    let (root, rest) = root_dir(args)?;
+    let json = match rest
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .as_slice()
+    {
+        [] => false,
+        ["--json"] | ["-o", "json"] | ["-ojson"] | ["--output=json"] | ["-o=json"] => true,
+        other => {
+            return Err(Error::Cli(format!(
+                "status: unexpected arguments {other:?}"
+            )))
+        }
+    };
+    let deadline = std::time::Instant::now() + AGENT_START_WAIT;
+    let status = loop {
+        match control::client::call(&root, &Request::Status) {
+            Ok(Response::Status { status }) => break status,
+            Ok(_) => return Err(Error::Cli("status: unexpected answer".into())),
+            Err(ControlError::NotRunning { .. })
+                if control::presence::agent_running(&root)
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(100))
+            }
+            Err(ControlError::NotRunning { .. }) => {
+                break control::status::from_root(&root);
+            }
+            Err(e) => return Err(Error::Cli(e.to_string())),
+        }
+    };
+    if json {
+        let out = serde_json::to_string(&status)
+            .map_err(|e| Error::Cli(format!("status: encode: {e}")))?;
+        println!("{out}");
+    } else {
+        print!("{}", control::status::render(&status, crate::time::now()));
     }
     Ok(())
 }

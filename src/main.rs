@@ -12,6 +12,7 @@ commands:
            (--root-dir DIR, --kernel-config FILE, --board NAME, --board-dir DIR);
            exit 0 when every required item is there, 1 when not
   pods     list pods and their containers (--root-dir DIR, -o json)
+  status   uplink state, outbox, last sync, store size, pods (--root-dir DIR, --json)
   image    import FILE|DIR, ls, rm REF (--root-dir DIR)
   reset    stop and remove every container, mount and cgroup, then the root dir
            (--root-dir DIR, --cgroup-root PATH); refused while an agent runs
@@ -35,6 +36,10 @@ fn main() -> ExitCode {
         "pods" => {
             init_logging(None);
             holdfast::cli::pods(rest)
+        }
+        "status" => {
+            init_logging(None);
+            holdfast::cli::status(rest)
         }
         "image" => {
             init_logging(None);

@@ -132,3 +132,26 @@ fn image_import_ls_rm_without_an_agent() {
     assert!(o.status.success(), "{}", text(&o));
     assert!(!root.exists(), "reset removes the root dir");
 }
+
+#[test]
+fn status_without_an_agent_says_so() {
+    let dir = TempDir::new("status");
+    let root = dir.0.join("root");
+    std::fs::create_dir_all(&root).expect("root");
+    let root_s = root.to_str().expect("utf-8");
+    let o = holdfast(&["status", "--root-dir", root_s]);
+    assert!(o.status.success(), "{}", text(&o));
+    let t = text(&o);
+    assert!(t.contains("agent:        not running"), "{t}");
+    assert!(t.contains("store:        0 B"), "{t}");
+    assert!(!root.join("db").exists(), "status makes no store");
+    let o = holdfast(&["status", "--json", "--root-dir", root_s]);
+    assert!(o.status.success(), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!(v["agentRunning"], false);
+    assert_eq!(v["uplink"]["state"], "unknown");
+    assert_eq!(v["storeBytes"], 0);
+    let o = holdfast(&["status", "--bogus", "--root-dir", root_s]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("--bogus"), "{}", text(&o));
+}

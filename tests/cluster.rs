@@ -562,3 +562,57 @@ fn configmaps_and_secrets_a_pod_references_are_fetched_and_followed() {
     a.stop();
     a.reset();
 }
+
+#[test]
+fn status_shows_the_uplink_go_down_and_come_back() {
+    if !need_root() {
+        return;
+    }
+    let api = double();
+    let mut a = agent("cluster-status", &api);
+    a.write_config(
+        "nodeStatusUpdateFrequency: 1s\nnodeStatusReportFrequency: 3s\nuplinkRetryMax: 2s\n",
+    );
+    a.start();
+    wait(&api, &a, "the lease", |api| api.get_lease(NODE).is_some());
+    a.wait_until("status to say up", WAIT, |a| {
+        a.status()["uplink"]["state"] == "up"
+    });
+    let s = a.status();
+    assert_eq!(s["agentRunning"], true);
+    assert!(s["uplink"]["lastSync"].is_string(), "{s}");
+    assert!(s["storeBytes"].as_u64().is_some_and(|b| b > 0), "{s}");
+    assert_eq!(s["outbox"]["statuses"], 0, "{s}");
+
+    // Every request is cut: the lease renewal fails and the link goes down.
+    api.fail_times(Matcher::any(), Fault::Drop, 100_000);
+    a.wait_until("status to say down", WAIT, |a| {
+        a.status()["uplink"]["state"] == "down"
+    });
+    a.wait_until("a failed probe", WAIT, |a| {
+        let s = a.status();
+        s["uplink"]["failures"].as_u64().is_some_and(|n| n >= 1)
+            && s["uplink"]["nextRetry"].is_string()
+            && s["uplink"]["since"].is_string()
+    });
+    let text = std::process::Command::new(support::agent::BIN)
+        .args(["status", "--root-dir"])
+        .arg(&a.root)
+        .output()
+        .expect("holdfast status");
+    let text = String::from_utf8_lossy(&text.stdout).into_owned();
+    assert!(text.contains("uplink:       down since"), "{text}");
+    assert!(text.contains("next retry"), "{text}");
+
+    api.clear_faults();
+    a.wait_until("status to say up again", WAIT, |a| {
+        let s = a.status();
+        s["uplink"]["state"] == "up" && s["uplink"]["failures"] == 0
+    });
+    a.stop();
+    // No agent: it says so, and still tells the store's size.
+    let s = a.status();
+    assert_eq!(s["agentRunning"], false);
+    assert!(s["storeBytes"].as_u64().is_some_and(|b| b > 0), "{s}");
+    a.reset();
+}

@@ -7,6 +7,7 @@
 pub mod client;
 pub mod presence;
 pub mod server;
+pub mod status;
 
 use serde::{Deserialize, Serialize};
 
@@ -17,9 +18,15 @@ pub const SOCKET: &str = "holdfast.sock";
 #[serde(tag = "op", rename_all = "camelCase")]
 pub enum Request {
     Pods,
-    ImageImport { path: String },
+    ImageImport {
+        path: String,
+    },
     ImageList,
-    ImageRemove { reference: String },
+    ImageRemove {
+        reference: String,
+    },
+    /// `holdfast status`: answered by the agent only.
+    Status,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -30,6 +37,9 @@ pub enum Response {
     },
     Images {
         images: Vec<crate::image::ImageRecord>,
+    },
+    Status {
+        status: status::AgentStatus,
     },
     Done,
     Error {
@@ -81,6 +91,8 @@ pub fn execute(
             Ok(images) => Response::Images { images },
             Err(e) => fail(e.to_string()),
         },
+        // Without an agent the CLI reads the root dir itself (`status::from_root`).
+        Request::Status => fail("status: no agent to ask".into()),
         Request::ImageRemove { reference } => {
             let in_use = images_in_use(podstates);
             match images.remove(&reference, &in_use) {

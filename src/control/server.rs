@@ -21,6 +21,9 @@ pub struct Control {
     pub podstates: Tree<PodState>,
     /// Asks the sync loop to look again (an image arrived).
     pub resync: mpsc::Sender<()>,
+    pub root_dir: std::path::PathBuf,
+    /// The uplink's link and outbox; `None` standalone.
+    pub uplink: Option<crate::uplink::start::UplinkView>,
 }
 
 /// Binds the socket (replacing a stale one) with mode 0600.
@@ -77,6 +80,18 @@ impl Control {
     }
 
     async fn answer(&self, req: Request) -> Response {
+        if matches!(req, Request::Status) {
+            let podstates = self.podstates.clone();
+            let root = self.root_dir.clone();
+            let uplink = self.uplink.clone();
+            return tokio::task::spawn_blocking(move || Response::Status {
+                status: super::status::from_agent(&root, &podstates, uplink.as_ref()),
+            })
+            .await
+            .unwrap_or_else(|e| Response::Error {
+                message: format!("request failed: {e}"),
+            });
+        }
         let images = self.images.clone();
         let podstates = self.podstates.clone();
         let resync = matches!(req, Request::ImageImport { .. });

@@ -198,6 +198,22 @@ impl Agent {
         self.try_pods().expect("holdfast pods -o json")
     }
 
+    /// What `holdfast status --json` prints (uplink, outbox, store size, pods).
+    #[allow(dead_code)]
+    pub fn status(&self) -> Value {
+        let out = Command::new(BIN)
+            .args(["status", "--json", "--root-dir"])
+            .arg(&self.root)
+            .output()
+            .expect("holdfast status");
+        assert!(
+            out.status.success(),
+            "holdfast status: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("holdfast status --json")
+    }
+
     /// The table `holdfast pods` prints.
     pub fn pods_table(&self) -> String {
         let out = Command::new(BIN)

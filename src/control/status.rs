@@ -1,0 +1,325 @@
+//! `holdfast status`: how the agent and its uplink are doing — up, or down since when
+//! and retrying when; what waits in the outbox; when anything last got through; how
+//! big the store is and how many pods it knows. Gathered by the running agent, or,
+//! when none runs, from the root dir.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::store::{Store, Tree};
+use crate::sync::PodState;
+use crate::time::Timestamp;
+use crate::uplink::link::{LinkReport, Stage};
+use crate::uplink::report::{self, Depth};
+use crate::uplink::start::UplinkView;
+
+/// The uplink as the status shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UplinkStatus {
+    /// `standalone` (no kubeconfig), `up`, `down`, or `unknown` (no agent runs).
+    pub state: String,
+    /// While up: `nodeReady` (the outbox is draining) or `drained`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stage: Option<Stage>,
+    /// Since when it is up or down.
+    pub since: Option<Timestamp>,
+    pub next_retry: Option<Timestamp>,
+    pub failures: u32,
+    /// The last successful LIST, watch event, status patch or lease renewal.
+    pub last_sync: Option<Timestamp>,
+}
+
+impl UplinkStatus {
+    fn without_link(state: &str) -> UplinkStatus {
+        UplinkStatus {
+            state: state.into(),
+            stage: None,
+            since: None,
+            next_retry: None,
+            failures: 0,
+            last_sync: None,
+        }
+    }
+
+    fn of(r: &LinkReport) -> UplinkStatus {
+        UplinkStatus {
+            state: if r.stage == Stage::Down { "down" } else { "up" }.into(),
+            stage: Some(r.stage).filter(|s| *s != Stage::Down),
+            since: r.since,
+            next_retry: r.next_retry,
+            failures: r.failures,
+            last_sync: r.last_sync,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentStatus {
+    /// Whether a running agent answered (otherwise this came from the root dir).
+    pub agent_running: bool,
+    pub uplink: UplinkStatus,
+    /// What waits to be reported; from the store when no agent runs.
+    pub outbox: Option<Depth>,
+    /// Bytes the store takes on disk.
+    pub store_bytes: u64,
+    /// Pods the store knows (with their status).
+    pub pods: Option<usize>,
+}
+
+/// Gathered by the running agent.
+pub fn from_agent(
+    root_dir: &Path,
+    podstates: &Tree<PodState>,
+    uplink: Option<&UplinkView>,
+) -> AgentStatus {
+    AgentStatus {
+        agent_running: true,
+        uplink: match uplink {
+            Some(v) => UplinkStatus::of(&v.link()),
+            None => UplinkStatus::without_link("standalone"),
+        },
+        outbox: uplink.map(UplinkView::outbox),
+        store_bytes: store_bytes(&root_dir.join("db")),
+        pods: podstates.keys().ok().map(|k| k.len()),
+    }
+}
+
+/// Gathered from the root dir, no agent running: the store's size, and, if there is
+/// a store, what it holds. Never creates a store.
+pub fn from_root(root_dir: &Path) -> AgentStatus {
+    let db = root_dir.join("db");
+    let mut status = AgentStatus {
+        agent_running: false,
+        uplink: UplinkStatus::without_link("unknown"),
+        outbox: None,
+        store_bytes: store_bytes(&db),
+        pods: None,
+    };
+    if !db.exists() {
+        return status;
+    }
+    match Store::open(&db) {
+        Ok(store) => {
+            if let Ok(t) = store.tree::<PodState>("podstates") {
+                status.pods = t.keys().ok().map(|k| k.len());
+            }
+            let count = |name: &'static str| {
+                store
+                    .tree::<serde_json::Value>(name)
+                    .and_then(|t| t.keys())
+                    .map(|k| k.len())
+                    .unwrap_or(0)
+            };
+            status.outbox = Some(Depth {
+                statuses: count(report::STATUS_TREE),
+                events: count(report::EVENT_TREE),
+                events_dropped: 0,
+                removed_static: count(report::REMOVED_TREE),
+            });
+        }
+        Err(e) => log::warn!("status: {e}"),
+    }
+    status
+}
+
+/// The bytes of every file under `dir` (sled's files), 0 if there is none.
+pub fn store_bytes(dir: &Path) -> u64 {
+    let mut total = 0;
+    let mut todo = vec![dir.to_path_buf()];
+    // Bounded: sled's layout is a few levels deep at most.
+    let mut budget = 100_000usize;
+    while let Some(d) = todo.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            budget = budget.saturating_sub(1);
+            if budget == 0 {
+                return total;
+            }
+            match e.metadata() {
+                Ok(m) if m.is_dir() => todo.push(e.path()),
+                Ok(m) => total += m.len(),
+                Err(_) => {}
+            }
+        }
+    }
+    total
+}
+
+/// The human form.
+pub fn render(s: &AgentStatus, now: Timestamp) -> String {
+    let mut out = String::new();
+    let when = |t: &Option<Timestamp>| match t {
+        Some(t) => format!("{t} ({})", ago(*t, now)),
+        None => "never".to_string(),
+    };
+    if !s.agent_running {
+        out.push_str("agent:        not running (read from the root dir)\n");
+    } else {
+        out.push_str("agent:        running\n");
+    }
+    let u = &s.uplink;
+    let line = match u.state.as_str() {
+        "up" => {
+            let stage = match u.stage {
+                Some(Stage::NodeReady) => ", draining the outbox",
+                _ => "",
+            };
+            format!("up since {}{stage}", when(&u.since))
+        }
+        "down" => {
+            let since = match u.since {
+                Some(_) => format!("since {}", when(&u.since)),
+                None => "(not reached since the agent started)".into(),
+            };
+            let retry = match &u.next_retry {
+                Some(t) => format!(", next retry {t} ({})", until(*t, now)),
+                None => String::new(),
+            };
+            let tries = if u.failures == 1 { "try" } else { "tries" };
+            format!("down {since}{retry}, {} failed {tries}", u.failures)
+        }
+        "standalone" => "standalone (no kubeconfig)".into(),
+        _ => "unknown (no agent running)".into(),
+    };
+    out.push_str(&format!("uplink:       {line}\n"));
+    if u.state == "up" || u.state == "down" {
+        out.push_str(&format!("last sync:    {}\n", when(&u.last_sync)));
+    }
+    match &s.outbox {
+        Some(o) => out.push_str(&format!(
+            "outbox:       {} pod status(es), {} event(s), {} dropped, {} mirror pod deletion(s)\n",
+            o.statuses, o.events, o.events_dropped, o.removed_static
+        )),
+        None if u.state == "standalone" => out.push_str("outbox:       none (standalone)\n"),
+        None => out.push_str("outbox:       unknown\n"),
+    }
+    out.push_str(&format!("store:        {}\n", human_bytes(s.store_bytes)));
+    match s.pods {
+        Some(n) => out.push_str(&format!("pods known:   {n}\n")),
+        None => out.push_str("pods known:   unknown\n"),
+    }
+    out
+}
+
+fn ago(t: Timestamp, now: Timestamp) -> String {
+    let secs = now.duration_since(t).as_secs();
+    if secs < 0 {
+        return "in the future".into();
+    }
+    format!("{} ago", span(secs as u64))
+}
+
+fn until(t: Timestamp, now: Timestamp) -> String {
+    let secs = t.duration_since(now).as_secs();
+    if secs <= 0 {
+        return "due".into();
+    }
+    format!("in {}", span(secs as u64))
+}
+
+fn span(secs: u64) -> String {
+    match secs {
+        s if s < 120 => format!("{s}s"),
+        s if s < 7200 => format!("{}m", s / 60),
+        s if s < 172_800 => format!("{}h", s / 3600),
+        s => format!("{}d", s / 86_400),
+    }
+}
+
+fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 4] = ["B", "KiB", "MiB", "GiB"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {} ({bytes} bytes)", UNITS[u])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backoff::Backoff;
+    use crate::uplink::link::Link;
+    use crate::uplink::report::Reporter;
+    use std::time::{Duration, Instant};
+
+    fn at(secs: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + secs).expect("ts")
+    }
+
+    #[test]
+    fn a_down_link_shows_since_when_and_the_next_retry() {
+        let link = Link::new(Backoff {
+            initial: Duration::from_secs(1),
+            max: Duration::from_secs(300),
+        });
+        link.node_ready(Instant::now(), at(0));
+        link.drained();
+        link.probe_failed(Instant::now(), at(100), 0);
+        let (reporter, outbox) = Reporter::connected();
+        reporter.event(
+            &k8s_openapi::api::core::v1::Pod::default(),
+            None,
+            crate::uplink::report::EventType::Normal,
+            "Started",
+            "x".into(),
+        );
+        let view = UplinkView { link, outbox };
+        let dir = crate::testutil::TempDir::new("status-down");
+        let store = Store::open(&dir.0.join("db")).expect("store");
+        let podstates: Tree<PodState> = store.tree("podstates").expect("tree");
+        store.flush().expect("flush");
+        let s = from_agent(&dir.0, &podstates, Some(&view));
+        assert!(s.agent_running);
+        assert_eq!(s.uplink.state, "down");
+        assert_eq!(s.uplink.since, Some(at(100)));
+        assert_eq!(s.uplink.failures, 1);
+        assert_eq!(s.uplink.last_sync, Some(at(0)));
+        assert_eq!(s.outbox.map(|o| o.events), Some(1));
+        assert!(s.store_bytes > 0);
+        assert_eq!(s.pods, Some(0));
+        let text = render(&s, at(160));
+        assert!(text.contains("uplink:       down since"), "{text}");
+        assert!(text.contains("(60s ago)"), "{text}");
+        assert!(text.contains("next retry"), "{text}");
+        assert!(text.contains("1 failed try"), "{text}");
+        assert!(text.contains("1 event(s)"), "{text}");
+        let json = serde_json::to_value(&s).expect("json");
+        assert_eq!(json["uplink"]["state"], "down");
+        assert_eq!(json["outbox"]["events"], 1);
+        assert!(json["uplink"]["nextRetry"].is_string());
+    }
+
+    #[test]
+    fn without_an_agent_the_root_dir_still_tells_the_store_size() {
+        let dir = crate::testutil::TempDir::new("status-root");
+        let s = from_root(&dir.0);
+        assert!(!s.agent_running);
+        assert_eq!(s.store_bytes, 0);
+        assert!(!dir.0.join("db").exists(), "no store is made");
+        {
+            let store = Store::open(&dir.0.join("db")).expect("store");
+            let t: Tree<serde_json::Value> = store.tree(report::STATUS_TREE).expect("tree");
+            t.put("uid-a", &serde_json::json!({})).expect("put");
+            store.flush().expect("flush");
+        }
+        let s = from_root(&dir.0);
+        assert!(s.store_bytes > 0);
+        assert_eq!(s.outbox.map(|o| o.statuses), Some(1));
+        let text = render(&s, at(0));
+        assert!(text.contains("not running"), "{text}");
+        assert!(text.contains("unknown (no agent running)"), "{text}");
+        assert!(text.contains("1 pod status(es)"), "{text}");
+    }
+}
