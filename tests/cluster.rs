@@ -616,3 +616,40 @@ fn status_shows_the_uplink_go_down_and_come_back() {
     assert!(s["storeBytes"].as_u64().is_some_and(|b| b > 0), "{s}");
     a.reset();
 }
+
+#[test]
+fn a_restarted_agent_resumes_its_watch_from_the_stored_version() {
+    if !need_root() {
+        return;
+    }
+    let api = double();
+    let mut a = agent("cluster-resume", &api);
+    a.start();
+    api.create_pod(bound_pod("stays", 1));
+    api.create_pod(bound_pod("goes", 1));
+    wait(&api, &a, "both pods Running", |api| {
+        phase(api, "stays").as_deref() == Some("Running")
+            && phase(api, "goes").as_deref() == Some("Running")
+    });
+    assert_eq!(lists(&api), 1);
+    a.stop();
+
+    // While the agent is away: one pod deleted, one bound.
+    api.delete_pod("default", "goes", Some(0));
+    api.create_pod(bound_pod("new", 1));
+    api.clear_request_log();
+    a.start();
+    wait(&api, &a, "pod new Running", |api| {
+        phase(api, "new").as_deref() == Some("Running")
+    });
+    a.wait_until("pod goes stopped", WAIT, |a| a.pod("goes").is_none());
+    assert_eq!(lists(&api), 0, "resumed with a WATCH, no LIST");
+    let p = a.pod("stays").expect("pod stays");
+    assert_eq!(p["status"]["phase"], "Running");
+    assert_eq!(
+        p["status"]["containerStatuses"][0]["restartCount"], 0,
+        "the pod that stayed was not restarted"
+    );
+    a.stop();
+    a.reset();
+}
