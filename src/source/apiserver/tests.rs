@@ -667,7 +667,7 @@ fn with_a_link_a_dead_apiserver_is_waited_for_not_retried() {
     std::thread::sleep(Duration::from_millis(50));
     assert_eq!(h.fake.calls().len(), 1, "waits for the outbox to drain too");
     link.drained();
-    assert_eq!(h.calls_once(2), [watch_call("40"), watch_call("40")]);
+    assert_eq!(h.calls_once(2)[..2], [watch_call("40"), watch_call("40")]);
     assert_eq!(h.until(&["a", "c"]), 2);
     assert!(h.sleeps().is_empty(), "no back-off of its own");
     assert!(link.report().last_sync.is_some());
