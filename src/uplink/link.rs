@@ -143,7 +143,8 @@ impl Link {
         }
     }
 
-    /// The node controller renewed the Lease and sent node status: pod statuses may go.
+    /// The node controller renewed the Lease and sent node status (or the apiserver
+    /// answered with a refusal no retry cures): pod statuses may go.
     pub fn node_ready(&self, now: Instant, wall: Timestamp) {
         let mut st = self.lock();
         st.failures = 0;

@@ -208,7 +208,10 @@ impl<M: NodeModel> NodeController<M> {
                     // The link is down: back off, up to `uplinkRetryMax`.
                     return now + self.link.probe_failed(now, wall, random);
                 }
-                // The apiserver answers but refuses: retry on the renewal schedule.
+                // The apiserver answers but refuses (a conflict, a forbidden label): the
+                // link itself is up, and the pod statuses and the pod source must not
+                // wait on what only an operator can fix. Retry on the renewal schedule.
+                self.link.node_ready(now, wall);
                 let delay = self
                     .timing
                     .retry

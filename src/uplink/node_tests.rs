@@ -425,6 +425,11 @@ fn a_refusal_is_not_a_dead_link() {
     let next = c.step(&Refusing(&api), now, clock.wall(now), u64::MAX);
     assert!(next <= now + TIMING.renew);
     assert_eq!(link.report().failures, 0, "only transport trouble counts");
+    assert_eq!(
+        link.stage(),
+        Stage::NodeReady,
+        "the apiserver answers: statuses and the pod source need not wait"
+    );
 }
 
 #[test]
