@@ -302,6 +302,19 @@ mod tests {
     }
 
     #[test]
+    fn a_standalone_agent_has_no_uplink_and_no_outbox() {
+        let dir = crate::testutil::TempDir::new("status-standalone");
+        let store = Store::open(&dir.0.join("db")).expect("store");
+        let podstates: Tree<PodState> = store.tree("podstates").expect("tree");
+        let s = from_agent(&dir.0, &podstates, None);
+        assert_eq!(s.uplink.state, "standalone");
+        assert_eq!(s.outbox, None);
+        let text = render(&s, at(0));
+        assert!(text.contains("uplink:       standalone"), "{text}");
+        assert!(!text.contains("last sync"), "{text}");
+    }
+
+    #[test]
     fn without_an_agent_the_root_dir_still_tells_the_store_size() {
         let dir = crate::testutil::TempDir::new("status-root");
         let s = from_root(&dir.0);
