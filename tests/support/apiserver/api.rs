@@ -230,10 +230,15 @@ pub fn handle(
             log(shared, req, &user_name, code);
             return write_err(out, &audit, &status::injected(code));
         }
-        Some(Fault::StaleList) => {
+        Some(fault @ (Fault::StaleList | Fault::EmptyList)) => {
             let route = parse_route(&req.path);
             let kind = route.map_or("List", |r| r.res.kind());
-            let rv = lock(&shared.state).rv.saturating_sub(1).max(1);
+            let current = lock(&shared.state).rv;
+            let rv = if fault == Fault::StaleList {
+                current.saturating_sub(1).max(1)
+            } else {
+                current
+            };
             log(shared, req, &user_name, 200);
             let body = json!({"kind": format!("{kind}List"), "apiVersion": "v1",
                 "metadata": {"resourceVersion": rv.to_string()}, "items": []});

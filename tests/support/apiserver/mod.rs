@@ -135,6 +135,10 @@ pub enum Fault {
     /// A LIST answers 200 with no items and a resourceVersion one below the current one
     /// (a lagging cache). Only matches LIST requests.
     StaleList,
+    /// A LIST answers 200 with no items at the current resourceVersion (a transient
+    /// fault in front of the apiserver that looks like a real answer). Only matches
+    /// LIST requests.
+    EmptyList,
     /// The request is answered normally after this delay.
     Delay(Duration),
 }
@@ -196,12 +200,13 @@ struct Armed {
     remaining: usize,
 }
 
-/// Takes the first armed fault matching `req` (StaleList only for LISTs).
+/// Takes the first armed fault matching `req` (StaleList and EmptyList only for LISTs).
 fn take_fault(shared: &Shared, req: &http::Request, is_list: bool) -> Option<Fault> {
     let mut faults = lock(&shared.faults);
-    let i = faults
-        .iter()
-        .position(|a| a.matcher.matches(req) && (a.fault != Fault::StaleList || is_list))?;
+    let i = faults.iter().position(|a| {
+        a.matcher.matches(req)
+            && (is_list || !matches!(a.fault, Fault::StaleList | Fault::EmptyList))
+    })?;
     let fault = faults[i].fault;
     faults[i].remaining -= 1;
     if faults[i].remaining == 0 {

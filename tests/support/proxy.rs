@@ -1,0 +1,438 @@
+//! A TCP proxy on 127.0.0.1 that stands for a site's uplink: the agent's kubeconfig
+//! points at it, it forwards to the apiserver double, and a test switches it at any
+//! moment between
+//!
+//! - `Pass`: bytes flow both ways; connections held by a blackhole go on where they
+//!   stopped (a short glitch the TCP stack rides out);
+//! - `Blackhole`: new connections are accepted and held, nothing is forwarded in either
+//!   direction, and open connections stall (a cable pulled, a radio link gone);
+//! - `Reset`: every open connection and each new one is closed with a RST (a NAT or
+//!   firewall that forgot the flows, or the end of an outage so long that every client
+//!   and server timeout has fired).
+//!
+//! Switching to `Blackhole` or `Reset` takes effect before `set_mode` returns: no byte is
+//! forwarded after it. Threads end by themselves once the proxy is dropped.
+//!
+//! Include with `#[path = "support/proxy.rs"] mod proxy;`.
+
+#![allow(dead_code)]
+
+use std::collections::HashSet;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long a pump waits in one read before it looks at the mode again; also the
+/// longest `set_mode` waits for a read in flight.
+const POLL: Duration = Duration::from_millis(20);
+/// A peer that takes no bytes for this long gets its connection reset: the stream
+/// cannot be kept whole once a write is cut short.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long `set_mode(Reset)` waits for open connections to be gone.
+const RESET_WAIT: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Pass,
+    Blackhole,
+    Reset,
+}
+
+struct Shared {
+    upstream: SocketAddr,
+    /// Pumps forward under a read guard; `set_mode` takes the write guard, so it returns
+    /// only once no forward that began under the old mode is in flight.
+    mode: RwLock<Mode>,
+    stop: AtomicBool,
+    accepted: AtomicUsize,
+    next_id: AtomicU64,
+    /// Ids of connections not yet closed.
+    open: Mutex<HashSet<u64>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Shared {
+    fn mode(&self) -> Mode {
+        *self.mode.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn stopping(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+}
+
+/// The running proxy. Dropping it stops accepting and ends every connection.
+pub struct Proxy {
+    shared: Arc<Shared>,
+    addr: SocketAddr,
+    accept: Option<JoinHandle<()>>,
+}
+
+impl Proxy {
+    /// Listens on a free port of 127.0.0.1 and forwards to `upstream`, in `Pass` mode.
+    pub fn start(upstream: SocketAddr) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the proxy on 127.0.0.1");
+        let addr = listener.local_addr().expect("proxy address");
+        let shared = Arc::new(Shared {
+            upstream,
+            mode: RwLock::new(Mode::Pass),
+            stop: AtomicBool::new(false),
+            accepted: AtomicUsize::new(0),
+            next_id: AtomicU64::new(0),
+            open: Mutex::new(HashSet::new()),
+        });
+        let s = shared.clone();
+        let accept = std::thread::Builder::new()
+            .name("proxy-accept".into())
+            .spawn(move || accept_loop(s, listener))
+            .expect("start the proxy's accept thread");
+        Proxy {
+            shared,
+            addr,
+            accept: Some(accept),
+        }
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `https://127.0.0.1:<port>`: the server a kubeconfig names to go through the proxy.
+    pub fn url(&self) -> String {
+        format!("https://{}", self.addr)
+    }
+
+    pub fn mode(&self) -> Mode {
+        self.shared.mode()
+    }
+
+    /// Switches the mode. `Reset` returns once every connection open before the call
+    /// has been reset (or after a few seconds, with a panic if one is still open).
+    pub fn set_mode(&self, mode: Mode) {
+        let before: HashSet<u64> = lock(&self.shared.open).clone();
+        *self
+            .shared
+            .mode
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = mode;
+        if mode != Mode::Reset {
+            return;
+        }
+        let deadline = Instant::now() + RESET_WAIT;
+        loop {
+            let left = lock(&self.shared.open).intersection(&before).count();
+            if left == 0 {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "proxy: {left} connection(s) still open {RESET_WAIT:?} after a reset"
+            );
+            std::thread::sleep(POLL);
+        }
+    }
+
+    /// A long outage ends: every connection from before is reset, then new ones pass.
+    pub fn restore_after_outage(&self) {
+        self.set_mode(Mode::Reset);
+        self.set_mode(Mode::Pass);
+    }
+
+    /// Connections accepted so far, whatever became of them.
+    pub fn connections(&self) -> usize {
+        self.shared.accepted.load(Ordering::SeqCst)
+    }
+
+    /// Connections accepted and not yet closed.
+    pub fn open_connections(&self) -> usize {
+        lock(&self.shared.open).len()
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        // Wake the accept loop; it sees the stop flag and ends.
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
+        if let Some(t) = self.accept.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
+    for conn in listener.incoming() {
+        if shared.stopping() {
+            return;
+        }
+        let Ok(client) = conn else { continue };
+        shared.accepted.fetch_add(1, Ordering::SeqCst);
+        let id = shared.next_id.fetch_add(1, Ordering::SeqCst);
+        lock(&shared.open).insert(id);
+        let s = shared.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("proxy-conn-{id}"))
+            .spawn(move || {
+                serve(&s, client);
+                lock(&s.open).remove(&id);
+            });
+        if spawned.is_err() {
+            lock(&shared.open).remove(&id);
+        }
+    }
+}
+
+/// Closes with a RST rather than a FIN: SO_LINGER on with a zero timeout makes the
+/// last close of the socket abortive.
+fn abort(stream: TcpStream) {
+    let linger = nix::libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    let _ = nix::sys::socket::setsockopt(&stream, nix::sys::socket::sockopt::Linger, &linger);
+    drop(stream);
+}
+
+fn serve(shared: &Shared, client: TcpStream) {
+    // Held until the link lets the connection through.
+    loop {
+        if shared.stopping() {
+            return;
+        }
+        match shared.mode() {
+            Mode::Pass => break,
+            Mode::Blackhole => std::thread::sleep(POLL),
+            Mode::Reset => return abort(client),
+        }
+    }
+    let Ok(upstream) = TcpStream::connect_timeout(&shared.upstream, Duration::from_secs(5)) else {
+        return abort(client);
+    };
+    for s in [&client, &upstream] {
+        let _ = s.set_nodelay(true);
+        let _ = s.set_read_timeout(Some(POLL));
+        let _ = s.set_write_timeout(Some(WRITE_TIMEOUT));
+    }
+    let dead = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        scope.spawn(|| pump(shared, &upstream, &client, &dead));
+        pump(shared, &client, &upstream, &dead);
+    });
+    if dead.load(Ordering::SeqCst) {
+        abort(client);
+        abort(upstream);
+    }
+}
+
+/// Forwards `from` to `to` while the mode lets it; sets `dead` when the connection is to
+/// be reset (a reset, a write cut short, a broken side) and ends when the other
+/// direction did so, at `from`'s end of stream, or when the proxy stops.
+fn pump(shared: &Shared, from: &TcpStream, to: &TcpStream, dead: &AtomicBool) {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        if shared.stopping() || dead.load(Ordering::SeqCst) {
+            return;
+        }
+        let mode = shared.mode.read().unwrap_or_else(PoisonError::into_inner);
+        match *mode {
+            Mode::Reset => {
+                dead.store(true, Ordering::SeqCst);
+                return;
+            }
+            Mode::Blackhole => {
+                drop(mode);
+                std::thread::sleep(POLL);
+                continue;
+            }
+            Mode::Pass => {}
+        }
+        let mut reader = from;
+        match reader.read(&mut buf) {
+            Ok(0) => {
+                let _ = to.shutdown(Shutdown::Write);
+                return;
+            }
+            Ok(n) => {
+                let mut writer = to;
+                if writer.write_all(&buf[..n]).is_err() {
+                    dead.store(true, Ordering::SeqCst);
+                    return;
+                }
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
+                ) => {}
+            Err(_) => {
+                dead.store(true, Ordering::SeqCst);
+                return;
+            }
+        }
+        drop(mode);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An echo server on 127.0.0.1 whose threads end when the listener's owner drops it.
+    struct Echo {
+        addr: SocketAddr,
+        stop: Arc<AtomicBool>,
+    }
+
+    impl Echo {
+        fn start() -> Echo {
+            let listener = TcpListener::bind("127.0.0.1:0").expect("bind echo");
+            let addr = listener.local_addr().expect("echo address");
+            let stop = Arc::new(AtomicBool::new(false));
+            let s = stop.clone();
+            std::thread::spawn(move || {
+                for conn in listener.incoming() {
+                    if s.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    let Ok(mut c) = conn else { continue };
+                    let s = s.clone();
+                    std::thread::spawn(move || {
+                        let _ = c.set_read_timeout(Some(POLL));
+                        let mut buf = [0u8; 1024];
+                        while !s.load(Ordering::SeqCst) {
+                            match c.read(&mut buf) {
+                                Ok(0) => return,
+                                Ok(n) => {
+                                    if c.write_all(&buf[..n]).is_err() {
+                                        return;
+                                    }
+                                }
+                                Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+                                Err(e) if e.kind() == ErrorKind::TimedOut => {}
+                                Err(_) => return,
+                            }
+                        }
+                    });
+                }
+            });
+            Echo { addr, stop }
+        }
+    }
+
+    impl Drop for Echo {
+        fn drop(&mut self) {
+            self.stop.store(true, Ordering::SeqCst);
+            let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
+        }
+    }
+
+    fn client(proxy: &Proxy) -> TcpStream {
+        let c = TcpStream::connect(proxy.addr()).expect("connect to the proxy");
+        c.set_read_timeout(Some(Duration::from_millis(300)))
+            .expect("read timeout");
+        c
+    }
+
+    /// What comes back within the read timeout: Ok(bytes), or the error kind.
+    fn echo(c: &mut TcpStream, msg: &[u8]) -> Result<Vec<u8>, ErrorKind> {
+        c.write_all(msg).map_err(|e| e.kind())?;
+        let mut got = Vec::new();
+        let mut buf = [0u8; 64];
+        while got.len() < msg.len() {
+            match c.read(&mut buf) {
+                Ok(0) => return Err(ErrorKind::UnexpectedEof),
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+                Err(e) => return Err(e.kind()),
+            }
+        }
+        Ok(got)
+    }
+
+    fn is_timeout(k: ErrorKind) -> bool {
+        matches!(k, ErrorKind::WouldBlock | ErrorKind::TimedOut)
+    }
+
+    #[test]
+    fn proxy_passes_holds_and_resumes() {
+        let upstream = Echo::start();
+        let proxy = Proxy::start(upstream.addr);
+        let mut c = client(&proxy);
+        assert_eq!(echo(&mut c, b"hello"), Ok(b"hello".to_vec()));
+        assert_eq!(proxy.connections(), 1);
+
+        // Blackhole: the open connection stalls and a new one is accepted and held.
+        proxy.set_mode(Mode::Blackhole);
+        let stalled = echo(&mut c, b"during");
+        assert!(
+            stalled.as_ref().is_err_and(|k| is_timeout(*k)),
+            "{stalled:?}"
+        );
+        let mut held = client(&proxy);
+        let r = echo(&mut held, b"new");
+        assert!(r.as_ref().is_err_and(|k| is_timeout(*k)), "{r:?}");
+        assert_eq!(proxy.connections(), 2);
+        assert_eq!(proxy.open_connections(), 2);
+
+        // Back to Pass: both go on where they stopped, nothing lost.
+        proxy.set_mode(Mode::Pass);
+        let mut buf = [0u8; 16];
+        let n = c.read(&mut buf).expect("stalled bytes arrive");
+        assert_eq!(&buf[..n], b"during");
+        let n = held.read(&mut buf).expect("held connection forwards");
+        assert_eq!(&buf[..n], b"new");
+        assert_eq!(echo(&mut c, b"after"), Ok(b"after".to_vec()));
+    }
+
+    #[test]
+    fn proxy_resets_open_and_new_connections() {
+        let upstream = Echo::start();
+        let proxy = Proxy::start(upstream.addr);
+        let mut c = client(&proxy);
+        assert_eq!(echo(&mut c, b"x"), Ok(b"x".to_vec()));
+        proxy.set_mode(Mode::Blackhole);
+        let mut held = client(&proxy);
+
+        proxy.set_mode(Mode::Reset);
+        assert_eq!(proxy.open_connections(), 0);
+        let mut buf = [0u8; 4];
+        let r = c.read(&mut buf).map_err(|e| e.kind());
+        assert_eq!(r, Err(ErrorKind::ConnectionReset));
+        let r = held.read(&mut buf).map_err(|e| e.kind());
+        assert_eq!(r, Err(ErrorKind::ConnectionReset));
+
+        // A new connection is reset as soon as it is accepted.
+        let mut fresh = client(&proxy);
+        let r = fresh.read(&mut buf).map_err(|e| e.kind());
+        assert_eq!(r, Err(ErrorKind::ConnectionReset));
+        assert_eq!(proxy.connections(), 3);
+
+        proxy.set_mode(Mode::Pass);
+        let mut again = client(&proxy);
+        assert_eq!(echo(&mut again, b"ok"), Ok(b"ok".to_vec()));
+    }
+
+    #[test]
+    fn proxy_threads_end_when_dropped() {
+        let upstream = Echo::start();
+        let proxy = Proxy::start(upstream.addr);
+        let mut c = client(&proxy);
+        assert_eq!(echo(&mut c, b"x"), Ok(b"x".to_vec()));
+        proxy.set_mode(Mode::Blackhole);
+        let _held = client(&proxy);
+        let shared = proxy.shared.clone();
+        drop(proxy);
+        // Every connection thread removes itself from the open set as it ends.
+        let gone = |s: &Arc<Shared>| lock(&s.open).is_empty() && Arc::strong_count(s) == 1;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !gone(&shared) && Instant::now() < deadline {
+            std::thread::sleep(POLL);
+        }
+        assert!(gone(&shared), "proxy threads still run");
+    }
+}
