@@ -414,9 +414,26 @@ fn injected_faults_hit_the_next_matching_request_only() {
         .expect("rv");
     assert!(rv < d.resource_version());
 
+    d.fail_next(("GET", "/api/v1/pods"), apiserver::Fault::EmptyList);
+    let empty = node()
+        .request("GET", NODE_PODS, None, b"")
+        .expect("answer")
+        .json();
+    assert_eq!(empty["items"].as_array().map(Vec::len), Some(0));
+    assert_eq!(
+        empty["metadata"]["resourceVersion"],
+        d.resource_version().to_string(),
+        "an empty answer that looks current"
+    );
+    let full = node()
+        .request("GET", NODE_PODS, None, b"")
+        .expect("answer")
+        .json();
+    assert_eq!(full["items"].as_array().map(Vec::len), Some(1), "once only");
+
     let log = d.request_log();
     let codes: Vec<u16> = log.iter().map(|l| l.code).collect();
-    assert_eq!(codes, [503, 200, 0, 200, 200]);
+    assert_eq!(codes, [503, 200, 0, 200, 200, 200, 200]);
     assert!(log.iter().all(|l| l.user == "system:node:edge-node-1"));
     assert!(log.windows(2).all(|w| w[0].at <= w[1].at));
     assert_eq!(
