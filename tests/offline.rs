@@ -379,30 +379,93 @@ impl Site {
     }
 }
 
+/// What the cluster must show of a container that crashed offline: the restarts, the
+/// exit code and time of the last crash (before `up_at`: the reconnect, or the agent's
+/// return), the running container's start (after that crash, before the test saw it
+/// run) and its ID.
+struct Crashed<'a> {
+    name: &'a str,
+    restarts: i32,
+    crashed_at: Timestamp,
+    running_by: Timestamp,
+    up_at: Timestamp,
+    here: &'a Value,
+}
+
+fn assert_reported(api: &ApiServerDouble, c: &Crashed) {
+    let name = c.name;
+    let cs = cluster_container(api, name).unwrap_or_else(|| panic!("{name}: no status"));
+    assert_eq!(cs.restart_count, c.restarts, "{name}: restartCount");
+    let last = cs
+        .last_state
+        .and_then(|s| s.terminated)
+        .unwrap_or_else(|| panic!("{name}: no lastState.terminated"));
+    assert_eq!(last.exit_code, 3, "{name}");
+    let finished = time(last.finished_at.as_ref().expect("finishedAt"));
+    assert_near(
+        &format!("{name}: lastState finishedAt"),
+        finished,
+        c.crashed_at,
+    );
+    assert!(
+        finished < c.up_at,
+        "{name}: finishedAt {finished} is before reconnect {}",
+        c.up_at
+    );
+    let started = time(
+        cs.state
+            .and_then(|s| s.running)
+            .and_then(|r| r.started_at)
+            .as_ref()
+            .expect("running startedAt"),
+    );
+    assert!(
+        started.as_second() >= finished.as_second() && started <= c.running_by,
+        "{name}: startedAt {started}: after the crash ({finished}), before the test saw it run ({})",
+        c.running_by
+    );
+    assert_eq!(
+        cs.container_id,
+        Some(container_id(c.here)),
+        "{name}: the container the cluster sees is the one running here"
+    );
+}
+
 #[test]
 fn a_long_outage_keeps_pods_running_and_ends_in_one_true_status_patch_per_changed_pod() {
     if !need_root() {
         return;
     }
     let mut s = Site::new("offline-outage");
+    s.a.write_manifest("local.yaml", &static_pod_yaml("local", CRASH_ON_SIGNAL));
     s.a.start();
     s.run_bound(&[("steady", RUN_FOREVER), ("crashy", CRASH_ON_SIGNAL)]);
+    let mirror = format!("local-{NODE}");
+    wait(&s.api, &s.a, "the mirror pod Running", |api| {
+        running_in_cluster(api, &mirror)
+    });
     let steady = s.a.wait_pod("steady", "running", WAIT, running_here);
     let steady_pid = container_pid(&s.a, &steady);
     let crashy = s.a.wait_pod("crashy", "running", WAIT, running_here);
+    let local = s.a.wait_pod("local", "running", WAIT, running_here);
 
     let from = s.cut();
-    // Crashes twice, restarted by policy (the second time after a back-off) with no
-    // apiserver to ask: several statuses in turn, of which only the last is news.
+    // crashy crashes twice, restarted by policy (the second time after a back-off) with
+    // no apiserver to ask: several statuses in turn, of which only the last is news.
+    // The static pod crashes once.
     crash(&s.a, &crashy);
     let crashy = s.a.wait_pod("crashy", "restarted", WAIT, |p| {
         running_here(p) && restart_count(p) == 1
     });
+    let local_crashed_at = crash(&s.a, &local);
     let crashed_at = crash(&s.a, &crashy);
     let crashy = s.a.wait_pod("crashy", "restarted again", WAIT, |p| {
         running_here(p) && restart_count(p) == 2
     });
-    let restarted_at = Timestamp::now();
+    let local = s.a.wait_pod("local", "restarted", WAIT, |p| {
+        running_here(p) && restart_count(p) == 1
+    });
+    let running_by = Timestamp::now();
     std::thread::sleep(OUTAGE); // the outage itself, not a wait for anything
     s.assert_silent(from);
     assert!(pid_alive(steady_pid), "steady's container died offline");
@@ -412,53 +475,45 @@ fn a_long_outage_keeps_pods_running_and_ends_in_one_true_status_patch_per_change
 
     let up_at = Timestamp::now();
     s.link.restore_after_outage();
-    wait(&s.api, &s.a, "crashy's restarts reported", |api| {
+    wait(&s.api, &s.a, "the restarts reported", |api| {
         cluster_container(api, "crashy").is_some_and(|c| c.restart_count == 2)
             && running_in_cluster(api, "crashy")
+            && cluster_container(api, &mirror).is_some_and(|c| c.restart_count == 1)
+            && running_in_cluster(api, &mirror)
     });
     wait_lease_renewals(&s.api, &s.a, 3);
 
-    // One PATCH for the pod that changed, none for the one that did not.
-    assert_eq!(
-        count(&s.api, from, "PATCH", &status_path("crashy")),
-        1,
-        "status PATCHes for crashy:\n{}",
-        s.api.recent_requests(60)
-    );
-    assert_eq!(
-        count(&s.api, from, "PATCH", &status_path("steady")),
-        0,
-        "status PATCHes for steady:\n{}",
-        s.api.recent_requests(60)
-    );
+    // One PATCH for each pod that changed, none for the one that did not.
+    for (name, want) in [("crashy", 1), (mirror.as_str(), 1), ("steady", 0)] {
+        assert_eq!(
+            count(&s.api, from, "PATCH", &status_path(name)),
+            want,
+            "status PATCHes for {name} after the outage:\n{}",
+            s.api.recent_requests(60)
+        );
+    }
     // With the times things happened, not the time the cluster heard of them.
-    let c = cluster_container(&s.api, "crashy").expect("crashy's status");
-    let last = c
-        .last_state
-        .and_then(|s| s.terminated)
-        .expect("lastState.terminated");
-    assert_eq!(last.exit_code, 3);
-    let finished = time(last.finished_at.as_ref().expect("finishedAt"));
-    assert_near("lastState finishedAt", finished, crashed_at);
-    assert!(
-        finished < up_at,
-        "finishedAt {finished} is before reconnect {up_at}"
+    assert_reported(
+        &s.api,
+        &Crashed {
+            name: "crashy",
+            restarts: 2,
+            crashed_at,
+            running_by,
+            up_at,
+            here: &crashy,
+        },
     );
-    let started = time(
-        c.state
-            .and_then(|s| s.running)
-            .and_then(|r| r.started_at)
-            .as_ref()
-            .expect("running startedAt"),
-    );
-    assert!(
-        started.as_second() >= finished.as_second() && started <= restarted_at,
-        "startedAt {started}: after the crash ({finished}), before the test saw it run ({restarted_at})"
-    );
-    assert_eq!(
-        Some(container_id(&crashy)),
-        c.container_id,
-        "the container the cluster sees is the one running here"
+    assert_reported(
+        &s.api,
+        &Crashed {
+            name: &mirror,
+            restarts: 1,
+            crashed_at: local_crashed_at,
+            running_by,
+            up_at,
+            here: &local,
+        },
     );
     s.finish();
 }
@@ -504,6 +559,7 @@ fn an_agent_killed_offline_and_restarted_offline_adopts_its_containers_and_repor
     let crashy = s.a.wait_pod("crashy", "restarted", WAIT, |p| {
         running_here(p) && restart_count(p) == 1
     });
+    let running_by = Timestamp::now();
     for name in ["local", "steady"] {
         let p = s.a.wait_pod(name, "adopted", WAIT, running_here);
         let (id, pid) = &pids[name];
@@ -526,23 +582,18 @@ fn an_agent_killed_offline_and_restarted_offline_adopts_its_containers_and_repor
             && running_in_cluster(api, "crashy")
     });
     wait_lease_renewals(&s.api, &s.a, 2);
-    let c = cluster_container(&s.api, "crashy").expect("crashy's status");
-    let last = c
-        .last_state
-        .and_then(|s| s.terminated)
-        .expect("lastState.terminated");
-    assert_eq!(last.exit_code, 3);
-    let finished = time(last.finished_at.as_ref().expect("finishedAt"));
-    assert_near(
-        "finishedAt of an exit while the agent was dead",
-        finished,
-        crashed_at,
+    // The exit the shim kept is reported with its true time, before the agent was back.
+    assert_reported(
+        &s.api,
+        &Crashed {
+            name: "crashy",
+            restarts: 1,
+            crashed_at,
+            running_by,
+            up_at: back_at,
+            here: &crashy,
+        },
     );
-    assert!(
-        finished < back_at,
-        "finishedAt {finished} is before the agent came back"
-    );
-    assert_eq!(c.container_id, Some(container_id(&crashy)));
     let steady = cluster_container(&s.api, "steady").expect("steady's status");
     assert_eq!(steady.container_id, Some(pids["steady"].0.clone()));
     assert_eq!(steady.restart_count, 0);
