@@ -670,21 +670,33 @@ fn a_reboot_while_offline_starts_every_pod_again_from_the_store() {
 
 #[test]
 #[ignore = "needs env valueFrom/envFrom from ConfigMaps and Secrets"]
-fn a_reboot_while_offline_gives_a_pod_its_secret_env_from_the_store() {
-    use k8s_openapi::api::core::v1::{EnvVar, EnvVarSource, Secret, SecretKeySelector};
+fn a_reboot_while_offline_gives_a_pod_its_secret_and_configmap_env_from_the_store() {
+    use k8s_openapi::api::core::v1::{
+        ConfigMap, ConfigMapEnvSource, EnvFromSource, EnvVar, EnvVarSource, Secret,
+        SecretKeySelector,
+    };
     if !need_root() {
         return;
     }
     let mut s = Site::new("offline-secret");
-    let value = "offline-s3cr3t";
+    let secret = "offline-s3cr3t";
+    let meta = |name: &str| ObjectMeta {
+        name: Some(name.into()),
+        namespace: Some("default".into()),
+        ..ObjectMeta::default()
+    };
     s.api.put_secret(Secret {
-        metadata: ObjectMeta {
-            name: Some("app-secret".into()),
-            namespace: Some("default".into()),
-            ..ObjectMeta::default()
-        },
-        string_data: Some(BTreeMap::from([("token".to_string(), value.to_string())])),
+        metadata: meta("app-secret"),
+        string_data: Some(BTreeMap::from([("token".to_string(), secret.to_string())])),
         ..Secret::default()
+    });
+    s.api.put_configmap(ConfigMap {
+        metadata: meta("app-config"),
+        data: Some(BTreeMap::from([(
+            "LOG_LEVEL".to_string(),
+            "debug".to_string(),
+        )])),
+        ..ConfigMap::default()
     });
     s.a.start();
     let mut pod = bound_pod("app", RUN_FOREVER);
@@ -701,20 +713,40 @@ fn a_reboot_while_offline_gives_a_pod_its_secret_env_from_the_store() {
             }),
             ..EnvVar::default()
         }]);
+        spec.containers[0].env_from = Some(vec![EnvFromSource {
+            config_map_ref: Some(ConfigMapEnvSource {
+                name: "app-config".into(),
+                optional: None,
+            }),
+            ..EnvFromSource::default()
+        }]);
     }
     s.api.create_pod(pod);
     wait(&s.api, &s.a, "pod app Running", |api| {
         running_in_cluster(api, "app")
     });
-    let environ = |a: &Agent, p: &Value| {
+    let want = [format!("TOKEN={secret}"), "LOG_LEVEL=debug".to_string()];
+    // The container's own environment, as its process has it.
+    let check = |a: &Agent, p: &Value, when: &str| {
         let raw = std::fs::read(format!("/proc/{}/environ", container_pid(a, p)))
             .expect("the container's environment");
-        String::from_utf8_lossy(&raw)
+        let env: Vec<String> = String::from_utf8_lossy(&raw)
             .split('\0')
-            .any(|kv| kv == format!("TOKEN={value}"))
+            .map(str::to_string)
+            .collect();
+        for kv in &want {
+            let name = kv.split('=').next().unwrap_or_default();
+            assert!(
+                env.contains(kv),
+                "{when}: {name} is not what the cluster holds (variables: {:?})",
+                env.iter()
+                    .map(|kv| kv.split('=').next().unwrap_or_default())
+                    .collect::<Vec<_>>()
+            );
+        }
     };
     let p = s.a.wait_pod("app", "running", WAIT, running_here);
-    assert!(environ(&s.a, &p), "TOKEN from the Secret while online");
+    check(&s.a, &p, "online");
     let old_id = container_id(&p);
 
     let from = s.cut();
@@ -723,10 +755,10 @@ fn a_reboot_while_offline_gives_a_pod_its_secret_env_from_the_store() {
     let p = s.a.wait_pod("app", "running again offline", WAIT, |p| {
         running_here(p) && container_id(p) != old_id
     });
-    assert!(environ(&s.a, &p), "TOKEN from the stored Secret, offline");
+    check(&s.a, &p, "after a reboot, offline");
     s.assert_silent(from);
     assert!(
-        !s.a.agent_log().contains(value),
+        !s.a.agent_log().contains(secret),
         "a secret's value reached the log"
     );
     s.link.restore_after_outage();
