@@ -533,7 +533,7 @@ impl Worker {
             previous: self.state.as_ref().map(|s| &s.status),
             terminal: false,
         };
-        let status = status::pod_status(&self.pod, &self.records, &inputs);
+        let status = whole_seconds(status::pod_status(&self.pod, &self.records, &inputs));
         let changed = match &self.state {
             Some(s) => s.status != status || s.pod != self.pod,
             None => true,
@@ -561,6 +561,17 @@ impl Worker {
     }
 }
 
+/// The status as the store and the apiserver keep it: their times have whole seconds.
+/// Compared at finer precision, a status read back from the store after a restart would
+/// always look changed, and cost a store write and a PATCH that tell nothing new.
+fn whole_seconds(
+    status: k8s_openapi::api::core::v1::PodStatus,
+) -> k8s_openapi::api::core::v1::PodStatus {
+    serde_json::to_value(&status)
+        .and_then(serde_json::from_value)
+        .unwrap_or(status)
+}
+
 async fn sleep_until(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
@@ -575,5 +586,44 @@ async fn blocking<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> 
         Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
         // Cancelled: the runtime is shutting down and this task with it.
         Err(_) => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{
+        ContainerState, ContainerStateRunning, ContainerStatus, PodStatus,
+    };
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    #[test]
+    fn a_status_read_back_from_the_store_is_not_a_change() {
+        let t: Timestamp = "2026-11-23T03:12:45.123456789Z".parse().expect("time");
+        let computed = PodStatus {
+            phase: Some("Running".into()),
+            start_time: Some(Time(t)),
+            container_statuses: Some(vec![ContainerStatus {
+                name: "main".into(),
+                state: Some(ContainerState {
+                    running: Some(ContainerStateRunning {
+                        started_at: Some(Time(t)),
+                    }),
+                    ..ContainerState::default()
+                }),
+                ..ContainerStatus::default()
+            }]),
+            ..PodStatus::default()
+        };
+        let kept = whole_seconds(computed.clone());
+        let stored = serde_json::to_vec(&computed).expect("encode");
+        let read_back: PodStatus = serde_json::from_slice(&stored).expect("decode");
+        assert_ne!(computed, read_back, "the store keeps whole seconds");
+        assert_eq!(kept, read_back);
+        assert_eq!(
+            kept.start_time,
+            Some(Time("2026-11-23T03:12:45Z".parse().expect("time")))
+        );
+        assert_eq!(whole_seconds(kept.clone()), kept);
     }
 }
