@@ -682,7 +682,6 @@ fn a_reboot_while_offline_starts_every_pod_again_from_the_store() {
 }
 
 #[test]
-#[ignore = "needs env valueFrom/envFrom from ConfigMaps and Secrets"]
 fn a_reboot_while_offline_gives_a_pod_its_secret_and_configmap_env_from_the_store() {
     use k8s_openapi::api::core::v1::{
         ConfigMap, ConfigMapEnvSource, EnvFromSource, EnvVar, EnvVarSource, Secret,
