@@ -171,13 +171,23 @@ fn pid_alive(pid: i32) -> bool {
     })
 }
 
+/// When a crash happened, as the test saw it: between the signal and the exit seen.
+#[derive(Debug, Clone, Copy)]
+struct Window {
+    from: Timestamp,
+    to: Timestamp,
+}
+
 /// Makes the pod's container (running `CRASH_ON_SIGNAL`) exit 3; returns when it did.
-fn crash(a: &Agent, p: &Value) -> Timestamp {
+fn crash(a: &Agent, p: &Value) -> Window {
     let pid = container_pid(a, p);
+    let from = Timestamp::now();
     std::fs::write(format!("/proc/{pid}/root/tmp/crash"), b"").expect("signal the container");
-    let at = Timestamp::now();
     a.wait_until("the container to exit", WAIT, |_| !pid_alive(pid));
-    at
+    Window {
+        from,
+        to: Timestamp::now(),
+    }
 }
 
 /// Requests that reached the double from index `from` of its log on: `method` on `path`.
@@ -224,13 +234,15 @@ fn time(t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time) -> Timestamp {
     t.0
 }
 
-/// A time the agent reported, checked against when the test saw the thing happen:
-/// Kubernetes times have whole seconds.
-fn assert_near(what: &str, reported: Timestamp, seen: Timestamp) {
-    let (r, s) = (reported.as_second(), seen.as_second());
+/// A time the agent reported, checked against when the test saw the thing happen.
+/// Kubernetes times have whole seconds: the reported second is within the window's.
+fn assert_within(what: &str, reported: Timestamp, seen: Window) {
+    let r = reported.as_second();
     assert!(
-        r >= s - 1 && r <= s + 1,
-        "{what}: reported {reported}, happened at {seen}"
+        r >= seen.from.as_second() && r <= seen.to.as_second(),
+        "{what}: reported {reported}, happened between {} and {}",
+        seen.from,
+        seen.to
     );
 }
 
@@ -386,7 +398,7 @@ impl Site {
 struct Crashed<'a> {
     name: &'a str,
     restarts: i32,
-    crashed_at: Timestamp,
+    crashed_at: Window,
     running_by: Timestamp,
     up_at: Timestamp,
     here: &'a Value,
@@ -402,7 +414,7 @@ fn assert_reported(api: &ApiServerDouble, c: &Crashed) {
         .unwrap_or_else(|| panic!("{name}: no lastState.terminated"));
     assert_eq!(last.exit_code, 3, "{name}");
     let finished = time(last.finished_at.as_ref().expect("finishedAt"));
-    assert_near(
+    assert_within(
         &format!("{name}: lastState finishedAt"),
         finished,
         c.crashed_at,
