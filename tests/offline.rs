@@ -913,7 +913,6 @@ fn a_failing_or_empty_list_after_reconnect_stops_no_pod() {
 }
 
 #[test]
-#[ignore = "needs the uplink's Link state (reconnect order lease, node status, outbox, resync)"]
 fn reconnect_renews_the_lease_then_node_status_then_drains_the_outbox_then_resyncs() {
     if !need_root() {
         return;
@@ -962,7 +961,6 @@ fn reconnect_renews_the_lease_then_node_status_then_drains_the_outbox_then_resyn
 }
 
 #[test]
-#[ignore = "needs --uplink-retry-max"]
 fn a_refused_link_is_retried_with_capped_back_off_and_no_storm() {
     if !need_root() {
         return;
@@ -1006,7 +1004,6 @@ fn a_refused_link_is_retried_with_capped_back_off_and_no_storm() {
 }
 
 #[test]
-#[ignore = "needs the persisted resourceVersion (a restarted pod source resumes its watch)"]
 fn a_restarted_agent_resumes_its_watch_from_the_stored_resource_version() {
     if !need_root() {
         return;
