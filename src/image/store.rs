@@ -15,7 +15,7 @@ use super::content::Content;
 use super::import::{diff_id_map, parse_config, Importer, Pending, JSON_LIMIT};
 use super::reference::{is_digest, Reference};
 use super::{io_err, json_err, ImageError, ImageRecord, Platform, ResolvedImage};
-use crate::store::{Store, Tree};
+use crate::store::{Batch, Store, Tree};
 
 /// A drop-in archive already imported, recognised without reading it again.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -107,7 +107,11 @@ impl ImageStore {
         Ok(records)
     }
 
+    /// Records one imported image: its tags and its index entry change together, in
+    /// one transaction, so a power cut never leaves a tag naming an image the index
+    /// does not hold.
     fn record(&self, p: Pending) -> Result<ImageRecord, ImageError> {
+        let mut batch = Batch::new();
         let existing = self.images.get(&p.manifest_digest)?;
         let mut references: Vec<String> = existing
             .as_ref()
@@ -116,10 +120,10 @@ impl ImageStore {
         for name in &p.names {
             if let Some(old) = self.refs.get(name)? {
                 if old != p.manifest_digest {
-                    self.detach(name, &old)?;
+                    self.detach(&mut batch, name, &old)?;
                 }
             }
-            self.refs.put(name, &p.manifest_digest)?;
+            batch.put(&self.refs, name, &p.manifest_digest)?;
             if !references.contains(name) {
                 references.push(name.clone());
             }
@@ -137,19 +141,20 @@ impl ImageStore {
             size: p.size,
             imported_at: existing.map_or_else(crate::time::now, |r| r.imported_at),
         };
-        self.images.put(&p.manifest_digest, &record)?;
+        batch.put(&self.images, &p.manifest_digest, &record)?;
+        self.store.apply(batch)?;
         Ok(record)
     }
 
     /// A tag moved to another image: the old image keeps running containers and stays
     /// reachable by its digest.
-    fn detach(&self, name: &str, manifest: &str) -> Result<(), ImageError> {
+    fn detach(&self, batch: &mut Batch, name: &str, manifest: &str) -> Result<(), ImageError> {
         if let Some(mut old) = self.images.get(manifest)? {
             old.references.retain(|r| r != name);
             if old.references.is_empty() {
                 old.references.push(old.manifest_digest.clone());
             }
-            self.images.put(manifest, &old)?;
+            batch.put(&self.images, manifest, &old)?;
         }
         Ok(())
     }
@@ -317,9 +322,11 @@ impl ImageStore {
                 image_id: record.config_digest.clone(),
             });
         }
+        // Tags and index entry change together (one transaction).
+        let mut batch = Batch::new();
         for name in &dropping {
             if !is_digest(name) {
-                self.refs.remove(name)?;
+                batch.remove(&self.refs, name);
             }
         }
         if !left.is_empty() {
@@ -327,10 +334,13 @@ impl ImageStore {
                 references: left,
                 ..record
             };
-            self.images.put(&updated.manifest_digest, &updated)?;
+            batch.put(&self.images, &updated.manifest_digest, &updated)?;
+            self.store.apply(batch)?;
+            self.store.flush()?;
             return Ok(());
         }
-        self.images.remove(&record.manifest_digest)?;
+        batch.remove(&self.images, &record.manifest_digest);
+        self.store.apply(batch)?;
         self.store.flush()?;
         let mut blobs = vec![record.manifest_digest.clone(), record.config_digest.clone()];
         blobs.extend(record.layers.iter().cloned());

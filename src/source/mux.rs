@@ -16,7 +16,7 @@ use super::{DesiredPod, PodChange, SourceError, SourceSnapshot};
 use crate::store::{Batch, Store, Tree};
 
 /// The store tree holding the desired pods, keyed by pod UID.
-const PODS_TREE: &str = "pods";
+pub const PODS_TREE: &str = "pods";
 /// The store tree holding each source's resourceVersion, keyed by source name.
 const VERSIONS_TREE: &str = "source_versions";
 

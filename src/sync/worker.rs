@@ -510,19 +510,17 @@ impl Worker {
         ))
     }
 
-    /// Writes records and status that changed, and makes them durable: the store is
-    /// what a restarted agent trusts. Nothing is written when nothing changed.
+    /// Writes records and status that changed, as one transaction, and makes them
+    /// durable: the store is what a restarted agent trusts, and a power cut must not
+    /// leave a container record that disagrees with its pod's status. Nothing is
+    /// written when nothing changed.
     async fn persist(&mut self) {
-        let mut wrote = false;
+        let mut batch = crate::store::Batch::new();
         for rec in self.records.values() {
             let key = ContainerRecord::key(&self.uid, &rec.name);
-            match self.deps.containers.put(&key, rec) {
-                Ok(w) => wrote |= w,
-                Err(e) => log::error!("pod {}: save container record: {e}", self.name()),
+            if let Err(e) = batch.put(&self.deps.containers, &key, rec) {
+                log::error!("pod {}: save container record: {e}", self.name());
             }
-        }
-        if wrote {
-            self.flush().await;
         }
         let host_ip = self.deps.host_ip.as_deref();
         let inputs = StatusInputs {
@@ -538,26 +536,39 @@ impl Worker {
             Some(s) => s.status != status || s.pod != self.pod,
             None => true,
         };
-        if !changed {
-            return;
-        }
         let state = PodState {
             pod: self.pod.clone(),
             status,
             start_time: self.start_time,
         };
-        if let Err(e) = self.deps.podstates.put(&self.uid, &state) {
-            log::error!("pod {}: save status: {e}", self.name());
+        if changed {
+            if let Err(e) = batch.put(&self.deps.podstates, &self.uid, &state) {
+                log::error!("pod {}: save status: {e}", self.name());
+            }
+        }
+        let store = self.deps.store.clone();
+        let written = blocking(move || {
+            let n = store.apply(batch)?;
+            if n > 0 {
+                store.flush()?;
+            }
+            Ok::<usize, crate::store::StoreError>(n)
+        })
+        .await;
+        if let Err(e) = written {
+            // Kept in memory: the next change writes it all again.
+            log::error!("pod {}: save records and status: {e}", self.name());
+            if changed {
+                self.deps.reporter.status(&self.pod, &state.status, false);
+                self.state = Some(state);
+            }
+            return;
+        }
+        if !changed {
+            return;
         }
         self.deps.reporter.status(&self.pod, &state.status, false);
         self.state = Some(state);
-    }
-
-    async fn flush(&self) {
-        let store = self.deps.store.clone();
-        if let Err(e) = blocking(move || store.flush()).await {
-            log::error!("pod {}: flush store: {e}", self.name());
-        }
     }
 }
 

@@ -109,14 +109,21 @@ impl Worker {
         for id in &all {
             self.remove_container(id).await;
         }
+        // Records and state go together: a cut never leaves records of a pod whose
+        // state is gone (or the other way round).
+        let mut batch = crate::store::Batch::new();
         for name in self.records.keys() {
-            let _ = self
-                .deps
-                .containers
-                .remove(&ContainerRecord::key(&self.uid, name));
+            batch.remove(
+                &self.deps.containers,
+                &ContainerRecord::key(&self.uid, name),
+            );
         }
-        let _ = self.deps.podstates.remove(&self.uid);
-        self.flush().await;
+        batch.remove(&self.deps.podstates, &self.uid);
+        let store = self.deps.store.clone();
+        let done = blocking(move || store.apply(batch).and_then(|_| store.flush())).await;
+        if let Err(e) = done {
+            log::error!("pod {}: forget records and status: {e}", self.name());
+        }
         let dir = self.log_dir();
         if let Err(e) = std::fs::remove_dir_all(&dir) {
             if e.kind() != std::io::ErrorKind::NotFound {
