@@ -37,7 +37,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     )?;
     // What the agent sees of an unset clock outlives it within the boot.
     crate::time::remember_in(&root.join("clock"));
-    let store = Store::open(&root.join("db"))?;
+    let store = open_store(&root)?;
     let images = Arc::new(ImageStore::open(&root, &store)?);
     {
         let images = images.clone();
@@ -61,6 +61,24 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
             config.container_log_max_files,
         ),
     );
+
+    if store.is_fresh() {
+        // A new or moved-aside store: containers that still run tell whose they are.
+        let rt = runtime.clone();
+        let st = store.clone();
+        match tokio::task::spawn_blocking(move || crate::sync::adopt::rebuild(&st, rt.as_ref()))
+            .await
+        {
+            Ok(Ok(r)) if r.containers > 0 => log::warn!(
+                "store rebuilt from running containers: {} container(s) of {} pod(s) adopted",
+                r.containers,
+                r.pods
+            ),
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => log::error!("rebuild the store from running containers: {e}"),
+            Err(e) => log::error!("rebuild the store from running containers: {e}"),
+        }
+    }
 
     let (mut mux, initial) = Mux::open(&store)?;
     let (snap_tx, mut snap_rx) = mpsc::channel(8);
@@ -222,4 +240,49 @@ async fn allocatable(config: &Config, root: &std::path::Path) -> BTreeMap<String
             BTreeMap::new()
         }
     }
+}
+
+/// Opens the store under `root`, moving a broken one aside (see
+/// [`crate::store::recover`]), and quarantines records that no longer decode.
+fn open_store(root: &std::path::Path) -> Result<Store, Error> {
+    let opened = crate::store::recover::open_or_recover(&root.join("db"))?;
+    let store = opened.store;
+    let checks: [(
+        &'static str,
+        fn(&Store, &'static str) -> Result<usize, crate::store::StoreError>,
+    ); 6] = [
+        (crate::source::PODS_TREE, |s, n| {
+            s.quarantine_undecodable::<crate::source::DesiredPod>(n)
+        }),
+        ("containers", |s, n| {
+            s.quarantine_undecodable::<crate::sync::ContainerRecord>(n)
+        }),
+        ("podstates", |s, n| {
+            s.quarantine_undecodable::<crate::sync::PodState>(n)
+        }),
+        (crate::uplink::objects::TREE_CONFIG_MAPS, |s, n| {
+            s.quarantine_undecodable::<k8s_openapi::api::core::v1::ConfigMap>(n)
+        }),
+        (crate::uplink::objects::TREE_SECRETS, |s, n| {
+            s.quarantine_undecodable::<k8s_openapi::api::core::v1::Secret>(n)
+        }),
+        ("*images", |s, _| {
+            crate::image::ImageStore::quarantine_undecodable(s)
+        }),
+    ];
+    let mut bad = 0;
+    for (name, check) in checks {
+        match check(&store, name) {
+            Ok(n) => bad += n,
+            Err(e) => log::error!("store integrity check of {name}: {e}"),
+        }
+    }
+    if bad > 0 {
+        log::error!(
+            "store: {bad} record(s) did not decode and were moved to tree {}",
+            crate::store::recover::QUARANTINE
+        );
+        store.flush()?;
+    }
+    Ok(store)
 }

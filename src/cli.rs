@@ -97,6 +97,9 @@ pub fn pods(args: &[String]) -> Result<(), Error> {
         ["-o", "json"] | ["-ojson"] | ["--output=json"] | ["-o=json"] => true,
         other => return Err(Error::Cli(format!("pods: unexpected arguments {other:?}"))),
     };
+    if let Some(notice) = crate::store::recover::moved_notice(&root.join("db")) {
+        eprintln!("WARNING: the agent's store was moved aside and rebuilt:\n{notice}");
+    }
     let Response::Pods { pods } = request(&root, Request::Pods)? else {
         return Err(Error::Cli("pods: unexpected answer".into()));
     };

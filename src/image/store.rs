@@ -159,6 +159,14 @@ impl ImageStore {
         Ok(())
     }
 
+    /// Moves image index records that no longer decode into the store's quarantine
+    /// (start-up integrity check); returns how many.
+    pub fn quarantine_undecodable(store: &Store) -> Result<usize, crate::store::StoreError> {
+        Ok(store.quarantine_undecodable::<ImageRecord>("images")?
+            + store.quarantine_undecodable::<String>("image_refs")?
+            + store.quarantine_undecodable::<DropinSeen>("image_dropins")?)
+    }
+
     /// Imports every archive in `<root-dir>/images/` not imported before. One bad
     /// archive is logged and skipped; the others still import.
     pub fn import_dropins(&self) -> Result<Vec<ImageRecord>, ImageError> {

@@ -174,6 +174,8 @@ impl LibcontainerRuntime {
             hostname_file: &hostname_file,
             nofile_hard_limit,
         })?;
+        let mut oci = oci;
+        oci.set_annotations(Some(super::adoption::annotations(req)));
         let config_path = bundle.join("config.json");
         // The environment in it may hold Secret values: created 0600, root alone reads it.
         let json = serde_json::to_vec(&oci).map_err(|e| RuntimeError::Io {
@@ -472,6 +474,22 @@ impl Runtime for LibcontainerRuntime {
         }
         let _ = std::fs::remove_file(self.exits_dir().join(&id.0));
         Ok(())
+    }
+
+    fn owner(&self, id: &ContainerId) -> Result<Option<super::adoption::Owner>, RuntimeError> {
+        Self::check_id(id)?;
+        let path = self.container_dir(id).join("bundle").join("config.json");
+        let spec = match oci_spec::runtime::Spec::load(&path) {
+            Ok(spec) => spec,
+            Err(oci_spec::OciSpecError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(None)
+            }
+            Err(e) => {
+                log::warn!("container {id}: read {}: {e}", path.display());
+                return Ok(None);
+            }
+        };
+        Ok(spec.annotations().as_ref().and_then(super::adoption::owner))
     }
 
     fn list(&self) -> Result<Vec<ContainerId>, RuntimeError> {

@@ -39,6 +39,7 @@
 
 use std::path::PathBuf;
 
+pub mod adoption;
 mod cgroup;
 mod command;
 mod exits;
@@ -201,4 +202,9 @@ pub trait Runtime: Send + Sync + 'static {
     /// Starts watching for container exits; each exit sends the container's id, soon
     /// after its exit record is written. Events may repeat; receivers read `state`.
     fn watch_exits(&self, tx: tokio::sync::mpsc::Sender<ContainerId>) -> Result<(), RuntimeError>;
+    /// Whom the container belongs to, as its spec's annotations say (for adoption by
+    /// an agent that lost its store). None when they do not say.
+    fn owner(&self, _id: &ContainerId) -> Result<Option<adoption::Owner>, RuntimeError> {
+        Ok(None)
+    }
 }

@@ -20,7 +20,7 @@ pub use apiserver::{
     ApiSourceResume, PodList, PodLister, PodWatch, LIST_LIMIT, SOURCE_API,
 };
 pub use file::{read_manifests, spawn_file_source, SOURCE_FILE};
-pub use mux::Mux;
+pub use mux::{Mux, PODS_TREE};
 pub use static_pod::{
     apply_api_defaults, default_pull_policy, make_static_pod, static_pod_uid, CONFIG_HASH,
     CONFIG_SEEN, CONFIG_SOURCE, MANIFEST_FILE,

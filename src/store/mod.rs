@@ -5,6 +5,7 @@
 //! a power cut call [`Store::flush`].
 
 mod batch;
+pub mod recover;
 mod tree;
 
 use std::fs::{File, OpenOptions};
@@ -54,6 +55,17 @@ pub enum StoreError {
     },
     #[error("store at {path} has an unreadable schema version")]
     BadSchema { path: PathBuf },
+    #[error("store at {path} holds records but no schema version")]
+    NoSchema { path: PathBuf },
+    #[error("open store at {path}: sled panicked: {message}")]
+    Panicked { path: PathBuf, message: String },
+    #[error("move the broken store at {path} to {to}")]
+    MoveAside {
+        path: PathBuf,
+        to: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("store {op} in tree {tree} key {key}")]
     Db {
         op: &'static str,
@@ -78,11 +90,28 @@ pub enum StoreError {
     },
 }
 
+impl StoreError {
+    /// Whether the store itself is unreadable (rather than busy, too new or out of
+    /// reach): the case for moving it aside and starting afresh.
+    pub fn is_broken_store(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Open { .. }
+                | StoreError::Panicked { .. }
+                | StoreError::BadSchema { .. }
+                | StoreError::NoSchema { .. }
+        )
+    }
+}
+
 /// The agent's database. Cheap to clone: sled handles are reference counted.
 #[derive(Clone)]
 pub struct Store {
     db: sled::Db,
     path: PathBuf,
+    /// The store had no schema version when opened: it was just created (or came back
+    /// empty), and the caller may rebuild it from the running containers.
+    fresh: bool,
     /// Our own lock beside sled's: sled's fails at once, with no way to tell contention
     /// from other errors, so whoever holds this one is the only one to open sled.
     _lock: Arc<Flock<File>>,
@@ -135,14 +164,19 @@ impl Store {
         // this process whose flusher thread has not let go yet: wait for it.
         let deadline = Instant::now() + LOCK_WAIT;
         let db = loop {
-            let opened = sled::Config::new()
-                .path(path)
-                .cache_capacity(CACHE_BYTES)
-                .mode(sled::Mode::LowSpace)
-                // sled's flusher writes only when something is dirty; a second keeps
-                // bursts of changes in one write without losing more than that on a cut.
-                .flush_every_ms(Some(1000))
-                .open();
+            // sled panics on some damaged files; a panic here must become an error
+            // the caller can act on (move the store aside), not a dead agent.
+            let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                Self::config(path).open()
+            }))
+            .map_err(|panic| StoreError::Panicked {
+                path: path.to_path_buf(),
+                message: panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown panic".into()),
+            })?;
             match opened {
                 Ok(db) => break db,
                 Err(sled::Error::Io(e))
@@ -159,16 +193,34 @@ impl Store {
                 }
             }
         };
-        let store = Store {
+        let mut store = Store {
             db,
             path: path.to_path_buf(),
+            fresh: false,
             _lock: lock,
         };
-        store.check_schema()?;
+        store.fresh = store.check_schema()?;
         Ok(store)
     }
 
-    fn check_schema(&self) -> Result<(), StoreError> {
+    /// sled's settings, for a device with 256 MiB of RAM and flash that wears.
+    fn config(path: &Path) -> sled::Config {
+        sled::Config::new()
+            .path(path)
+            .cache_capacity(CACHE_BYTES)
+            .mode(sled::Mode::LowSpace)
+            // sled's flusher writes only when something is dirty; a second keeps
+            // bursts of changes in one write without losing more than that on a cut.
+            .flush_every_ms(Some(1000))
+    }
+
+    /// Whether the store had no schema version when opened (new or emptied).
+    pub fn is_fresh(&self) -> bool {
+        self.fresh
+    }
+
+    /// Checks the schema version; returns true when there was none (a new store).
+    fn check_schema(&self) -> Result<bool, StoreError> {
         let meta = self.raw_tree("meta")?;
         let key = META_SCHEMA;
         let found = meta.get(key).map_err(|source| StoreError::Db {
@@ -179,6 +231,23 @@ impl Store {
         })?;
         match found {
             None => {
+                // Records without a schema: not a store we wrote. Refuse to guess.
+                for name in self.db.tree_names() {
+                    if name.as_ref() == b"meta" || name.as_ref() == b"__sled__default" {
+                        continue;
+                    }
+                    let tree = self.db.open_tree(&name).map_err(|source| StoreError::Db {
+                        op: "open tree",
+                        tree: "*",
+                        key: String::from_utf8_lossy(&name).into_owned(),
+                        source,
+                    })?;
+                    if !tree.is_empty() {
+                        return Err(StoreError::NoSchema {
+                            path: self.path.clone(),
+                        });
+                    }
+                }
                 meta.insert(key, &SCHEMA_VERSION.to_be_bytes())
                     .map_err(|source| StoreError::Db {
                         op: "insert",
@@ -186,7 +255,7 @@ impl Store {
                         key: key.into(),
                         source,
                     })?;
-                Ok(())
+                Ok(true)
             }
             Some(bytes) => {
                 let raw: [u8; 4] =
@@ -197,6 +266,11 @@ impl Store {
                             path: self.path.clone(),
                         })?;
                 let found = u32::from_be_bytes(raw);
+                if found == 0 {
+                    return Err(StoreError::BadSchema {
+                        path: self.path.clone(),
+                    });
+                }
                 if found > SCHEMA_VERSION {
                     return Err(StoreError::TooNew {
                         path: self.path.clone(),
@@ -204,7 +278,7 @@ impl Store {
                         supported: SCHEMA_VERSION,
                     });
                 }
-                Ok(())
+                Ok(false)
             }
         }
     }

@@ -5,6 +5,7 @@
 //! runtime and the resync timer become messages to one worker per pod UID, and each
 //! worker owns its pod (kube-runtime's rule: never reconcile one object twice at once).
 
+pub mod adopt;
 pub mod env;
 mod plan;
 pub mod record;

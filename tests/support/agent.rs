@@ -100,6 +100,16 @@ impl Agent {
     }
 
     pub fn start(&mut self) {
+        self.spawn();
+        // The control socket appears once the agent holds its store and runs.
+        self.wait_until("the agent to answer", Duration::from_secs(60), |a| {
+            a.root.join("holdfast.sock").exists() && a.try_pods().is_some()
+        });
+    }
+
+    /// Starts `holdfast run` without waiting for it to answer (to kill it at any
+    /// moment of its start-up).
+    pub fn spawn(&mut self) {
         assert!(self.child.is_none(), "agent already running");
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -125,10 +135,13 @@ impl Agent {
             .spawn()
             .expect("spawn holdfast run");
         self.child = Some(child);
-        // The control socket appears once the agent holds its store and runs.
-        self.wait_until("the agent to answer", Duration::from_secs(60), |a| {
-            a.root.join("holdfast.sock").exists() && a.try_pods().is_some()
-        });
+    }
+
+    /// Whether the agent process has exited on its own (a crash), with its status.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
     }
 
     /// The running agent's process id, or None when it is not running.

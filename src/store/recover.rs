@@ -1,0 +1,286 @@
+//! Opening the agent's store whatever state a power cut left it in: a store that will
+//! not open is moved aside (never deleted) and a fresh one takes its place; records
+//! that no longer decode are moved into the `quarantine` tree.
+//!
+//! The caller rebuilds a fresh store from what the running containers tell (their
+//! spec annotations) and from the pod sources.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use super::{Store, StoreError};
+
+/// Tree holding records that did not decode, keyed `<tree>/<key>`, for inspection.
+pub const QUARANTINE: &str = "quarantine";
+
+/// Beside the store dir: a line per store moved aside. `holdfast pods` shows it until
+/// someone removes it.
+pub const MOVED_MARKER: &str = "store-moved-aside";
+
+/// After this many opens in a row that never finished (the process died inside sled,
+/// which with `panic = "abort"` cannot be caught), the store is taken as broken. More
+/// than one, so a power cut that lands during a healthy open does not cost the store.
+const MAX_UNFINISHED_OPENS: u32 = 3;
+
+/// What [`open_or_recover`] found.
+pub struct Opened {
+    pub store: Store,
+    /// Set when the old store was moved aside: where to, and why.
+    pub moved: Option<Moved>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Moved {
+    pub to: PathBuf,
+    pub reason: String,
+}
+
+/// The counter file of opens started but not finished.
+fn attempts_path(path: &Path) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".opening");
+    path.with_file_name(name)
+}
+
+fn marker_path(path: &Path) -> PathBuf {
+    path.with_file_name(MOVED_MARKER)
+}
+
+/// Opens the store at `path`; if it cannot be opened (sled error or panic, an
+/// unreadable schema, or opens that keep dying), moves it to
+/// `<path>.broken-<RFC 3339 time>`, records that beside it and opens a fresh one.
+/// A store written by a newer holdfast, or one held by another process, is an error:
+/// moving those aside would lose good data.
+pub fn open_or_recover(path: &Path) -> Result<Opened, StoreError> {
+    let attempts = attempts_path(path);
+    let unfinished: u32 = std::fs::read_to_string(&attempts)
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0);
+    let failure = if unfinished >= MAX_UNFINISHED_OPENS && path.exists() {
+        Some(format!(
+            "the last {unfinished} attempts to open it never finished (the process died while opening it)"
+        ))
+    } else {
+        // Counted before sled runs, so a crash inside it is remembered.
+        if let Err(e) = std::fs::write(&attempts, format!("{}\n", unfinished + 1)) {
+            log::warn!("record store open attempt in {}: {e}", attempts.display());
+        }
+        match Store::open(path) {
+            Ok(store) => {
+                let _ = std::fs::remove_file(&attempts);
+                return Ok(Opened { store, moved: None });
+            }
+            Err(e) if e.is_broken_store() => Some(error_chain(&e)),
+            Err(e) => {
+                let _ = std::fs::remove_file(&attempts);
+                return Err(e);
+            }
+        }
+    };
+    let reason = failure.unwrap_or_default();
+    let to = move_aside(path)?;
+    log::error!(
+        "STORE LOST: the store at {} could not be opened ({reason}); moved it to {} and starting a fresh one, rebuilt from the running containers and the pod sources",
+        path.display(),
+        to.display()
+    );
+    let line = format!(
+        "{} store {} could not be opened ({reason}); moved to {}\n",
+        crate::time::now(),
+        path.display(),
+        to.display()
+    );
+    let marker = marker_path(path);
+    let wrote = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&marker)
+        .and_then(|mut f| f.write_all(line.as_bytes()).and_then(|_| f.sync_all()));
+    if let Err(e) = wrote {
+        log::error!("record the moved store in {}: {e}", marker.display());
+    }
+    let store = Store::open(path)?;
+    let _ = std::fs::remove_file(&attempts);
+    Ok(Opened {
+        store,
+        moved: Some(Moved { to, reason }),
+    })
+}
+
+/// What `holdfast pods` shows about stores moved aside, if any were.
+pub fn moved_notice(path: &Path) -> Option<String> {
+    let marker = marker_path(path);
+    let text = std::fs::read_to_string(&marker).ok()?;
+    let text = text.trim();
+    (!text.is_empty()).then(|| {
+        format!(
+            "{text}\n(remove {} once you have looked at the old store)",
+            marker.display()
+        )
+    })
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(inner) = cur {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        cur = inner.source();
+    }
+    s
+}
+
+fn move_aside(path: &Path) -> Result<PathBuf, StoreError> {
+    let now = crate::time::now();
+    let stamp = k8s_openapi::jiff::Timestamp::from_second(now.as_second()).unwrap_or(now);
+    let base = format!("{}.broken-{stamp}", path.display());
+    let mut to = PathBuf::from(&base);
+    let mut n = 1;
+    while to.exists() {
+        to = PathBuf::from(format!("{base}.{n}"));
+        n += 1;
+    }
+    std::fs::rename(path, &to).map_err(|source| StoreError::MoveAside {
+        path: path.to_path_buf(),
+        to: to.clone(),
+        source,
+    })?;
+    if let Some(parent) = path.parent() {
+        if let Ok(dir) = std::fs::File::open(parent) {
+            let _ = dir.sync_all();
+        }
+    }
+    Ok(to)
+}
+
+impl Store {
+    /// Moves every record of tree `name` that does not decode as `T` into the
+    /// [`QUARANTINE`] tree (key `<name>/<key>`), logging each; returns how many moved.
+    /// Decoding is all the agent's readers need, so after this they never meet a bad
+    /// record.
+    pub fn quarantine_undecodable<T>(&self, name: &'static str) -> Result<usize, StoreError>
+    where
+        T: serde::de::DeserializeOwned,
+    {
+        let tree = self.raw_tree(name)?;
+        let quarantine = self.raw_tree(QUARANTINE)?;
+        let mut moved = 0;
+        for item in tree.iter() {
+            let (key, bytes) = item.map_err(|source| StoreError::Db {
+                op: "iterate",
+                tree: name,
+                key: String::new(),
+                source,
+            })?;
+            let Err(e) = serde_json::from_slice::<T>(&bytes) else {
+                continue;
+            };
+            let shown = String::from_utf8_lossy(&key).into_owned();
+            log::error!(
+                "store: tree {name} record {shown} does not decode ({e}); moved to tree {QUARANTINE}"
+            );
+            let mut qkey = name.as_bytes().to_vec();
+            qkey.push(b'/');
+            qkey.extend_from_slice(&key);
+            use sled::transaction::{ConflictableTransactionError, Transactional};
+            (&tree, &quarantine)
+                .transaction(|(t, q)| {
+                    q.insert(qkey.as_slice(), bytes.as_ref())?;
+                    t.remove(key.as_ref())?;
+                    Ok::<(), ConflictableTransactionError<()>>(())
+                })
+                .map_err(|e| StoreError::Db {
+                    op: "quarantine",
+                    tree: name,
+                    key: shown.clone(),
+                    source: match e {
+                        sled::transaction::TransactionError::Storage(s) => s,
+                        sled::transaction::TransactionError::Abort(()) => {
+                            sled::Error::Unsupported("transaction aborted".into())
+                        }
+                    },
+                })?;
+            moved += 1;
+        }
+        Ok(moved)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn garbage_store_is_moved_aside_and_a_fresh_one_opens() {
+        let tmp = crate::testutil::TempDir::new("recover");
+        let dir = tmp.0.join("db");
+        {
+            let store = Store::open(&dir).expect("open");
+            let t: super::super::Tree<u32> = store.tree("n").expect("tree");
+            t.put("a", &1).expect("put");
+            store.flush().expect("flush");
+        }
+        for e in std::fs::read_dir(&dir).expect("dir").flatten() {
+            if e.path().is_file() && e.file_name() != "holdfast.lock" {
+                std::fs::write(e.path(), vec![0xa5u8; 4096]).expect("garbage");
+            }
+        }
+        let opened = open_or_recover(&dir).expect("recovered");
+        let moved = opened.moved.expect("moved aside");
+        assert!(
+            moved.to.exists(),
+            "old store kept at {}",
+            moved.to.display()
+        );
+        assert!(moved
+            .to
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .starts_with("db.broken-"));
+        assert!(opened.store.is_fresh());
+        let notice = moved_notice(&dir).expect("notice");
+        assert!(notice.contains("could not be opened"), "{notice}");
+        drop(opened.store);
+        // The fresh store opens as any other.
+        let again = open_or_recover(&dir).expect("reopen");
+        assert!(again.moved.is_none());
+        assert!(!attempts_path(&dir).exists());
+    }
+
+    #[test]
+    fn opens_that_keep_dying_move_the_store_aside() {
+        let tmp = crate::testutil::TempDir::new("recover");
+        let dir = tmp.0.join("db");
+        drop(Store::open(&dir).expect("open"));
+        std::fs::write(attempts_path(&dir), "3\n").expect("attempts");
+        let opened = open_or_recover(&dir).expect("recovered");
+        assert!(opened
+            .moved
+            .expect("moved")
+            .reason
+            .contains("never finished"));
+    }
+
+    #[test]
+    fn undecodable_records_go_to_quarantine() {
+        let tmp = crate::testutil::TempDir::new("recover");
+        let store = Store::open(&tmp.0.join("db")).expect("open");
+        let raw = store.raw_tree("nums").expect("raw");
+        raw.insert("good", b"7".as_slice()).expect("insert");
+        raw.insert("bad", b"{not json".as_slice()).expect("insert");
+        assert_eq!(
+            store.quarantine_undecodable::<u32>("nums").expect("check"),
+            1
+        );
+        let t: super::super::Tree<u32> = store.tree("nums").expect("tree");
+        assert_eq!(t.entries().expect("entries"), vec![("good".to_string(), 7)]);
+        let q = store.raw_tree(QUARANTINE).expect("q");
+        assert_eq!(
+            q.get("nums/bad").expect("get").as_deref(),
+            Some(b"{not json".as_slice())
+        );
+    }
+}
