@@ -242,15 +242,15 @@ async fn allocatable(config: &Config, root: &std::path::Path) -> BTreeMap<String
     }
 }
 
+/// Quarantines one tree's undecodable records; returns how many.
+type TreeCheck = fn(&Store, &'static str) -> Result<usize, crate::store::StoreError>;
+
 /// Opens the store under `root`, moving a broken one aside (see
 /// [`crate::store::recover`]), and quarantines records that no longer decode.
 fn open_store(root: &std::path::Path) -> Result<Store, Error> {
     let opened = crate::store::recover::open_or_recover(&root.join("db"))?;
     let store = opened.store;
-    let checks: [(
-        &'static str,
-        fn(&Store, &'static str) -> Result<usize, crate::store::StoreError>,
-    ); 6] = [
+    let checks: [(&'static str, TreeCheck); 6] = [
         (crate::source::PODS_TREE, |s, n| {
             s.quarantine_undecodable::<crate::source::DesiredPod>(n)
         }),
@@ -283,6 +283,17 @@ fn open_store(root: &std::path::Path) -> Result<Store, Error> {
             crate::store::recover::QUARANTINE
         );
         store.flush()?;
+    }
+    if !store.is_fresh() && store.needs_compaction()? {
+        let path = store.path().to_path_buf();
+        drop(store);
+        let c = crate::store::compact::compact(&path)?;
+        log::warn!(
+            "store compacted at start: {} -> {} bytes on disk",
+            c.before,
+            c.after
+        );
+        return Ok(Store::open(&path)?);
     }
     Ok(store)
 }

@@ -1,5 +1,6 @@
-//! cli: the `holdfast` subcommands other than `run`: `pods`, `status` and `image`. They
-//! ask a running agent through the control socket, or open the store when none runs.
+//! cli: the `holdfast` subcommands other than `run`: `pods`, `status`, `image`, `store`
+//! and `reset`. `pods`, `status` and `image` ask a running agent through the control
+//! socket, or open the store when none runs.
 
 use std::path::PathBuf;
 
@@ -305,6 +306,46 @@ fn render_images(images: &[ImageRecord]) -> String {
         }
     }
     out
+}
+
+/// `holdfast store compact`: rewrites the store without the space sled keeps for
+/// deleted and rewritten records. Refused while an agent runs there.
+pub fn store(args: &[String]) -> Result<(), Error> {
+    let (root, rest) = root_dir(args)?;
+    if rest.iter().map(String::as_str).collect::<Vec<_>>() != ["compact"] {
+        return Err(Error::Cli(format!(
+            "store: expected `compact`, got {rest:?}"
+        )));
+    }
+    // Held until done, so no agent starts on the store while it is swapped.
+    let _presence = control::presence::lock(&root, std::time::Duration::ZERO).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::WouldBlock {
+            Error::Cli(format!(
+                "store compact: an agent is running on {}; stop it first",
+                root.display()
+            ))
+        } else {
+            Error::Io {
+                context: format!("lock {}", root.display()),
+                source: e,
+            }
+        }
+    })?;
+    let db = root.join("db");
+    if !db.exists() {
+        return Err(Error::Cli(format!(
+            "no holdfast store under {} (is --root-dir right?)",
+            root.display()
+        )));
+    }
+    crate::store::compact::recover_interrupted(&db)?;
+    let c = crate::store::compact::compact(&db)?;
+    println!(
+        "store compacted: {} -> {}",
+        human_size(c.before),
+        human_size(c.after)
+    );
+    Ok(())
 }
 
 fn human_size(bytes: u64) -> String {

@@ -14,6 +14,7 @@ commands:
   pods     list pods and their containers (--root-dir DIR, -o json)
   status   uplink state, outbox, last sync, store size, pods (--root-dir DIR, --json)
   image    import FILE|DIR, ls, rm REF (--root-dir DIR)
+  store    compact: rewrite the store without the space sled keeps (agent stopped)
   reset    stop and remove every container, mount and cgroup, then the root dir
            (--root-dir DIR, --cgroup-root PATH); refused while an agent runs
   version  print the version";
@@ -44,6 +45,10 @@ fn main() -> ExitCode {
         "image" => {
             init_logging(None);
             holdfast::cli::image(rest)
+        }
+        "store" => {
+            init_logging(None);
+            holdfast::cli::store(rest)
         }
         "reset" => {
             init_logging(None);

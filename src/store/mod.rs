@@ -5,6 +5,7 @@
 //! a power cut call [`Store::flush`].
 
 mod batch;
+pub mod compact;
 pub mod recover;
 mod tree;
 
@@ -27,6 +28,24 @@ const META_SCHEMA: &str = "schema_version";
 
 /// sled's page cache: small, for a device with 256 MiB of RAM.
 const CACHE_BYTES: u64 = 4 * 1024 * 1024;
+
+/// Below this, a store is never compacted at start: sled's own floor is a few MiB.
+pub const COMPACT_MIN_BYTES: u64 = 16 * 1024 * 1024;
+/// Disk bytes per live byte above which the agent compacts at start.
+pub const COMPACT_RATIO: u64 = 8;
+
+/// Bytes of the regular files under `dir` (sled's files), 0 when unreadable.
+pub fn dir_size(dir: &Path) -> u64 {
+    let mut total = 0;
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        match e.metadata() {
+            Ok(m) if m.is_dir() => total += dir_size(&e.path()),
+            Ok(m) => total += m.len(),
+            Err(_) => {}
+        }
+    }
+    total
+}
 
 /// How long `open` waits for another process to let go of the store.
 pub const LOCK_WAIT: Duration = Duration::from_secs(10);
@@ -59,6 +78,12 @@ pub enum StoreError {
     NoSchema { path: PathBuf },
     #[error("open store at {path}: sled panicked: {message}")]
     Panicked { path: PathBuf, message: String },
+    #[error("compact store at {path}")]
+    Compact {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("move the broken store at {path} to {to}")]
     MoveAside {
         path: PathBuf,
@@ -316,6 +341,42 @@ impl Store {
     /// Where the store lives on disk.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Bytes of keys and values in every tree: what a compacted store needs, roughly.
+    pub fn live_bytes(&self) -> Result<u64, StoreError> {
+        let mut total = 0u64;
+        for name in self.db.tree_names() {
+            let tree = self.db.open_tree(&name).map_err(|source| StoreError::Db {
+                op: "open tree",
+                tree: "*",
+                key: String::from_utf8_lossy(&name).into_owned(),
+                source,
+            })?;
+            for item in tree.iter() {
+                let (k, v) = item.map_err(|source| StoreError::Db {
+                    op: "iterate",
+                    tree: "*",
+                    key: String::new(),
+                    source,
+                })?;
+                total += (k.len() + v.len()) as u64;
+            }
+        }
+        Ok(total)
+    }
+
+    /// Bytes the store takes on disk.
+    pub fn disk_bytes(&self) -> u64 {
+        dir_size(&self.path)
+    }
+
+    /// Whether the store is so much larger than what it holds that compacting it at
+    /// start is worth the writes: above [`COMPACT_MIN_BYTES`] and more than
+    /// [`COMPACT_RATIO`] times its live data.
+    pub fn needs_compaction(&self) -> Result<bool, StoreError> {
+        let disk = self.disk_bytes();
+        Ok(disk > COMPACT_MIN_BYTES && disk > COMPACT_RATIO * self.live_bytes()?.max(1))
     }
 }
 

@@ -7,6 +7,7 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, Once};
 
 use super::{Store, StoreError};
 
@@ -16,11 +17,6 @@ pub const QUARANTINE: &str = "quarantine";
 /// Beside the store dir: a line per store moved aside. `holdfast pods` shows it until
 /// someone removes it.
 pub const MOVED_MARKER: &str = "store-moved-aside";
-
-/// After this many opens in a row that never finished (the process died inside sled,
-/// which with `panic = "abort"` cannot be caught), the store is taken as broken. More
-/// than one, so a power cut that lands during a healthy open does not cost the store.
-const MAX_UNFINISHED_OPENS: u32 = 3;
 
 /// What [`open_or_recover`] found.
 pub struct Opened {
@@ -35,50 +31,78 @@ pub struct Moved {
     pub reason: String,
 }
 
-/// The counter file of opens started but not finished.
-fn attempts_path(path: &Path) -> PathBuf {
+/// Written by the panic hook when sled panics while opening the store. With
+/// `panic = "abort"` (release builds) the panic cannot be caught, so the next start
+/// reads this instead. A SIGKILL or power cut during the open leaves nothing: only a
+/// real failure of sled moves the store aside.
+fn panicked_path(path: &Path) -> PathBuf {
     let mut name = path.file_name().unwrap_or_default().to_os_string();
-    name.push(".opening");
+    name.push(".open-panicked");
     path.with_file_name(name)
+}
+
+/// The thread opening the store and where its panic would be recorded.
+static OPENING: Mutex<Option<(std::thread::ThreadId, PathBuf)>> = Mutex::new(None);
+
+fn install_panic_hook() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            // try_lock: a panic while the lock is held must not deadlock the hook.
+            if let Ok(guard) = OPENING.try_lock() {
+                if let Some((thread, marker)) = guard.as_ref() {
+                    if *thread == std::thread::current().id() {
+                        let _ = std::fs::write(marker, info.to_string());
+                    }
+                }
+            }
+            previous(info)
+        }));
+    });
+}
+
+/// Opens the store with a panic inside sled recorded for the next start.
+fn open_watched(path: &Path) -> Result<Store, StoreError> {
+    install_panic_hook();
+    let marker = panicked_path(path);
+    if let Ok(mut g) = OPENING.lock() {
+        *g = Some((std::thread::current().id(), marker.clone()));
+    }
+    let opened = Store::open(path);
+    if let Ok(mut g) = OPENING.lock() {
+        *g = None;
+    }
+    if opened.is_ok() {
+        let _ = std::fs::remove_file(&marker);
+    }
+    opened
 }
 
 fn marker_path(path: &Path) -> PathBuf {
     path.with_file_name(MOVED_MARKER)
 }
 
-/// Opens the store at `path`; if it cannot be opened (sled error or panic, an
-/// unreadable schema, or opens that keep dying), moves it to
+/// Opens the store at `path`; if it cannot be opened (sled error or panic, also one
+/// recorded by the last start, an unreadable schema), moves it to
 /// `<path>.broken-<RFC 3339 time>`, records that beside it and opens a fresh one.
 /// A store written by a newer holdfast, or one held by another process, is an error:
 /// moving those aside would lose good data.
 pub fn open_or_recover(path: &Path) -> Result<Opened, StoreError> {
-    let attempts = attempts_path(path);
-    let unfinished: u32 = std::fs::read_to_string(&attempts)
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(0);
-    let failure = if unfinished >= MAX_UNFINISHED_OPENS && path.exists() {
-        Some(format!(
-            "the last {unfinished} attempts to open it never finished (the process died while opening it)"
-        ))
-    } else {
-        // Counted before sled runs, so a crash inside it is remembered.
-        if let Err(e) = std::fs::write(&attempts, format!("{}\n", unfinished + 1)) {
-            log::warn!("record store open attempt in {}: {e}", attempts.display());
-        }
-        match Store::open(path) {
-            Ok(store) => {
-                let _ = std::fs::remove_file(&attempts);
-                return Ok(Opened { store, moved: None });
-            }
-            Err(e) if e.is_broken_store() => Some(error_chain(&e)),
-            Err(e) => {
-                let _ = std::fs::remove_file(&attempts);
-                return Err(e);
-            }
-        }
+    super::compact::recover_interrupted(path)?;
+    let panicked = panicked_path(path);
+    let failure = match std::fs::read_to_string(&panicked) {
+        Ok(message) if path.exists() => format!(
+            "sled panicked while opening it last time: {}",
+            message.trim()
+        ),
+        _ => match open_watched(path) {
+            Ok(store) => return Ok(Opened { store, moved: None }),
+            Err(e) if e.is_broken_store() => error_chain(&e),
+            Err(e) => return Err(e),
+        },
     };
-    let reason = failure.unwrap_or_default();
+    let reason = failure;
     let to = move_aside(path)?;
     log::error!(
         "STORE LOST: the store at {} could not be opened ({reason}); moved it to {} and starting a fresh one, rebuilt from the running containers and the pod sources",
@@ -101,7 +125,7 @@ pub fn open_or_recover(path: &Path) -> Result<Opened, StoreError> {
         log::error!("record the moved store in {}: {e}", marker.display());
     }
     let store = Store::open(path)?;
-    let _ = std::fs::remove_file(&attempts);
+    let _ = std::fs::remove_file(&panicked);
     Ok(Opened {
         store,
         moved: Some(Moved { to, reason }),
@@ -247,21 +271,18 @@ mod tests {
         // The fresh store opens as any other.
         let again = open_or_recover(&dir).expect("reopen");
         assert!(again.moved.is_none());
-        assert!(!attempts_path(&dir).exists());
     }
 
     #[test]
-    fn opens_that_keep_dying_move_the_store_aside() {
+    fn a_panic_recorded_by_the_last_open_moves_the_store_aside() {
         let tmp = crate::testutil::TempDir::new("recover");
         let dir = tmp.0.join("db");
         drop(Store::open(&dir).expect("open"));
-        std::fs::write(attempts_path(&dir), "3\n").expect("attempts");
+        std::fs::write(panicked_path(&dir), "sled: corrupt segment").expect("marker");
         let opened = open_or_recover(&dir).expect("recovered");
-        assert!(opened
-            .moved
-            .expect("moved")
-            .reason
-            .contains("never finished"));
+        let moved = opened.moved.expect("moved");
+        assert!(moved.reason.contains("corrupt segment"), "{}", moved.reason);
+        assert!(!panicked_path(&dir).exists());
     }
 
     #[test]
