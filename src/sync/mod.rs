@@ -70,6 +70,8 @@ impl Deps {
 
 struct Handle {
     tx: mpsc::Sender<WorkerMsg>,
+    /// The worker is stopping its pod: it reads no more updates.
+    terminating: bool,
 }
 
 pub struct SyncLoop {
@@ -81,6 +83,9 @@ pub struct SyncLoop {
     /// sent: later updates of the same UID (until the DELETED event) must not start
     /// them again.
     finished: HashSet<String>,
+    /// Pods wanted again while their worker was still stopping them (a manifest
+    /// removed and put back, often across an agent restart): started once it is done.
+    readd: HashMap<String, Pod>,
     registered_tx: mpsc::Sender<(ContainerId, String)>,
     registered_rx: mpsc::Receiver<(ContainerId, String)>,
     /// The ConfigMaps and Secrets each worker's pod references, by pod UID.
@@ -98,6 +103,7 @@ impl SyncLoop {
             owners: HashMap::new(),
             tasks: JoinSet::new(),
             finished: HashSet::new(),
+            readd: HashMap::new(),
             registered_tx,
             registered_rx,
             references: HashMap::new(),
@@ -154,6 +160,9 @@ impl SyncLoop {
                 Some(done) = self.tasks.join_next(), if !self.tasks.is_empty() => {
                     if let Ok(uid) = done {
                         self.forget(&uid);
+                        if let Some(pod) = self.readd.remove(&uid) {
+                            self.spawn(uid, pod, false);
+                        }
                     }
                 }
             }
@@ -174,8 +183,13 @@ impl SyncLoop {
                 // `insert` is false when the deletion was seen before.
                 let seen = deleted && !self.finished.insert(uid.clone());
                 if let Some(h) = self.workers.get(&uid) {
-                    self.references.insert(uid.clone(), references(&pod));
-                    let _ = h.tx.send(WorkerMsg::Update(pod)).await;
+                    if h.terminating {
+                        // Started (with its references) once the stopping worker is done.
+                        self.readd.insert(uid, *pod);
+                    } else {
+                        self.references.insert(uid.clone(), references(&pod));
+                        let _ = h.tx.send(WorkerMsg::Update(pod)).await;
+                    }
                 } else if seen {
                     // Stopped and reported already; waiting for the API to drop it.
                 } else {
@@ -184,7 +198,9 @@ impl SyncLoop {
             }
             PodChange::Remove(uid) => {
                 self.finished.remove(&uid);
-                if let Some(h) = self.workers.get(&uid) {
+                self.readd.remove(&uid);
+                if let Some(h) = self.workers.get_mut(&uid) {
+                    h.terminating = true;
                     let _ = h.tx.send(WorkerMsg::Terminate).await;
                 }
             }
@@ -201,7 +217,13 @@ impl SyncLoop {
             worker.run(rx).await;
             done
         });
-        self.workers.insert(uid, Handle { tx });
+        self.workers.insert(
+            uid,
+            Handle {
+                tx,
+                terminating: terminate_first,
+            },
+        );
     }
 
     fn forget(&mut self, uid: &str) {
