@@ -304,6 +304,7 @@ fn churn(path: &Path, cycles: usize) -> Sizes {
         };
         mux.apply(SourceSnapshot {
             source: SOURCE_FILE,
+            resource_version: None,
             pods: kept.clone(),
         })
         .expect("apply");
@@ -318,6 +319,7 @@ fn churn(path: &Path, cycles: usize) -> Sizes {
             with.push(p.clone());
             mux.apply(SourceSnapshot {
                 source: SOURCE_FILE,
+                resource_version: None,
                 pods: with,
             })
             .expect("apply add");
@@ -325,6 +327,7 @@ fn churn(path: &Path, cycles: usize) -> Sizes {
             write_pod(&p, true);
             mux.apply(SourceSnapshot {
                 source: SOURCE_FILE,
+                resource_version: None,
                 pods: kept.clone(),
             })
             .expect("apply remove");
