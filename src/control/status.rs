@@ -7,7 +7,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::store::{Store, Tree};
+use crate::store::{dir_size, Store, Tree};
 use crate::sync::PodState;
 use crate::time::Timestamp;
 use crate::uplink::link::{LinkReport, Stage};
@@ -55,6 +55,15 @@ impl UplinkStatus {
     }
 }
 
+/// Writes held in memory while the store's disk is full.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HeldWrites {
+    pub since: Timestamp,
+    pub reason: String,
+    pub records: usize,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct AgentStatus {
@@ -65,6 +74,9 @@ pub struct AgentStatus {
     pub outbox: Option<Depth>,
     /// Bytes the store takes on disk.
     pub store_bytes: u64,
+    /// Writes the store keeps in memory because its disk is full.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store_held: Option<HeldWrites>,
     /// Pods the store knows (with their status).
     pub pods: Option<usize>,
 }
@@ -82,7 +94,12 @@ pub fn from_agent(
             None => UplinkStatus::without_link("standalone"),
         },
         outbox: uplink.map(UplinkView::outbox),
-        store_bytes: store_bytes(&root_dir.join("db")),
+        store_bytes: dir_size(&root_dir.join("db")),
+        store_held: podstates.store().holding().map(|(h, records)| HeldWrites {
+            since: h.since,
+            reason: h.reason,
+            records,
+        }),
         pods: podstates.keys().ok().map(|k| k.len()),
     }
 }
@@ -95,7 +112,8 @@ pub fn from_root(root_dir: &Path) -> AgentStatus {
         agent_running: false,
         uplink: UplinkStatus::without_link("unknown"),
         outbox: None,
-        store_bytes: store_bytes(&db),
+        store_bytes: dir_size(&db),
+        store_held: None,
         pods: None,
     };
     if !db.exists() {
@@ -123,31 +141,6 @@ pub fn from_root(root_dir: &Path) -> AgentStatus {
         Err(e) => log::warn!("status: {e}"),
     }
     status
-}
-
-/// The bytes of every file under `dir` (sled's files), 0 if there is none.
-pub fn store_bytes(dir: &Path) -> u64 {
-    let mut total = 0;
-    let mut todo = vec![dir.to_path_buf()];
-    // Bounded: sled's layout is a few levels deep at most.
-    let mut budget = 100_000usize;
-    while let Some(d) = todo.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in entries.flatten() {
-            budget = budget.saturating_sub(1);
-            if budget == 0 {
-                return total;
-            }
-            match e.metadata() {
-                Ok(m) if m.is_dir() => todo.push(e.path()),
-                Ok(m) => total += m.len(),
-                Err(_) => {}
-            }
-        }
-    }
-    total
 }
 
 /// The human form.
@@ -199,6 +192,15 @@ pub fn render(s: &AgentStatus, now: Timestamp) -> String {
         None => out.push_str("outbox:       unknown\n"),
     }
     out.push_str(&format!("store:        {}\n", human_bytes(s.store_bytes)));
+    if let Some(h) = &s.store_held {
+        out.push_str(&format!(
+            "store writes: {} record(s) held in memory since {} ({}): {}\n",
+            h.records,
+            h.since,
+            ago(h.since, now),
+            h.reason
+        ));
+    }
     match s.pods {
         Some(n) => out.push_str(&format!("pods known:   {n}\n")),
         None => out.push_str("pods known:   unknown\n"),

@@ -169,7 +169,7 @@ pub fn read_fs_stats(dir: &Path) -> Option<FsStats> {
 }
 
 /// statvfs counts are 32 bits wide on some targets and 64 on others.
-fn widen<T: Into<u64>>(n: T) -> u64 {
+pub(crate) fn widen<T: Into<u64>>(n: T) -> u64 {
     n.into()
 }
 

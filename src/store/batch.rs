@@ -1,17 +1,8 @@
 //! Several changes, to one or more trees, made as one: after a power cut either all of
 //! them are in the store or none is.
 
-use sled::transaction::{ConflictableTransactionError, TransactionError, Transactional};
-
+use super::pending::Op;
 use super::{Store, StoreError, Tree};
-
-struct Op {
-    tree: sled::Tree,
-    name: &'static str,
-    key: String,
-    /// `None` removes the key.
-    value: Option<Vec<u8>>,
-}
 
 /// Changes collected to be applied by [`Store::apply`] in one sled transaction.
 #[derive(Default)]
@@ -32,8 +23,7 @@ impl Batch {
     {
         let bytes = tree.encode(key, value)?;
         self.ops.push(Op {
-            tree: tree.raw().clone(),
-            name: tree.name(),
+            tree: tree.name(),
             key: key.to_string(),
             value: Some(bytes),
         });
@@ -46,8 +36,7 @@ impl Batch {
         T: serde::Serialize + serde::de::DeserializeOwned,
     {
         self.ops.push(Op {
-            tree: tree.raw().clone(),
-            name: tree.name(),
+            tree: tree.name(),
             key: key.to_string(),
             value: None,
         });
@@ -67,73 +56,23 @@ impl Store {
     /// equal what is stored and removes of absent keys write nothing; returns how many
     /// keys changed (0: nothing was written to flash).
     pub fn apply(&self, batch: Batch) -> Result<usize, StoreError> {
-        if batch.ops.is_empty() {
-            return Ok(0);
-        }
-        // Leave out what would not change anything, so a resync writes nothing.
+        // Leave out what would not change anything, so a resync writes nothing. A key
+        // the batch changes twice is compared with what the batch made of it.
+        let mut seen: std::collections::HashMap<(&'static str, String), Option<Vec<u8>>> =
+            std::collections::HashMap::new();
         let mut ops = Vec::with_capacity(batch.ops.len());
         for op in batch.ops {
-            let old = op.tree.get(&op.key).map_err(|source| StoreError::Db {
-                op: "get",
-                tree: op.name,
-                key: op.key.clone(),
-                source,
-            })?;
-            let same = match (&old, &op.value) {
-                (Some(old), Some(new)) => old.as_ref() == new.as_slice(),
-                (None, None) => true,
-                _ => false,
+            let id = (op.tree, op.key.clone());
+            let old = match seen.get(&id) {
+                Some(v) => v.clone(),
+                None => self.get_raw(op.tree, &op.key)?,
             };
-            if !same {
+            if old != op.value {
+                seen.insert(id, op.value.clone());
                 ops.push(op);
             }
         }
-        if ops.is_empty() {
-            return Ok(0);
-        }
-        // One transactional view per distinct tree; ops point at their view.
-        let mut trees: Vec<sled::Tree> = Vec::new();
-        let mut index = Vec::with_capacity(ops.len());
-        for op in &ops {
-            let at = match trees.iter().position(|t| t.name() == op.tree.name()) {
-                Some(at) => at,
-                None => {
-                    trees.push(op.tree.clone());
-                    trees.len() - 1
-                }
-            };
-            index.push(at);
-        }
-        let refs: Vec<&sled::Tree> = trees.iter().collect();
-        let result = refs.as_slice().transaction(|views| {
-            for (op, &at) in ops.iter().zip(&index) {
-                let view = &views[at];
-                match &op.value {
-                    Some(v) => {
-                        view.insert(op.key.as_bytes(), v.as_slice())?;
-                    }
-                    None => {
-                        view.remove(op.key.as_bytes())?;
-                    }
-                }
-            }
-            Ok::<(), ConflictableTransactionError<()>>(())
-        });
-        match result {
-            Ok(()) => Ok(ops.len()),
-            Err(TransactionError::Storage(source)) => Err(StoreError::Db {
-                op: "transaction",
-                tree: ops[0].name,
-                key: ops[0].key.clone(),
-                source,
-            }),
-            Err(TransactionError::Abort(())) => Err(StoreError::Db {
-                op: "transaction",
-                tree: ops[0].name,
-                key: ops[0].key.clone(),
-                source: sled::Error::Unsupported("transaction aborted".into()),
-            }),
-        }
+        self.write(ops)
     }
 }
 

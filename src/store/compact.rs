@@ -46,7 +46,10 @@ pub fn compact(path: &Path) -> Result<Compacted, StoreError> {
                 path: fresh.clone(),
                 source,
             })?;
-        dst.import(src.db.export());
+        src.with_db(|db| {
+            dst.import(db.export());
+            Ok(())
+        })?;
         dst.flush().map_err(|source| StoreError::Db {
             op: "flush",
             tree: "*",
@@ -60,7 +63,8 @@ pub fn compact(path: &Path) -> Result<Compacted, StoreError> {
             source,
         };
         // The copy must hold what the original holds before it replaces it.
-        if dst.checksum().map_err(db_err)? != src.db.checksum().map_err(db_err)? {
+        let src_sum = src.with_db(|db| db.checksum().map_err(db_err))?;
+        if dst.checksum().map_err(db_err)? != src_sum {
             return Err(StoreError::Compact {
                 path: path.to_path_buf(),
                 source: std::io::Error::other("the copy's checksum differs from the store's"),

@@ -9,6 +9,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, Once};
 
+use super::pending::Op;
 use super::{Store, StoreError};
 
 /// Tree holding records that did not decode, keyed `<tree>/<key>`, for inspection.
@@ -188,44 +189,26 @@ impl Store {
     where
         T: serde::de::DeserializeOwned,
     {
-        let tree = self.raw_tree(name)?;
-        let quarantine = self.raw_tree(QUARANTINE)?;
         let mut moved = 0;
-        for item in tree.iter() {
-            let (key, bytes) = item.map_err(|source| StoreError::Db {
-                op: "iterate",
-                tree: name,
-                key: String::new(),
-                source,
-            })?;
+        for (key, bytes) in self.scan_raw(name, "")? {
             let Err(e) = serde_json::from_slice::<T>(&bytes) else {
                 continue;
             };
-            let shown = String::from_utf8_lossy(&key).into_owned();
             log::error!(
-                "store: tree {name} record {shown} does not decode ({e}); moved to tree {QUARANTINE}"
+                "store: tree {name} record {key} does not decode ({e}); moved to tree {QUARANTINE}"
             );
-            let mut qkey = name.as_bytes().to_vec();
-            qkey.push(b'/');
-            qkey.extend_from_slice(&key);
-            use sled::transaction::{ConflictableTransactionError, Transactional};
-            (&tree, &quarantine)
-                .transaction(|(t, q)| {
-                    q.insert(qkey.as_slice(), bytes.as_ref())?;
-                    t.remove(key.as_ref())?;
-                    Ok::<(), ConflictableTransactionError<()>>(())
-                })
-                .map_err(|e| StoreError::Db {
-                    op: "quarantine",
+            self.write(vec![
+                Op {
+                    tree: QUARANTINE,
+                    key: format!("{name}/{key}"),
+                    value: Some(bytes),
+                },
+                Op {
                     tree: name,
-                    key: shown.clone(),
-                    source: match e {
-                        sled::transaction::TransactionError::Storage(s) => s,
-                        sled::transaction::TransactionError::Abort(()) => {
-                            sled::Error::Unsupported("transaction aborted".into())
-                        }
-                    },
-                })?;
+                    key,
+                    value: None,
+                },
+            ])?;
             moved += 1;
         }
         Ok(moved)
@@ -289,18 +272,19 @@ mod tests {
     fn undecodable_records_go_to_quarantine() {
         let tmp = crate::testutil::TempDir::new("recover");
         let store = Store::open(&tmp.0.join("db")).expect("open");
-        let raw = store.raw_tree("nums").expect("raw");
-        raw.insert("good", b"7".as_slice()).expect("insert");
-        raw.insert("bad", b"{not json".as_slice()).expect("insert");
+        store.put_raw("nums", "good", b"7").expect("insert");
+        store.put_raw("nums", "bad", b"{not json").expect("insert");
         assert_eq!(
             store.quarantine_undecodable::<u32>("nums").expect("check"),
             1
         );
         let t: super::super::Tree<u32> = store.tree("nums").expect("tree");
         assert_eq!(t.entries().expect("entries"), vec![("good".to_string(), 7)]);
-        let q = store.raw_tree(QUARANTINE).expect("q");
         assert_eq!(
-            q.get("nums/bad").expect("get").as_deref(),
+            store
+                .get_raw(QUARANTINE, "nums/bad")
+                .expect("get")
+                .as_deref(),
             Some(b"{not json".as_slice())
         );
     }

@@ -2,12 +2,13 @@
 
 use std::marker::PhantomData;
 
-use super::StoreError;
+use super::pending::Op;
+use super::{Store, StoreError};
 
-/// A typed view of one sled tree.
+/// A typed view of one tree of the store.
 pub struct Tree<T> {
     name: &'static str,
-    tree: sled::Tree,
+    store: Store,
     _value: PhantomData<fn() -> T>,
 }
 
@@ -15,7 +16,7 @@ impl<T> Clone for Tree<T> {
     fn clone(&self) -> Self {
         Tree {
             name: self.name,
-            tree: self.tree.clone(),
+            store: self.store.clone(),
             _value: PhantomData,
         }
     }
@@ -25,22 +26,11 @@ impl<T> Tree<T>
 where
     T: serde::Serialize + serde::de::DeserializeOwned,
 {
-    pub(super) fn new(name: &'static str, tree: sled::Tree) -> Self {
+    pub(super) fn new(name: &'static str, store: Store) -> Self {
         Tree {
             name,
-            tree,
+            store,
             _value: PhantomData,
-        }
-    }
-
-    fn db_err(&self, op: &'static str, key: &str) -> impl FnOnce(sled::Error) -> StoreError {
-        let tree = self.name;
-        let key = key.to_string();
-        move |source| StoreError::Db {
-            op,
-            tree,
-            key,
-            source,
         }
     }
 
@@ -60,17 +50,18 @@ where
         })
     }
 
-    pub(super) fn raw(&self) -> &sled::Tree {
-        &self.tree
-    }
-
     /// The tree's name in the store.
     pub fn name(&self) -> &'static str {
         self.name
     }
 
+    /// The store this tree is part of.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
     pub fn get(&self, key: &str) -> Result<Option<T>, StoreError> {
-        match self.tree.get(key).map_err(self.db_err("get", key))? {
+        match self.store.get_raw(self.name, key)? {
             Some(bytes) => Ok(Some(self.decode(key, &bytes)?)),
             None => Ok(None),
         }
@@ -81,55 +72,55 @@ where
     /// whether anything was written.
     pub fn put(&self, key: &str, value: &T) -> Result<bool, StoreError> {
         let bytes = self.encode(key, value)?;
-        let old = self.tree.get(key).map_err(self.db_err("get", key))?;
-        if old.as_deref() == Some(bytes.as_slice()) {
+        if self.store.get_raw(self.name, key)?.as_deref() == Some(bytes.as_slice()) {
             return Ok(false);
         }
-        self.tree
-            .insert(key, bytes)
-            .map_err(self.db_err("insert", key))?;
+        self.store.write(vec![Op {
+            tree: self.name,
+            key: key.to_string(),
+            value: Some(bytes),
+        }])?;
         Ok(true)
     }
 
+    /// Removes `key`, returning what it held; an absent key writes nothing.
     pub fn remove(&self, key: &str) -> Result<Option<T>, StoreError> {
-        match self.tree.remove(key).map_err(self.db_err("remove", key))? {
-            Some(bytes) => Ok(Some(self.decode(key, &bytes)?)),
-            None => Ok(None),
-        }
+        let Some(old) = self.store.get_raw(self.name, key)? else {
+            return Ok(None);
+        };
+        self.store.write(vec![Op {
+            tree: self.name,
+            key: key.to_string(),
+            value: None,
+        }])?;
+        Ok(Some(self.decode(key, &old)?))
     }
 
     /// Every key, in order.
     pub fn keys(&self) -> Result<Vec<String>, StoreError> {
-        let mut out = Vec::new();
-        for item in self.tree.iter().keys() {
-            let key = item.map_err(self.db_err("iterate", ""))?;
-            out.push(String::from_utf8_lossy(&key).into_owned());
-        }
-        Ok(out)
+        Ok(self
+            .store
+            .scan_raw(self.name, "")?
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect())
     }
 
     /// Every record, in key order. A record that does not decode is an error naming it,
     /// not a silent skip.
     pub fn entries(&self) -> Result<Vec<(String, T)>, StoreError> {
-        let mut out = Vec::new();
-        for item in self.tree.iter() {
-            let (key, bytes) = item.map_err(self.db_err("iterate", ""))?;
-            let key = String::from_utf8_lossy(&key).into_owned();
-            let value = self.decode(&key, &bytes)?;
-            out.push((key, value));
-        }
-        Ok(out)
+        self.scan_prefix("")
     }
 
     /// Records whose key starts with `prefix`.
     pub fn scan_prefix(&self, prefix: &str) -> Result<Vec<(String, T)>, StoreError> {
-        let mut out = Vec::new();
-        for item in self.tree.scan_prefix(prefix) {
-            let (key, bytes) = item.map_err(self.db_err("scan", prefix))?;
-            let key = String::from_utf8_lossy(&key).into_owned();
-            let value = self.decode(&key, &bytes)?;
-            out.push((key, value));
-        }
-        Ok(out)
+        self.store
+            .scan_raw(self.name, prefix)?
+            .into_iter()
+            .map(|(key, bytes)| {
+                let value = self.decode(&key, &bytes)?;
+                Ok((key, value))
+            })
+            .collect()
     }
 }
