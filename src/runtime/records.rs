@@ -93,16 +93,52 @@ fn io(context: String) -> impl FnOnce(std::io::Error) -> RuntimeError {
     move |source| RuntimeError::Io { context, source }
 }
 
-/// Writes `value` as JSON to `dir/name` atomically.
+/// Where `dir/name` is written before it is renamed into place.
+fn temp_path(dir: &Path, name: &str) -> PathBuf {
+    dir.join(format!(".{name}.tmp"))
+}
+
+/// Blocks a record of up to this many bytes takes, kept by [`reserve`].
+const RESERVED_BYTES: i64 = 4096;
+
+/// Allocates the blocks `dir/name` will need, now, so that it can still be written when
+/// the disk is full by then (a container's exit record). Best effort: a filesystem
+/// without `fallocate` just writes it later as any other.
+pub fn reserve(dir: &Path, name: &str) -> Result<(), RuntimeError> {
+    use std::os::fd::AsRawFd;
+    let tmp = temp_path(dir, name);
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&tmp)
+        .map_err(io(format!("create {}", tmp.display())))?;
+    let _ = nix::fcntl::fallocate(
+        file.as_raw_fd(),
+        nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE,
+        0,
+        RESERVED_BYTES,
+    );
+    Ok(())
+}
+
+/// Writes `value` as JSON to `dir/name` atomically. The temp file is written over, not
+/// truncated first, so blocks [`reserve`] allocated for it are used rather than freed.
 pub fn write<T: Serialize>(dir: &Path, name: &str, value: &T) -> Result<(), RuntimeError> {
     let path = dir.join(name);
-    let tmp = dir.join(format!(".{name}.tmp"));
+    let tmp = temp_path(dir, name);
     let bytes = serde_json::to_vec_pretty(value).map_err(|e| RuntimeError::Io {
         context: format!("encode {}", path.display()),
         source: std::io::Error::other(e),
     })?;
-    let mut file = std::fs::File::create(&tmp).map_err(io(format!("create {}", tmp.display())))?;
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&tmp)
+        .map_err(io(format!("create {}", tmp.display())))?;
     file.write_all(&bytes)
+        .and_then(|()| file.set_len(bytes.len() as u64))
         .and_then(|()| file.sync_all())
         .map_err(io(format!("write {}", tmp.display())))?;
     std::fs::rename(&tmp, &path).map_err(io(format!(

@@ -39,7 +39,11 @@ pub fn run(running: Running) {
         stdout,
         stderr,
     } = running;
-    let mut log = match CriLog::open(&config.log_path, config.log_max_size, config.log_max_files) {
+    // The exit record must be written even if the disk is full by then.
+    if let Err(e) = records::reserve(&config.container_dir, records::EXIT) {
+        log::warn!("shim {}: {e}", config.id);
+    }
+    let log = match CriLog::open(&config.log_path, config.log_max_size, config.log_max_files) {
         Ok(l) => Some(l),
         Err(e) => {
             log::error!(
@@ -49,6 +53,10 @@ pub fn run(running: Running) {
             );
             None
         }
+    };
+    let mut output = Output {
+        log,
+        failing: false,
     };
     let mut pipes = [
         Pipe {
@@ -69,7 +77,7 @@ pub fn run(running: Running) {
         }
         pump(
             &mut pipes,
-            &mut log,
+            &mut output,
             PollTimeout::from(POLL_INTERVAL_MS),
             &config.id,
         );
@@ -87,9 +95,14 @@ pub fn run(running: Running) {
 
     let deadline = Instant::now() + DRAIN_LIMIT;
     while pipes.iter().any(|p| p.open) && Instant::now() < deadline {
-        pump(&mut pipes, &mut log, PollTimeout::from(100u16), &config.id);
+        pump(
+            &mut pipes,
+            &mut output,
+            PollTimeout::from(100u16),
+            &config.id,
+        );
     }
-    if let Some(log) = log.as_mut() {
+    if let Some(log) = output.log.as_mut() {
         for p in pipes.iter_mut() {
             let _ = p.buffer.finish(log);
         }
@@ -128,8 +141,15 @@ fn wait_blocking(init: nix::unistd::Pid) -> Option<WaitStatus> {
     }
 }
 
+/// The CRI log and whether writing it fails (a full disk): said once when it starts
+/// failing and once when it works again, not once per line.
+struct Output {
+    log: Option<CriLog>,
+    failing: bool,
+}
+
 /// Waits up to `timeout` for output and copies whatever is there.
-fn pump(pipes: &mut [Pipe; 2], log: &mut Option<CriLog>, timeout: PollTimeout, id: &str) {
+fn pump(pipes: &mut [Pipe; 2], out: &mut Output, timeout: PollTimeout, id: &str) {
     let ready: Vec<bool> = {
         let mut fds: Vec<PollFd<'_>> = pipes
             .iter()
@@ -157,10 +177,19 @@ fn pump(pipes: &mut [Pipe; 2], log: &mut Option<CriLog>, timeout: PollTimeout, i
         match p.file.read(&mut buf) {
             Ok(0) => p.open = false,
             Ok(n) => {
-                if let Some(log) = log.as_mut() {
-                    if let Err(e) = p.buffer.feed(log, &buf[..n]) {
-                        // Keep reading even so: a full pipe would block the container.
-                        log::error!("shim {id}: write log: {e}");
+                if let Some(log) = out.log.as_mut() {
+                    // Keep reading even when writing fails: a full pipe would block
+                    // the container.
+                    match p.buffer.feed(log, &buf[..n]) {
+                        Err(e) if !out.failing => {
+                            out.failing = true;
+                            log::error!("shim {id}: write log: {e}; output is dropped until writing works again");
+                        }
+                        Ok(()) if out.failing => {
+                            out.failing = false;
+                            log::warn!("shim {id}: writing the log works again");
+                        }
+                        _ => {}
                     }
                 }
             }
