@@ -394,9 +394,23 @@ pub fn reset(args: &[String]) -> Result<(), Error> {
     let runtime = crate::runtime::LibcontainerRuntime::new(&root, &cgroup_root, None)?;
     let removed = crate::runtime::remove_all(&runtime, std::time::Duration::from_secs(10))?;
     println!("removed {removed} container(s)");
-    std::fs::remove_dir_all(&root).map_err(|source| Error::Io {
-        context: format!("remove {}", root.display()),
-        source,
-    })?;
-    Ok(())
+    let io = |path: &std::path::Path| {
+        let context = format!("remove {}", path.display());
+        move |source| Error::Io { context, source }
+    };
+    for entry in std::fs::read_dir(&root).map_err(io(&root))? {
+        let path = entry.map_err(io(&root))?.path();
+        let removed = if path.is_dir() && !path.is_symlink() {
+            std::fs::remove_dir_all(&path)
+        } else {
+            std::fs::remove_file(&path)
+        };
+        removed.map_err(io(&path))?;
+    }
+    match std::fs::remove_dir(&root) {
+        Ok(()) => Ok(()),
+        // The root dir is a filesystem of its own (a data partition): it stays, empty.
+        Err(e) if e.raw_os_error() == Some(nix::libc::EBUSY) => Ok(()),
+        Err(e) => Err(io(&root)(e)),
+    }
 }
