@@ -1,6 +1,8 @@
 //! What the offline tests share: the double, the proxy and the agent wired together,
 //! pods to run, and the checks on what the cluster was told.
 
+#![allow(dead_code)]
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
