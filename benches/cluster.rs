@@ -19,15 +19,12 @@ mod agent;
 #[path = "../tests/support/apiserver/mod.rs"]
 mod apiserver;
 
-use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use agent::Agent;
 use apiserver::{ApiServerDouble, Identity, Logged, Options};
-use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::api::core::v1::Pod;
 
 const NODE: &str = "bench-node-1";
 /// Pods whose start latency is measured.
@@ -244,14 +241,7 @@ fn main() {
             "with_pods": memory_json(&mem_pods),
         },
     });
-    let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench");
-    std::fs::create_dir_all(&out).expect("target/bench");
-    std::fs::write(
-        out.join("cluster.json"),
-        serde_json::to_vec_pretty(&json).expect("json"),
-    )
-    .expect("write json");
-    println!("\nwrote {}", out.join("cluster.json").display());
+    common::write_json("cluster", &json);
 }
 
 fn pod_name(i: usize) -> String {
@@ -260,27 +250,7 @@ fn pod_name(i: usize) -> String {
 
 /// A pod bound to `NODE` that sleeps for an hour.
 fn bound_pod(name: &str) -> Pod {
-    Pod {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            namespace: Some("default".into()),
-            labels: Some(BTreeMap::from([("app".to_string(), "bench".to_string())])),
-            ..ObjectMeta::default()
-        },
-        spec: Some(PodSpec {
-            node_name: Some(NODE.into()),
-            host_network: Some(true),
-            termination_grace_period_seconds: Some(1),
-            containers: vec![Container {
-                name: "main".into(),
-                image: Some("busybox:demo".into()),
-                command: Some(vec!["sleep".into(), "3600".into()]),
-                ..Container::default()
-            }],
-            ..PodSpec::default()
-        }),
-        status: None,
-    }
+    apiserver::bound_pod(NODE, name, &["sleep", "3600"], 1)
 }
 
 fn running(api: &ApiServerDouble, name: &str) -> bool {

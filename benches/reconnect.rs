@@ -15,6 +15,8 @@
 //!
 //! Prints a table and writes `target/bench/reconnect.json`.
 
+mod common;
+
 #[path = "../tests/support/apiserver/mod.rs"]
 mod apiserver;
 
@@ -135,15 +137,7 @@ fn main() {
             "no_jitter": unjittered.json(),
         },
     });
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench");
-    std::fs::create_dir_all(&dir).expect("target/bench");
-    let path = dir.join("reconnect.json");
-    std::fs::write(
-        &path,
-        serde_json::to_string_pretty(&out).expect("json") + "\n",
-    )
-    .expect("write reconnect.json");
-    println!("\nwritten to {}", path.display());
+    common::write_json("reconnect", &out);
 }
 
 /// A Node with a Ready condition and the real Lease shape.

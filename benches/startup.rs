@@ -147,14 +147,7 @@ fn main() {
         "agent_with_pods_kib": {"pods": MEMORY_PODS, "rss": with_pods.0, "pss": with_pods.1},
         "shims_kib": {"count": shims.0, "rss": shims.1, "pss": shims.2},
     });
-    let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench");
-    std::fs::create_dir_all(&out).expect("target/bench");
-    std::fs::write(
-        out.join("startup.json"),
-        serde_json::to_vec_pretty(&json).expect("json"),
-    )
-    .expect("write json");
-    println!("\nwrote {}", out.join("startup.json").display());
+    common::write_json("startup", &json);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

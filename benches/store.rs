@@ -106,14 +106,7 @@ fn main() {
             "sizes": sizes.rows.iter().map(|(l, d, v)| serde_json::json!({"at": l, "disk_bytes": d, "live_bytes": v})).collect::<Vec<_>>(),
         },
     });
-    let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench");
-    std::fs::create_dir_all(&out).expect("target/bench");
-    std::fs::write(
-        out.join("store.json"),
-        serde_json::to_vec_pretty(&json).expect("json"),
-    )
-    .expect("write json");
-    println!("\nwrote {}", out.join("store.json").display());
+    common::write_json("store", &json);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

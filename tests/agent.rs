@@ -5,7 +5,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use support::agent::{condition, container, need_root, Agent};
+use support::agent::{condition, container, container_pid, need_root, pid_alive, Agent};
 
 const MIN: Duration = Duration::from_secs(60);
 
@@ -25,24 +25,6 @@ fn sh(name: &str, script: &str) -> String {
 
 fn running(p: &serde_json::Value, c: &str) -> bool {
     container(p, c)["state"]["running"].is_object()
-}
-
-fn pid_alive(pid: i64) -> bool {
-    std::path::Path::new(&format!("/proc/{pid}")).exists()
-}
-
-/// The pid of a container's init, from the runtime's record of it.
-fn container_pid(agent: &Agent, pod: &serde_json::Value, c: &str) -> i64 {
-    let id = container(pod, c)["containerID"]
-        .as_str()
-        .and_then(|s| s.strip_prefix("libcontainer://"))
-        .expect("containerID")
-        .to_string();
-    let started =
-        std::fs::read_to_string(agent.root.join("containers").join(&id).join("started.json"))
-            .expect("started.json");
-    let v: serde_json::Value = serde_json::from_str(&started).expect("started.json parses");
-    v["init"]["pid"].as_i64().expect("init pid")
 }
 
 #[test]

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use apiserver::{ApiServerDouble, Fault, Identity, Matcher, Options};
-use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use support::agent::{need_root, Agent};
 
@@ -38,27 +38,7 @@ fn agent(name: &str, api: &ApiServerDouble) -> Agent {
 /// A pod bound to `NODE` whose container traps SIGTERM, says so, and exits 0.
 fn bound_pod(name: &str, grace: i64) -> Pod {
     let script = "trap 'echo got TERM; exit 0' TERM; echo started; while true; do sleep 0.2; done";
-    Pod {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            namespace: Some("default".into()),
-            labels: Some(BTreeMap::from([("app".to_string(), name.to_string())])),
-            ..ObjectMeta::default()
-        },
-        spec: Some(PodSpec {
-            node_name: Some(NODE.into()),
-            host_network: Some(true),
-            termination_grace_period_seconds: Some(grace),
-            containers: vec![Container {
-                name: "main".into(),
-                image: Some("busybox:demo".into()),
-                command: Some(vec!["sh".into(), "-c".into(), script.into()]),
-                ..Container::default()
-            }],
-            ..PodSpec::default()
-        }),
-        status: None,
-    }
+    apiserver::bound_pod(NODE, name, &["sh", "-c", script], grace)
 }
 
 fn phase(api: &ApiServerDouble, name: &str) -> Option<String> {

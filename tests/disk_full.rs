@@ -91,6 +91,17 @@ fn assert_contents(store: &Store, during: usize, phase: &str) {
     }
 }
 
+/// Frees the space the filler took, waits for the held writes to be written, and
+/// opens the store again.
+fn free_and_reopen(store: Store, filler: &std::path::Path, db: &std::path::Path) -> Store {
+    std::fs::remove_file(filler).expect("free the space");
+    wait_for("held writes to be written", Duration::from_secs(10), || {
+        store.holding().is_none()
+    });
+    drop(store);
+    Store::open(db).expect("reopen")
+}
+
 /// Changes made while writes are held: an overwrite, a removal and a new record, read
 /// back at once.
 fn change_while_held(store: &Store) {
@@ -142,13 +153,8 @@ fn the_store_loses_nothing_when_the_disk_fills_or_sled_fails() {
         "only {during} writes of 4 KB went to the store's 2 MiB headroom"
     );
     change_while_held(&store);
-    std::fs::remove_file(&filler).expect("free the space");
-    wait_for("held writes to be written", Duration::from_secs(10), || {
-        store.holding().is_none()
-    });
     drop(t);
-    drop(store);
-    let store = Store::open(&db).expect("reopen");
+    let store = free_and_reopen(store, &filler, &db);
     assert_contents(&store, during, "after the disk filled under an open store");
     drop(store);
 
@@ -189,13 +195,8 @@ fn the_store_loses_nothing_when_the_disk_fills_or_sled_fails() {
     }
     let more = write_until_held(&store, &t);
     assert!(store.holding().is_some());
-    std::fs::remove_file(&filler).expect("free the space");
-    wait_for("held writes to be written", Duration::from_secs(10), || {
-        store.holding().is_none()
-    });
     drop(t);
-    drop(store);
-    let store = Store::open(&db).expect("reopen");
+    let store = free_and_reopen(store, &filler, &db);
     assert_contents(&store, more, "after a start on a full disk");
     let t: Tree<String> = store.tree("pods").expect("tree");
     assert_eq!(t.get("late").expect("get").as_deref(), Some("z"));

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use support::agent::{container, need_root, Agent, BIN};
+use support::agent::{container, container_pid, need_root, pid_alive, Agent, BIN};
 
 const MIN: Duration = Duration::from_secs(60);
 
@@ -31,14 +31,10 @@ fn running(p: &serde_json::Value, c: &str) -> bool {
     container(p, c)["state"]["running"].is_object()
 }
 
-fn pid_alive(pid: i64) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists()
-}
-
 /// Live containers under the agent's root, by pod name: (container name, init pid).
 /// A container is live when its shim recorded a start and no exit, and its init runs.
-fn live_containers(root: &Path) -> BTreeMap<String, Vec<(String, i64)>> {
-    let mut out: BTreeMap<String, Vec<(String, i64)>> = BTreeMap::new();
+fn live_containers(root: &Path) -> BTreeMap<String, Vec<(String, i32)>> {
+    let mut out: BTreeMap<String, Vec<(String, i32)>> = BTreeMap::new();
     for e in std::fs::read_dir(root.join("containers"))
         .into_iter()
         .flatten()
@@ -54,7 +50,10 @@ fn live_containers(root: &Path) -> BTreeMap<String, Vec<(String, i64)>> {
         let Ok(started) = serde_json::from_str::<serde_json::Value>(&started) else {
             continue;
         };
-        let Some(pid) = started["init"]["pid"].as_i64() else {
+        let Some(pid) = started["init"]["pid"]
+            .as_i64()
+            .and_then(|p| i32::try_from(p).ok())
+        else {
             continue;
         };
         if !pid_alive(pid) {
@@ -74,20 +73,6 @@ fn live_containers(root: &Path) -> BTreeMap<String, Vec<(String, i64)>> {
         out.entry(pod).or_default().push((name, pid));
     }
     out
-}
-
-/// The pid of a container's init, from the runtime's record of it.
-fn container_pid(agent: &Agent, pod: &serde_json::Value, c: &str) -> i64 {
-    let id = container(pod, c)["containerID"]
-        .as_str()
-        .and_then(|s| s.strip_prefix("libcontainer://"))
-        .expect("containerID")
-        .to_string();
-    let started =
-        std::fs::read_to_string(agent.root.join("containers").join(&id).join("started.json"))
-            .expect("started.json");
-    let v: serde_json::Value = serde_json::from_str(&started).expect("started.json parses");
-    v["init"]["pid"].as_i64().expect("init pid")
 }
 
 #[test]

@@ -421,3 +421,30 @@ pub fn condition<'a>(pod: &'a Value, type_: &str) -> &'a Value {
         .and_then(|cs| cs.iter().find(|c| c["type"] == type_))
         .unwrap_or(&Value::Null)
 }
+
+/// The pid of a pod's container init, from the runtime's record of it.
+pub fn container_pid(agent: &Agent, pod: &Value, c: &str) -> i32 {
+    let id = container(pod, c)["containerID"]
+        .as_str()
+        .and_then(|s| s.strip_prefix("libcontainer://"))
+        .expect("containerID")
+        .to_string();
+    let started =
+        std::fs::read_to_string(agent.root.join("containers").join(&id).join("started.json"))
+            .expect("started.json");
+    let v: Value = serde_json::from_str(&started).expect("started.json parses");
+    v["init"]["pid"]
+        .as_i64()
+        .and_then(|p| i32::try_from(p).ok())
+        .expect("init pid")
+}
+
+/// Whether a process lives (a zombie counts as gone).
+pub fn pid_alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        !matches!(
+            s.rsplit(") ").next().and_then(|r| r.chars().next()),
+            Some('Z' | 'X')
+        )
+    })
+}

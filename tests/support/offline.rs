@@ -3,14 +3,14 @@
 
 #![allow(dead_code)]
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use crate::apiserver::{ApiServerDouble, Identity, KubeconfigOptions, Options};
 use crate::proxy::{Mode, Proxy};
+pub(crate) use crate::support::agent::pid_alive;
 use crate::support::agent::{cgroup_dirs, container, Agent};
-use k8s_openapi::api::core::v1::{Container, ContainerStatus, Pod, PodSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use k8s_openapi::jiff::Timestamp;
 use serde_json::Value;
 
@@ -52,27 +52,7 @@ pub(crate) fn agent(name: &str, api: &ApiServerDouble, proxy: &Proxy) -> Agent {
 
 /// A pod bound to `NODE` running `script` in one container `main`.
 pub(crate) fn bound_pod(name: &str, script: &str) -> Pod {
-    Pod {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            namespace: Some("default".into()),
-            labels: Some(BTreeMap::from([("app".to_string(), name.to_string())])),
-            ..ObjectMeta::default()
-        },
-        spec: Some(PodSpec {
-            node_name: Some(NODE.into()),
-            host_network: Some(true),
-            termination_grace_period_seconds: Some(1),
-            containers: vec![Container {
-                name: "main".into(),
-                image: Some("busybox:demo".into()),
-                command: Some(vec!["sh".into(), "-c".into(), script.into()]),
-                ..Container::default()
-            }],
-            ..PodSpec::default()
-        }),
-        status: None,
-    }
+    crate::apiserver::bound_pod(NODE, name, &["sh", "-c", script], 1)
 }
 
 pub(crate) fn static_pod_yaml(name: &str, script: &str) -> String {
@@ -141,26 +121,9 @@ pub(crate) fn restart_count(p: &Value) -> i64 {
     container(p, "main")["restartCount"].as_i64().unwrap_or(-1)
 }
 
-/// The pid of a pod's container init, from the runtime's record of it.
+/// The pid of a pod's container `main`, from the runtime's record of it.
 pub(crate) fn container_pid(a: &Agent, p: &Value) -> i32 {
-    let id = container_id(p);
-    let id = id.strip_prefix("libcontainer://").expect("containerID");
-    let started = std::fs::read_to_string(a.root.join("containers").join(id).join("started.json"))
-        .expect("started.json");
-    let v: Value = serde_json::from_str(&started).expect("started.json parses");
-    v["init"]["pid"]
-        .as_i64()
-        .and_then(|p| i32::try_from(p).ok())
-        .expect("init pid")
-}
-
-pub(crate) fn pid_alive(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-        !matches!(
-            s.rsplit(") ").next().and_then(|r| r.chars().next()),
-            Some('Z' | 'X')
-        )
-    })
+    crate::support::agent::container_pid(a, p, "main")
 }
 
 /// When a crash happened, as the test saw it: between the signal and the exit seen.

@@ -26,6 +26,7 @@ pub mod fixture;
 mod http;
 mod kubeconfig;
 mod patch;
+mod pods;
 mod resources;
 mod server;
 mod status;
@@ -43,6 +44,8 @@ use std::time::{Duration, Instant};
 pub use auth::{Identity, User};
 pub use client::{RawClient, RawResponse, RawStream};
 use pki::{Issued, Pki};
+#[allow(unused_imports)]
+pub use pods::bound_pod;
 
 /// Locks, ignoring poisoning (a panicking test thread must not wedge the server).
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
