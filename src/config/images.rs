@@ -121,6 +121,17 @@ impl ImageConfig {
         }
     }
 
+    /// Merged with the kubelet's search order seen from this process (its `$HOME` and
+    /// working directory), for a root dir given on the command line.
+    pub fn for_root(file: &FileImages, root_dir: &Path) -> ImageConfig {
+        ImageConfig::merge(
+            file,
+            root_dir,
+            home_dir().as_deref(),
+            std::env::current_dir().ok().as_deref(),
+        )
+    }
+
     /// The node's credentials: `dockerConfig` if set (it must be readable), else the
     /// first file of the kubelet's search order.
     pub fn node_keyring(&self) -> Result<crate::image::registry::Keyring, String> {

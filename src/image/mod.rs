@@ -5,10 +5,12 @@
 
 mod archive;
 mod content;
+pub mod gc;
 mod import;
 mod platform;
 pub mod reference;
 pub mod registry;
+pub mod service;
 mod store;
 mod unpack;
 

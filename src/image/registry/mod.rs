@@ -25,7 +25,8 @@ pub use puller::{Job, PullDone, PullFailure, PullRequest, Puller};
 use super::ImageError;
 
 /// What a pull reports as it goes, for a progress display.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "camelCase")]
 pub enum Progress {
     /// The manifest is known: the layers to fetch, `(digest, size)`, base first.
     Resolved {

@@ -21,7 +21,7 @@ pub struct PullRequest {
     /// The image as the pod names it.
     pub reference: String,
     pub platform: Platform,
-    /// The pod's pull secrets first, then the node's credentials.
+    /// The pod's pull secrets (or the CLI's `--creds`); the node's come after them.
     pub keyring: Keyring,
     pub progress: Option<Arc<ProgressFn>>,
 }
@@ -97,11 +97,19 @@ struct Inner {
     jobs: Mutex<HashMap<String, Arc<Job>>>,
     /// Called after every successful pull (image GC looks at the disk then).
     after_pull: Mutex<Option<Box<dyn Fn() + Send + Sync>>>,
+    /// The node's credentials, read again for every pull (the file may change).
+    node_credentials: Box<dyn Fn() -> Keyring + Send + Sync>,
 }
 
 impl Puller {
-    /// `max_pulls` images at once, `registry` shared by all of them.
-    pub fn new(images: Arc<ImageStore>, registry: Registry, max_pulls: usize) -> Puller {
+    /// `max_pulls` images at once, `registry` shared by all of them; every pull also
+    /// gets what `node_credentials` returns, after the request's own credentials.
+    pub fn new(
+        images: Arc<ImageStore>,
+        registry: Registry,
+        max_pulls: usize,
+        node_credentials: impl Fn() -> Keyring + Send + Sync + 'static,
+    ) -> Puller {
         Puller {
             inner: Arc::new(Inner {
                 images,
@@ -109,6 +117,7 @@ impl Puller {
                 pulls: Slots::new(max_pulls),
                 jobs: Mutex::new(HashMap::new()),
                 after_pull: Mutex::new(None),
+                node_credentials: Box::new(node_credentials),
             }),
         }
     }
@@ -153,9 +162,11 @@ impl Puller {
                 let outcome = {
                     let _slot = inner.pulls.acquire();
                     let started = Instant::now();
+                    let mut keyring = req.keyring;
+                    keyring.extend((inner.node_credentials)());
                     let opts = PullOptions {
                         platform: req.platform,
-                        keyring: req.keyring,
+                        keyring,
                         progress: req.progress,
                         cancel: Arc::new(AtomicBool::new(false)),
                     };
