@@ -461,3 +461,71 @@ pub fn busybox_image(ref_name: &str) -> io::Result<Image> {
         nested_index: false,
     })
 }
+
+/// An OCI layout directory whose one entry is an image index of `entries`, each an image
+/// with the platform given as `os/arch[/variant]` (the config keeps the host's
+/// architecture: only the index's platform is read when picking). Returns the index's
+/// digest and each image's digests, in order.
+pub fn write_index_dir(dir: &Path, entries: &[(&str, &Image)]) -> io::Result<(String, Vec<Built>)> {
+    let mut manifests = Vec::new();
+    let mut builts = Vec::new();
+    for (platform, image) in entries {
+        let (files, built) = layout_files(image)?;
+        let mut size = 0;
+        for (name, bytes) in files {
+            if !name.starts_with("blobs/") {
+                continue;
+            }
+            if name.ends_with(hex(&built.manifest_digest)) {
+                size = bytes.len();
+            }
+            let path = dir.join(name);
+            if let Some(parent) = path.parent() {
+                fs::create_dir_all(parent)?;
+            }
+            fs::write(path, bytes)?;
+        }
+        let mut parts = platform.split('/');
+        let mut p = json!({
+            "os": parts.next().unwrap_or("linux"),
+            "architecture": parts.next().unwrap_or("amd64"),
+        });
+        if let Some(v) = parts.next() {
+            p["variant"] = json!(v);
+        }
+        manifests.push(json!({
+            "mediaType": MEDIA_MANIFEST,
+            "digest": built.manifest_digest,
+            "size": size,
+            "platform": p,
+        }));
+        builts.push(built);
+    }
+    let index = serde_json::to_vec(
+        &json!({"schemaVersion": 2, "mediaType": MEDIA_INDEX, "manifests": manifests}),
+    )?;
+    let index_digest = sha256(&index);
+    let blobs = dir.join("blobs/sha256");
+    fs::create_dir_all(&blobs)?;
+    fs::write(blobs.join(hex(&index_digest)), &index)?;
+    let top = json!({"schemaVersion": 2, "mediaType": MEDIA_INDEX, "manifests": [
+        {"mediaType": MEDIA_INDEX, "digest": index_digest, "size": index.len()}
+    ]});
+    fs::write(dir.join("index.json"), serde_json::to_vec(&top)?)?;
+    fs::write(dir.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#)?;
+    Ok((index_digest, builts))
+}
+
+/// `n` bytes no compressor shrinks (xorshift from `seed`): layers of a real size.
+pub fn noise(n: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    let mut out = Vec::with_capacity(n + 8);
+    while out.len() < n {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(n);
+    out
+}
