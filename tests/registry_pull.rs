@@ -292,7 +292,7 @@ fn a_download_cut_midway_resumes_with_a_range_request() {
     proxy.cut_after(1_500_000);
     let via = proxy.addr().to_string();
     let root = tmp.0.join("root");
-    let cfg = config(&tmp.0, &reg.ca, &[via.clone()], "");
+    let cfg = config(&tmp.0, &reg.ca, std::slice::from_ref(&via), "");
     let out = holdfast(
         &root,
         &[

@@ -433,7 +433,7 @@ fn der_to_raw(der: &[u8]) -> Vec<u8> {
         } else {
             int
         };
-        out.extend(std::iter::repeat(0).take(32 - int.len()));
+        out.extend(std::iter::repeat_n(0, 32 - int.len()));
         out.extend_from_slice(int);
         i += 2 + len;
     }

@@ -479,7 +479,7 @@ impl Registry {
         let downloaded = std::sync::atomic::AtomicU64::new(0);
         // Threads beyond the global limit would only wait; one more than it keeps the
         // pipeline full while one layer unpacks.
-        let threads = layers.len().min(4).max(1);
+        let threads = layers.len().clamp(1, 4);
         std::thread::scope(|scope| {
             for _ in 0..threads {
                 scope.spawn(|| loop {

@@ -23,6 +23,11 @@ use crate::uplink::report::EventType;
 /// ImagePullBackOff, as the kubelet's next pod sync does.
 const BACKOFF_SHOWN_AFTER: Duration = Duration::from_secs(1);
 
+/// How long a first pull waits for pull secrets the pod names that are not cached yet
+/// (they change the worker's pod as they arrive); then it goes ahead without them, as
+/// the kubelet does with a secret that does not exist.
+const SECRET_WAIT: Duration = Duration::from_secs(10);
+
 /// One image's pulls for this pod (the kubelet keys its pull back-off by pod and image).
 #[derive(Default)]
 pub(super) struct ImagePulls {
@@ -36,6 +41,8 @@ pub(super) struct ImagePulls {
     told: Option<u32>,
     /// The offline fallback was announced for this failure streak.
     fallback_told: bool,
+    /// When a pull was first wanted, for the wait for pull secrets.
+    first_wanted: Option<Instant>,
 }
 
 /// The kubelet's default when the pod does not say (the apiserver and the static pod
@@ -112,11 +119,19 @@ impl Worker {
                 return None;
             }
         };
-        let must_pull = match policy.as_str() {
-            "Never" => false,
-            "IfNotPresent" => present.is_none(),
-            _ => true,
-        };
+        // A pull this worker asked for comes first: its outcome is told whatever the
+        // policy would decide now that the image may be here.
+        let in_flight = self
+            .pulls
+            .get(&image_ref)
+            .and_then(|s| s.job.as_ref())
+            .is_some();
+        let must_pull = in_flight
+            || match policy.as_str() {
+                "Never" => false,
+                "IfNotPresent" => present.is_none(),
+                _ => true,
+            };
         if !must_pull {
             if let Some(image) = present {
                 self.event(
@@ -159,9 +174,7 @@ impl Worker {
 
         // A pull in flight, or one that just ended.
         if let Some((job, asked)) = state.job.clone() {
-            let Some(outcome) = job.outcome() else {
-                return None;
-            };
+            let outcome = job.outcome()?;
             state.job = None;
             match outcome {
                 Ok(done) => {
@@ -263,8 +276,18 @@ impl Worker {
             return None;
         }
 
-        // Pull now.
-        let keyring = self.pull_secrets_keyring().await;
+        // Pull now, unless a pull secret the pod names has not arrived yet (a new pod's
+        // secrets are fetched as it arrives): pulling without it would only fail.
+        let first_wanted = *state.first_wanted.get_or_insert(now);
+        let (keyring, missing) = self.pull_secrets_keyring().await;
+        if missing > 0 && now < first_wanted + SECRET_WAIT {
+            log::debug!(
+                "pod {}: waiting up to {SECRET_WAIT:?} for {missing} pull secret(s)",
+                self.name()
+            );
+            self.wake_at(first_wanted + SECRET_WAIT);
+            return None;
+        }
         let notify = self.pull_notify.clone();
         let job = puller.pull(
             PullRequest {
@@ -314,19 +337,29 @@ impl Worker {
     }
 
     /// The pod's pull secrets from the store's copy (there after a reboot with no
-    /// uplink). One that cannot be read is skipped with a warning naming it.
-    async fn pull_secrets_keyring(&self) -> Keyring {
+    /// uplink), and how many of those it names are not there. One that cannot be read
+    /// is skipped with a warning naming it.
+    async fn pull_secrets_keyring(&self) -> (Keyring, usize) {
         let objects = self.deps.objects.clone();
         let pod = self.pod.clone();
         blocking(move || {
+            let named: std::collections::BTreeSet<&str> = pod
+                .spec
+                .iter()
+                .flat_map(|s| s.image_pull_secrets.iter().flatten())
+                .map(|r| r.name.as_str())
+                .filter(|n| !n.is_empty())
+                .collect();
+            let secrets = objects.pull_secrets(&pod);
+            let missing = named.len().saturating_sub(secrets.len());
             let mut keyring = Keyring::default();
-            for secret in objects.pull_secrets(&pod) {
+            for secret in secrets {
                 match Keyring::from_secret(&secret) {
                     Ok(k) => keyring.extend(k),
                     Err(e) => log::warn!("{e}; pulling without it"),
                 }
             }
-            keyring
+            (keyring, missing)
         })
         .await
     }
