@@ -144,6 +144,12 @@ impl GcOutcome {
     }
 }
 
+fn blobs_of(r: &ImageRecord) -> impl Iterator<Item = &String> {
+    std::iter::once(&r.manifest_digest)
+        .chain(std::iter::once(&r.config_digest))
+        .chain(&r.layers)
+}
+
 fn last_use(r: &ImageRecord) -> Timestamp {
     r.last_used.unwrap_or(r.imported_at)
 }
@@ -173,18 +179,30 @@ pub fn collect(
     }
     let target_used = usage.capacity / 100 * u64::from(policy.low_percent);
     out.wanted = usage.used().saturating_sub(target_used);
-    let mut candidates: Vec<(ImageRecord, u64)> = images
-        .unique_sizes()?
-        .into_iter()
-        .filter(|(r, _)| !in_use.uses(r))
-        .collect();
-    out.eligible = candidates.iter().map(|(_, n)| n).sum();
-    candidates.retain(|(r, _)| {
+    let all = images.list()?;
+    let mut kept: HashSet<&String> = HashSet::new();
+    let mut freeable: HashSet<&String> = HashSet::new();
+    for r in &all {
+        let blobs = blobs_of(r);
+        if in_use.uses(r) {
+            kept.extend(blobs);
+        } else {
+            freeable.extend(blobs);
+        }
+    }
+    // What removing every unused image would free: a blob shared by several counts once,
+    // and one a used image shares counts not at all.
+    for d in freeable.difference(&kept) {
+        out.eligible += images.disk_bytes(d)?;
+    }
+    let mut candidates: Vec<ImageRecord> =
+        all.iter().filter(|r| !in_use.uses(r)).cloned().collect();
+    candidates.retain(|r| {
         let age = now.duration_since(last_use(r)).as_secs();
         age >= policy.minimum_age.as_secs() as i64
     });
-    candidates.sort_by_key(|(r, _)| last_use(r));
-    for (r, _) in candidates {
+    candidates.sort_by_key(last_use);
+    for r in candidates {
         let before = Usage::of(&root)?.used();
         if before <= target_used {
             break;

@@ -404,6 +404,16 @@ impl ImageStore {
         Ok(())
     }
 
+    /// Bytes a blob takes on disk: the blob and, for a layer, its unpacked directory.
+    pub fn disk_bytes(&self, digest: &str) -> Result<u64, ImageError> {
+        let blob = if self.content.has_blob(digest)? {
+            self.content.blob_size(digest)?
+        } else {
+            0
+        };
+        Ok(blob + dir_size(&self.content.layer_dir(digest)?))
+    }
+
     /// Bytes each image's blobs and unpacked layers take that no other image shares,
     /// and the bytes of everything shared by more than one, each counted once.
     pub fn unique_sizes(&self) -> Result<Vec<(ImageRecord, u64)>, ImageError> {
@@ -427,8 +437,7 @@ impl ImageStore {
                 .chain(&r.layers)
             {
                 if users.get(d) == Some(&1) && seen.insert(d.clone()) {
-                    bytes += self.content.blob_size(d).unwrap_or(0);
-                    bytes += dir_size(&self.content.layer_dir(d)?);
+                    bytes += self.disk_bytes(d)?;
                 }
             }
             out.push((r, bytes));
