@@ -168,8 +168,11 @@ fn main() {
     });
     let out: PathBuf = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench");
     std::fs::create_dir_all(&out).expect("target/bench");
-    std::fs::write(out.join("pull.json"), serde_json::to_vec_pretty(&json).expect("json"))
-        .expect("write json");
+    std::fs::write(
+        out.join("pull.json"),
+        serde_json::to_vec_pretty(&json).expect("json"),
+    )
+    .expect("write json");
     println!("\nwrote {}", out.join("pull.json").display());
     drop(reg);
     let _ = std::fs::remove_dir_all(&dir);
