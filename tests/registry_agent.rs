@@ -98,9 +98,28 @@ fn pull_policies_and_pull_back_off_in_the_pod_status() {
     a.write_config(&registry_config(&[&reg], ""));
     let host = reg.host();
     let app = format!("{host}/edge/app:1");
+    // Two pods want the new image at once: one download.
     a.write_manifest("always.yaml", &pod_yaml("always", &app, "Always"));
+    a.write_manifest("always-too.yaml", &pod_yaml("always-too", &app, "Always"));
     a.start();
     a.wait_pod("always", "running from the pulled image", WAIT, running);
+    a.wait_pod("always-too", "running from the pulled image", WAIT, running);
+    let blob_gets: Vec<String> = reg
+        .requests("/v2/edge/app/blobs/")
+        .iter()
+        .filter_map(|l| {
+            l.split_whitespace()
+                .find(|w| w.starts_with("/v2/"))
+                .map(str::to_string)
+        })
+        .collect();
+    let distinct: std::collections::BTreeSet<&String> = blob_gets.iter().collect();
+    assert!(!blob_gets.is_empty());
+    assert_eq!(
+        blob_gets.len(),
+        distinct.len(),
+        "a blob fetched twice: {blob_gets:?}"
+    );
     let log = a.agent_log();
     assert!(
         log.contains(&format!("Successfully pulled image \"{app}\" in "))

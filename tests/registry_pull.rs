@@ -499,6 +499,34 @@ fn token_auth_with_right_and_wrong_credentials_and_no_token_in_the_output() {
         tokens.requests.load(std::sync::atomic::Ordering::SeqCst) > before,
         "the token service was asked"
     );
+    // One pull asks the token service once and meets one 401: the token is kept for
+    // the manifest, config and layer requests that follow.
+    let tokens_before = tokens.requests.load(std::sync::atomic::Ordering::SeqCst);
+    let unauthorized = |r: &Registry| {
+        r.requests("/v2/private/app/")
+            .iter()
+            .filter(|l| l.contains("\" 401 "))
+            .count()
+    };
+    let refused_before = unauthorized(&reg);
+    let out = holdfast(
+        &tmp.0.join("root-again"),
+        &[
+            "image",
+            "pull",
+            &format!("{}/private/app:1", reg.host()),
+            "--config",
+            tmp.0.join("config.yaml").to_str().expect("p"),
+            "--creds",
+            tmp.0.join("right.json").to_str().expect("p"),
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        tokens.requests.load(std::sync::atomic::Ordering::SeqCst),
+        tokens_before + 1
+    );
+    assert_eq!(unauthorized(&reg), refused_before + 1, "{}", reg.log());
     let issued = tokens
         .issued
         .lock()

@@ -24,10 +24,13 @@ const TOKEN_MARGIN: Duration = Duration::from_secs(10);
 /// Largest token response read.
 const TOKEN_BODY_LIMIT: u64 = 64 * 1024;
 
-/// Tokens by (realm, service, scope, credential), shared by every pull.
+/// Tokens by (realm, service, scope, credential), shared by every pull; and the
+/// `Authorization` that last worked per endpoint, repository and credentials, so the
+/// next request starts with it instead of a 401 round trip.
 #[derive(Default)]
 pub(crate) struct TokenCache {
     tokens: Mutex<HashMap<String, (String, Instant)>>,
+    working: Mutex<HashMap<String, String>>,
 }
 
 impl TokenCache {
@@ -41,6 +44,20 @@ impl TokenCache {
             .get(key)
             .filter(|(_, until)| now < *until)
             .map(|(t, _)| t.clone())
+    }
+
+    fn recall(&self, key: &str) -> Option<String> {
+        let working = self.working.lock().unwrap_or_else(PoisonError::into_inner);
+        working.get(key).cloned()
+    }
+
+    fn remember(&self, key: String, header: String) {
+        let mut working = self.working.lock().unwrap_or_else(PoisonError::into_inner);
+        // Bounded by what a node pulls from; a stale entry only costs one 401.
+        if working.len() >= 256 {
+            working.clear();
+        }
+        working.insert(key, header);
     }
 
     fn put(&self, key: String, token: String, life: Duration) {
@@ -138,6 +155,8 @@ pub(crate) struct Session<'a> {
     /// In the order to try; empty means anonymous.
     pub credentials: Vec<Credential>,
     authorization: Option<String>,
+    /// Key of the working `Authorization` in the cache.
+    key: String,
 }
 
 impl<'a> Session<'a> {
@@ -154,13 +173,27 @@ impl<'a> Session<'a> {
         } else {
             Vec::new()
         };
+        let mut h = Sha256::new();
+        for c in &credentials {
+            h.update(c.username.as_bytes());
+            h.update([0]);
+            h.update(c.password.as_bytes());
+            h.update([0]);
+        }
+        let key = format!(
+            "{}\n{repository}\n{}",
+            endpoint.base,
+            super::super::content::hex(&h.finalize())
+        );
+        let authorization = tokens.recall(&key);
         Session {
             http,
             tokens,
             endpoint,
             repository: repository.to_string(),
             credentials,
-            authorization: None,
+            authorization,
+            key,
         }
     }
 
@@ -225,6 +258,7 @@ impl<'a> Session<'a> {
                 refusals.push(format!("{tried}: {}", status_error("GET", &url, response)));
                 continue;
             }
+            self.tokens.remember(self.key.clone(), header.clone());
             self.authorization = Some(header);
             return Ok(response);
         }

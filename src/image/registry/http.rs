@@ -330,6 +330,75 @@ mod tests {
         assert_eq!(host_of("https://s3.example?x"), "s3.example");
     }
 
+    /// Serves one request on 127.0.0.1 with `answer`; the request head comes back.
+    fn one_shot(answer: String) -> (String, std::thread::JoinHandle<String>) {
+        use std::io::{BufRead, BufReader, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr").to_string();
+        let handle = std::thread::spawn(move || {
+            let Ok((mut conn, _)) = listener.accept() else {
+                return String::new();
+            };
+            let mut head = String::new();
+            let mut reader = BufReader::new(conn.try_clone().expect("clone"));
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+                head.push_str(&line);
+            }
+            let _ = conn.write_all(answer.as_bytes());
+            head
+        });
+        (addr, handle)
+    }
+
+    #[test]
+    fn a_redirect_to_another_host_does_not_carry_the_authorization() {
+        let (storage, storage_seen) = one_shot(
+            "HTTP/1.1 200 OK\r\nContent-Length: 4\r\nConnection: close\r\n\r\nblob".into(),
+        );
+        let (registry, registry_seen) = one_shot(format!(
+            "HTTP/1.1 307 Temporary Redirect\r\nLocation: http://{storage}/bucket/blob?sig=1\r\n\
+             Content-Length: 0\r\nConnection: close\r\n\r\n"
+        ));
+        let ep = Endpoint {
+            base: format!("http://{registry}"),
+            host: registry.clone(),
+            mirror: true,
+            pull: true,
+            resolve: false,
+            ca_file: None,
+            client_cert: None,
+            client_key: None,
+            skip_verify: false,
+        };
+        let http = Http::new();
+        let call = Call {
+            method: "GET",
+            url: format!("http://{registry}/v2/x/blobs/sha256:ab"),
+            headers: Vec::new(),
+            auth: Some("Bearer not-for-storage"),
+            body_timeout: Some(Duration::from_secs(5)),
+        };
+        let response = http.send(&ep, &call).expect("followed");
+        assert_eq!(response.status().as_u16(), 200);
+        let (_, mut body) = response.into_parts();
+        assert_eq!(body.read_to_vec().expect("body"), b"blob");
+        let to_registry = registry_seen.join().expect("registry").to_ascii_lowercase();
+        let to_storage = storage_seen.join().expect("storage").to_ascii_lowercase();
+        assert!(
+            to_registry.contains("authorization: bearer not-for-storage"),
+            "{to_registry}"
+        );
+        assert!(
+            to_storage.starts_with("get /bucket/blob?sig=1 "),
+            "{to_storage}"
+        );
+        assert!(!to_storage.contains("authorization"), "{to_storage}");
+    }
+
     #[test]
     fn registry_error_codes_are_read() {
         let body =
