@@ -191,6 +191,25 @@ fn tags_digests_and_the_platform_of_a_multi_arch_index() {
         text(&out)
     );
 
+    // On a terminal (a pty from script(1)), progress is a bar per layer redrawn in place.
+    let root = tmp.0.join("root-tty");
+    let command = format!(
+        "{BIN} image pull {tag_ref} --config {cfg} --root-dir {}",
+        root.display()
+    );
+    let out = Command::new("script")
+        .args(["-qec", &command, "/dev/null"])
+        .env("HOME", &root)
+        .output()
+        .expect("script(1)");
+    let screen = text(&out);
+    assert!(out.status.success(), "{screen}");
+    assert!(
+        screen.contains("\x1b[2K") && screen.contains("[=============================="),
+        "{screen:?}"
+    );
+    assert!(screen.contains("done"), "{screen:?}");
+
     // By the index's digest: the same image, recorded under the digest reference.
     let index = tag_digest(&reg, "multi/busybox", "1");
     let root = tmp.0.join("root-digest");
