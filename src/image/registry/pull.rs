@@ -63,7 +63,14 @@ pub struct Registry {
     http: Http,
     tokens: TokenCache,
     layer_slots: Slots,
+    /// Registries that could not be reached, and until when a pull is not tried again:
+    /// with the uplink gone (or blackholed, where every try waits for its timeouts),
+    /// the pods of a site that boots offline must not queue behind one pull each.
+    unreachable: Mutex<std::collections::HashMap<String, (Instant, String)>>,
 }
+
+/// How long a registry that could not be reached is taken as still down.
+const UNREACHABLE_FOR: Duration = Duration::from_secs(30);
 
 /// What one pull is asked to do.
 pub struct PullOptions {
@@ -112,6 +119,44 @@ impl Registry {
             http: Http::new(),
             tokens: TokenCache::default(),
             layer_slots: Slots::new(max_layer_downloads),
+            unreachable: Mutex::new(std::collections::HashMap::new()),
+        }
+    }
+
+    /// The error of a recent pull from the registry of `reference` that found it out of
+    /// reach, while that is recent enough to be believed.
+    pub fn recently_unreachable(&self, reference: &str) -> Option<RegistryError> {
+        let domain = Reference::parse(reference).ok()?.domain;
+        let down = self
+            .unreachable
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let (until, error) = down.get(&domain)?;
+        let left = until.checked_duration_since(Instant::now())?;
+        Some(RegistryError::AllEndpoints(
+            vec![format!(
+                "{error} (not tried again for another {}s)",
+                left.as_secs().max(1)
+            )],
+            true,
+        ))
+    }
+
+    fn note_reachability(&self, domain: &str, result: &Result<PullResult, RegistryError>) {
+        let mut down = self
+            .unreachable
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match result {
+            Err(e) if e.is_unreachable() => {
+                down.insert(
+                    domain.to_string(),
+                    (Instant::now() + UNREACHABLE_FOR, e.to_string()),
+                );
+            }
+            _ => {
+                down.remove(domain);
+            }
         }
     }
 
@@ -123,8 +168,20 @@ impl Registry {
         reference: &str,
         opts: &PullOptions,
     ) -> Result<PullResult, RegistryError> {
-        let started = Instant::now();
         let parsed = Reference::parse(reference)?;
+        let result = self.pull_parsed(images, &parsed, opts);
+        self.note_reachability(&parsed.domain, &result);
+        result
+    }
+
+    fn pull_parsed(
+        &self,
+        images: &ImageStore,
+        parsed: &Reference,
+        opts: &PullOptions,
+    ) -> Result<PullResult, RegistryError> {
+        let parsed = parsed.clone();
+        let started = Instant::now();
         let normalized = parsed.to_string();
         let endpoints = self.hosts.endpoints(&parsed.domain)?;
         let resolved = self.resolve(&endpoints, &parsed, &normalized, opts)?;

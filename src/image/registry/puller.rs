@@ -159,7 +159,14 @@ impl Puller {
         let spawned = std::thread::Builder::new()
             .name("image-pull".into())
             .spawn(move || {
-                let outcome = {
+                let outcome = if let Some(e) = inner.registry.recently_unreachable(&req.reference) {
+                    // Out of reach a moment ago: fail at once rather than queue for the
+                    // same timeouts again.
+                    Err(PullFailure {
+                        message: e.to_string(),
+                        unreachable: true,
+                    })
+                } else {
                     let _slot = inner.pulls.acquire();
                     let started = Instant::now();
                     let mut keyring = req.keyring;
@@ -170,7 +177,11 @@ impl Puller {
                         progress: req.progress,
                         cancel: Arc::new(AtomicBool::new(false)),
                     };
-                    match inner.registry.pull(&inner.images, &req.reference, &opts) {
+                    let found = match inner.registry.recently_unreachable(&req.reference) {
+                        Some(e) => Err(e),
+                        None => inner.registry.pull(&inner.images, &req.reference, &opts),
+                    };
+                    match found {
                         Ok(r) => Ok(PullDone {
                             record: r.record,
                             pull_duration: started.elapsed(),
