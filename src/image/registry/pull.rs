@@ -659,3 +659,31 @@ pub fn pull(
 ) -> Result<PullResult, RegistryError> {
     Registry::new(hosts, max_layer_downloads).pull(images, reference, opts)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::TempDir;
+
+    #[test]
+    fn a_registry_out_of_reach_is_not_tried_again_at_once() {
+        let tmp = TempDir::new("pull-unreachable");
+        let store = crate::store::Store::open(&tmp.0.join("db")).expect("store");
+        let images = ImageStore::open(&tmp.0, &store).expect("images");
+        // Nothing listens on port 1 of the loopback: refused at once.
+        let registry = Registry::new(RegistryHosts::default(), 2);
+        let reference = "127.0.0.1:1/app:1";
+        assert!(registry.recently_unreachable(reference).is_none());
+        let e = registry
+            .pull(&images, reference, &PullOptions::new(Keyring::default()))
+            .expect_err("refused");
+        assert!(e.is_unreachable(), "{e}");
+        let again = registry
+            .recently_unreachable(reference)
+            .expect("remembered");
+        assert!(again.is_unreachable());
+        assert!(again.to_string().contains("not tried again"), "{again}");
+        // Another registry is not affected.
+        assert!(registry.recently_unreachable("127.0.0.1:2/app:1").is_none());
+    }
+}
