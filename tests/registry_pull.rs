@@ -637,3 +637,47 @@ fn a_mirror_serves_first_and_the_upstream_when_the_mirror_fails() {
     let ls = stdout(&holdfast(&root, &["image", "ls"]));
     assert_eq!(ls.lines().count(), 3, "{ls}");
 }
+
+#[test]
+fn zstd_layers_are_pulled_and_unpacked() {
+    if !registry::tools_present() {
+        return;
+    }
+    let tmp = TempDir::new("pull-zstd");
+    let pki = Pki::new(&tmp.0.join("pki"));
+    let reg = Registry::start(&tmp.0.join("registry"), &pki, Auth::None);
+    let data = oci::noise(500_000, 21);
+    let image = Image {
+        layers: vec![
+            Layer::new(vec![Entry::file("etc/one", b"zstd layer", 0o644)]).zstd(),
+            Layer::new(vec![Entry::file("data", &data, 0o644)]).zstd(),
+        ],
+        ..Image::default()
+    };
+    let layout = tmp.0.join("layout");
+    let (_, built) = oci::write_index_dir(&layout, &[(host_platform(), &image)]).expect("layout");
+    reg.push(&layout, "zstd/app", "1", None);
+    let root = tmp.0.join("root");
+    let cfg = config(&tmp.0, &reg.ca, &[reg.host()], "");
+    let out = holdfast(
+        &root,
+        &[
+            "image",
+            "pull",
+            &format!("{}/zstd/app:1", reg.host()),
+            "--config",
+            cfg.to_str().expect("p"),
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains(&built[0].manifest_digest),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(
+        layer_file(&root, "etc/one").as_deref(),
+        Some(&b"zstd layer"[..])
+    );
+    assert_eq!(layer_file(&root, "data"), Some(data));
+}

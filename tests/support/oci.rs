@@ -3,7 +3,7 @@
 //! names that well-behaved tar writers refuse to produce.
 //!
 //! Included by path (`#[path = "support/oci.rs"] mod oci;`), so it uses only std, tar,
-//! flate2, sha2 and serde_json.
+//! flate2, ruzstd, sha2 and serde_json.
 #![allow(dead_code)]
 
 use std::fs;
@@ -20,6 +20,7 @@ pub const MEDIA_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
 pub const MEDIA_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
 pub const MEDIA_LAYER: &str = "application/vnd.oci.image.layer.v1.tar";
 pub const MEDIA_LAYER_GZIP: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
+pub const MEDIA_LAYER_ZSTD: &str = "application/vnd.oci.image.layer.v1.tar+zstd";
 
 /// One entry of a layer. Paths are written into the tar header as given.
 #[derive(Debug, Clone)]
@@ -83,6 +84,7 @@ impl Entry {
 pub struct Layer {
     pub entries: Vec<Entry>,
     pub gzip: bool,
+    pub zstd: bool,
 }
 
 impl Layer {
@@ -90,10 +92,15 @@ impl Layer {
         Layer {
             entries,
             gzip: false,
+            zstd: false,
         }
     }
     pub fn gzipped(mut self) -> Self {
         self.gzip = true;
+        self
+    }
+    pub fn zstd(mut self) -> Self {
+        self.zstd = true;
         self
     }
 }
@@ -279,7 +286,13 @@ pub fn layout_files(image: &Image) -> io::Result<(Files, Built)> {
     for layer in &image.layers {
         let plain = layer_tar(layer)?;
         diff_ids.push(sha256(&plain));
-        let (bytes, media) = if layer.gzip {
+        let (bytes, media) = if layer.zstd {
+            let z = ruzstd::encoding::compress_to_vec(
+                plain.as_slice(),
+                ruzstd::encoding::CompressionLevel::Fastest,
+            );
+            (z, MEDIA_LAYER_ZSTD)
+        } else if layer.gzip {
             (gzip(&plain)?, MEDIA_LAYER_GZIP)
         } else {
             (plain, MEDIA_LAYER)
