@@ -77,7 +77,15 @@ pub(super) fn pull(root: &Path, args: &[String]) -> Result<(), Error> {
                 break pull_here(root, &reference, platform, creds, config_file, view.clone())?;
             }
             Err(e) => return Err(Error::Cli(e.to_string())),
-            Ok(other) => break other,
+            Ok(other) => {
+                if let Some(path) = &config_file {
+                    eprintln!(
+                        "note: {} was not read: the running agent pulled with its own configuration",
+                        path.display()
+                    );
+                }
+                break other;
+            }
         }
     };
     view.lock().unwrap_or_else(PoisonError::into_inner).finish();
