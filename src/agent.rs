@@ -162,6 +162,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     crate::runtime::Runtime::watch_exits(runtime.as_ref(), exit_tx)?;
 
     let (containers, podstates) = Deps::trees(&store)?;
+    let puller = crate::image::service::start(images.clone(), &config.images, podstates.clone());
     let (resync_tx, resync_rx) = mpsc::channel(4);
     let control = Arc::new(Control {
         images: images.clone(),
@@ -169,6 +170,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         resync: resync_tx,
         root_dir: root.clone(),
         uplink: uplink.as_ref().map(|u| u.view.clone()),
+        puller: Some(puller.clone()),
     });
     match server::bind(&root) {
         Ok(listener) => {
@@ -201,6 +203,12 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         crash_loop_reset: config.crash_loop.reset,
         sync_frequency: config.sync_frequency,
         reporter,
+        puller: Some(puller),
+        pull_backoff: Backoff {
+            initial: config.images.pull_backoff_initial,
+            max: config.images.pull_backoff_max,
+        },
+        offline_fallback: config.images.offline_fallback,
     };
     log::info!(
         "holdfast {} running as node {} (root {}, manifests {})",

@@ -2,10 +2,12 @@
 //! and `reset`. `pods`, `status` and `image` ask a running agent through the control
 //! socket, or open the store when none runs.
 
+mod image;
+
 use std::path::PathBuf;
 
 use crate::control::{self, ControlError, Request, Response};
-use crate::image::{ImageRecord, ImageStore};
+use crate::image::ImageStore;
 use crate::store::Store;
 use crate::sync::PodState;
 use crate::Error;
@@ -245,10 +247,17 @@ fn age(since: crate::time::Timestamp, now: crate::time::Timestamp) -> String {
     }
 }
 
-/// `holdfast image import FILE|DIR`, `image ls`, `image rm REF`.
+/// `holdfast image import FILE|DIR`, `image pull REF`, `image ls`, `image rm REF`,
+/// `image prune`.
 pub fn image(args: &[String]) -> Result<(), Error> {
     let (root, rest) = root_dir(args)?;
-    let usage = || Error::Cli("usage: holdfast image import FILE|DIR | ls | rm REF".into());
+    let usage = || {
+        Error::Cli(
+            "usage: holdfast image import FILE|DIR | pull REF [--platform OS/ARCH[/VARIANT]] \
+             [--creds FILE] [--config FILE] | ls | rm REF | prune"
+                .into(),
+        )
+    };
     match rest.first().map(String::as_str) {
         Some("import") => {
             let path = rest.get(1).ok_or_else(usage)?;
@@ -266,9 +275,11 @@ pub fn image(args: &[String]) -> Result<(), Error> {
             }
             Ok(())
         }
+        Some("pull") => image::pull(&root, &rest[1..]),
+        Some("prune") if rest.len() == 1 => image::prune(&root),
         Some("ls") | Some("list") => {
             if let Response::Images { images } = request(&root, Request::ImageList)? {
-                print!("{}", render_images(&images));
+                print!("{}", image::render(&images, crate::time::now()));
             }
             Ok(())
         }
@@ -285,27 +296,6 @@ pub fn image(args: &[String]) -> Result<(), Error> {
         }
         _ => Err(usage()),
     }
-}
-
-fn render_images(images: &[ImageRecord]) -> String {
-    let mut out = format!("{:<50} {:<20} {:>10}\n", "IMAGE", "IMAGE ID", "SIZE");
-    for i in images {
-        let id = i.config_digest.trim_start_matches("sha256:");
-        let refs = if i.references.is_empty() {
-            vec!["<none>".to_string()]
-        } else {
-            i.references.clone()
-        };
-        for r in refs {
-            out.push_str(&format!(
-                "{:<50} {:<20} {:>10}\n",
-                r,
-                &id[..id.len().min(13)],
-                human_size(i.size)
-            ));
-        }
-    }
-    out
 }
 
 /// `holdfast store compact`: rewrites the store without the space sled keeps for

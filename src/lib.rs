@@ -11,7 +11,8 @@
 //!   the mux that merges them.
 //! - [`sync`]: the sync loop, pod workers, restart back-off, pod phase and conditions.
 //! - [`runtime`]: containers on libcontainer, driven by a per-container shim process.
-//! - [`image`]: the content-addressed image store, archive import and layer unpacking.
+//! - [`image`]: the content-addressed image store, registry pulls, archive import,
+//!   layer unpacking and image GC.
 //! - [`backoff`]: exponential back-off shared by every retry.
 //! - [`agent`]: wires the pieces together for `holdfast run`.
 //! - [`cli`]: the `holdfast` subcommands other than `run`.
@@ -23,6 +24,8 @@
 //! - [`time`]: wall-clock time as Kubernetes reports it; times taken before the clock
 //!   was set (a board without an RTC boots in 1970) are corrected or held back.
 //! - [`quantity`]: Kubernetes quantities (`64Mi`, `500m`).
+//! - [`tls`]: the one TLS client stack (rustls under ureq), shared by the apiserver and
+//!   registry clients.
 
 pub mod agent;
 pub mod backoff;
@@ -38,6 +41,7 @@ pub mod source;
 pub mod store;
 pub mod sync;
 pub mod time;
+pub mod tls;
 pub mod uplink;
 
 mod error;

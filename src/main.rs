@@ -13,7 +13,8 @@ commands:
            exit 0 when every required item is there, 1 when not
   pods     list pods and their containers (--root-dir DIR, -o json)
   status   uplink state, outbox, last sync, store size, pods (--root-dir DIR, --json)
-  image    import FILE|DIR, ls, rm REF (--root-dir DIR)
+  image    import FILE|DIR, pull REF [--platform OS/ARCH[/VARIANT]] [--creds FILE],
+           ls, rm REF, prune (--root-dir DIR)
   store    compact: rewrite the store without the space sled keeps (agent stopped)
   reset    stop and remove every container, mount and cgroup, then the root dir
            (--root-dir DIR, --cgroup-root PATH); refused while an agent runs

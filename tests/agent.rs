@@ -437,8 +437,8 @@ fn bad_manifests_and_missing_images_do_not_disturb_good_pods() {
         "deploy.yaml",
         "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: nope\n",
     );
-    let missing =
-        "    - name: c\n      image: example.org/not/here:1.0\n      command: [\"true\"]\n";
+    // Never: this node must not go looking for it on the internet.
+    let missing = "    - name: c\n      image: example.org/not/here:1.0\n      imagePullPolicy: Never\n      command: [\"true\"]\n";
     a.write_manifest("missing.yaml", &pod_yaml("missing", "Always", 1, missing));
     a.start();
     a.wait_pod("good", "running", MIN, |p| running(p, "c"));

@@ -92,9 +92,15 @@ fn image_import_ls_rm_without_an_agent() {
     let o = holdfast(&["image", "ls", "--root-dir", root_s]);
     assert!(o.status.success(), "{}", text(&o));
     let ls = text(&o);
+    // Repository and tag in columns of their own, then digest, size and last use.
     assert!(
-        ls.lines()
-            .any(|l| l.starts_with("registry.local:5000/tools/busybox:1.36 ")),
+        ls.lines().any(|l| {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            cols.first() == Some(&"registry.local:5000/tools/busybox")
+                && cols.get(1) == Some(&"1.36")
+                && cols.get(2).is_some_and(|d| d.starts_with("sha256:"))
+                && cols.last() == Some(&"never")
+        }),
         "{ls}"
     );
 

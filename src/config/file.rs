@@ -56,6 +56,8 @@ pub struct FileConfig {
     pub max_pods: Option<u32>,
     /// `uplinkRetryMax`: the longest wait between two tries to reach the apiserver.
     pub uplink_retry_max: Option<Duration>,
+    /// Image GC, pulls, registries and credentials.
+    pub images: super::images::FileImages,
 }
 
 /// Reads and parses the config file at `path`; returns what it sets and a warning for
@@ -155,7 +157,9 @@ pub(super) fn parse_mapping(
             "kubeReserved" => out.kube_reserved = reader.reserved(&key, value)?,
             "evictionHard" => out.eviction_hard = reader.eviction(&key, value)?,
             _ => {
-                if !reader.cluster_key(&key, value, &mut out)? {
+                if !reader.cluster_key(&key, value, &mut out)?
+                    && !reader.image_key(&key, value, &mut out)?
+                {
                     warnings.push(reader.unknown(&key));
                 }
             }
@@ -169,6 +173,7 @@ pub(super) fn parse_mapping(
             ));
         }
     }
+    super::images::check(&reader, &out.images)?;
     Ok((out, warnings))
 }
 
@@ -253,7 +258,11 @@ impl Reader<'_> {
                 "holdfast.kubeconfig" => {
                     out.kubeconfig = Some(base.join(self.path_value(&key, value)?));
                 }
-                _ => warnings.push(self.unknown(&key)),
+                _ => {
+                    if !self.image_holdfast_key(&key, value, base, out)? {
+                        warnings.push(self.unknown(&key))
+                    }
+                }
             }
         }
         Ok(())
@@ -442,14 +451,13 @@ holdfast:
 
     #[test]
     fn unknown_keys_warn() {
-        let (cfg, warnings) = parse(
-            "imageGCHighThresholdPercent: 85\nsyncFrequency: 10s\nholdfast:\n  colour: blue\n",
-        )
-        .expect("parse");
+        let (cfg, warnings) =
+            parse("evictionSoft: {}\nsyncFrequency: 10s\nholdfast:\n  colour: blue\n")
+                .expect("parse");
         assert_eq!(cfg.sync_frequency, Some(Duration::from_secs(10)));
         assert_eq!(warnings.len(), 2, "{warnings:?}");
         assert!(
-            warnings[0].contains("unknown key imageGCHighThresholdPercent"),
+            warnings[0].contains("unknown key evictionSoft"),
             "{}",
             warnings[0]
         );

@@ -8,6 +8,7 @@ mod cluster;
 mod duration;
 mod file;
 mod flags;
+mod images;
 mod maps;
 mod names;
 mod taints;
@@ -30,6 +31,7 @@ pub use cluster::{
 pub use duration::parse_duration;
 pub use file::{parse_config, read_config_file, FileConfig};
 pub use flags::{parse_flags, RunFlags, USAGE};
+pub use images::{FileImages, ImageConfig};
 pub use maps::{check_eviction, check_label, check_reserved};
 pub use names::{check_dns1123_label, check_dns1123_subdomain};
 pub use taints::{check_taint, parse_taint};
@@ -97,6 +99,8 @@ pub struct Config {
     /// `uplinkRetryMax` / `--uplink-retry-max`, default 5 min: the cap of the jittered
     /// exponential back-off while the apiserver cannot be reached.
     pub uplink_retry_max: Duration,
+    /// Image GC, pulls, registries and credentials.
+    pub images: ImageConfig,
 }
 
 /// Restart back-off: `initial` doubling to `max`, forgotten after `reset` of clean running.
@@ -145,6 +149,12 @@ impl Config {
             port: DEFAULT_PORT,
             max_pods: DEFAULT_MAX_PODS,
             uplink_retry_max: DEFAULT_UPLINK_RETRY_MAX,
+            images: ImageConfig::merge(
+                &FileImages::default(),
+                Path::new(DEFAULT_ROOT_DIR),
+                images::home_dir().as_deref(),
+                std::env::current_dir().ok().as_deref(),
+            ),
         }
     }
 }
@@ -300,6 +310,12 @@ fn merge(
     if let Some(d) = flags.uplink_retry_max.or(file.uplink_retry_max) {
         config.uplink_retry_max = d;
     }
+    config.images = ImageConfig::merge(
+        &file.images,
+        &config.root_dir,
+        images::home_dir().as_deref(),
+        std::env::current_dir().ok().as_deref(),
+    );
     Ok(config)
 }
 
@@ -453,7 +469,7 @@ holdfast:
     fn unknown_keys_come_back_as_warnings() {
         let path = temp_file(
             "warnings",
-            "imageGCHighThresholdPercent: 85
+            "evictionSoft: {}
 holdfast:
   hostnameOverride: gw
 ",
@@ -462,11 +478,7 @@ holdfast:
         let (config, warnings) = load_run_args(&args(&["--config", &p])).expect("load");
         assert_eq!(config.node_name, "gw");
         assert_eq!(warnings.len(), 1);
-        assert!(
-            warnings[0].contains("imageGCHighThresholdPercent"),
-            "{}",
-            warnings[0]
-        );
+        assert!(warnings[0].contains("evictionSoft"), "{}", warnings[0]);
         assert!(parse_run_args(&args(&["--config", &p])).is_ok());
         let _ = std::fs::remove_dir_all(path.parent().expect("parent"));
     }

@@ -8,6 +8,15 @@ use super::{ControlError, Request, Response, SOCKET};
 
 /// Sends one request to the agent under `root_dir`.
 pub fn call(root_dir: &Path, req: &Request) -> Result<Response, ControlError> {
+    call_with_progress(root_dir, req, |_| {})
+}
+
+/// Like [`call`], handing each progress line to `on_progress` until the answer comes.
+pub fn call_with_progress(
+    root_dir: &Path,
+    req: &Request,
+    mut on_progress: impl FnMut(crate::image::registry::Progress),
+) -> Result<Response, ControlError> {
     let path = root_dir.join(SOCKET);
     let shown = path.display().to_string();
     let mut stream = match UnixStream::connect(&path) {
@@ -37,12 +46,20 @@ pub fn call(root_dir: &Path, req: &Request) -> Result<Response, ControlError> {
     })?;
     line.push(b'\n');
     stream.write_all(&line).map_err(io)?;
-    let mut answer = String::new();
-    BufReader::new(stream).read_line(&mut answer).map_err(io)?;
-    let resp: Response = serde_json::from_str(&answer).map_err(|source| ControlError::Decode {
-        path: shown.clone(),
-        source,
-    })?;
+    let mut reader = BufReader::new(stream);
+    let resp = loop {
+        let mut answer = String::new();
+        reader.read_line(&mut answer).map_err(io)?;
+        let resp: Response =
+            serde_json::from_str(&answer).map_err(|source| ControlError::Decode {
+                path: shown.clone(),
+                source,
+            })?;
+        match resp {
+            Response::Progress { progress } => on_progress(progress),
+            other => break other,
+        }
+    };
     match resp {
         Response::Error { message } => Err(ControlError::Remote { message }),
         other => Ok(other),

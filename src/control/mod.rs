@@ -6,6 +6,7 @@
 
 pub mod client;
 pub mod presence;
+mod pull;
 pub mod server;
 pub mod status;
 
@@ -25,6 +26,17 @@ pub enum Request {
     ImageRemove {
         reference: String,
     },
+    /// `holdfast image pull`: answered by the agent only, with progress lines first.
+    ImagePull {
+        reference: String,
+        #[serde(default)]
+        platform: Option<String>,
+        /// A docker config file whose credentials come before the node's.
+        #[serde(default)]
+        creds: Option<String>,
+    },
+    /// `holdfast image prune`: every image no pod uses.
+    ImagePrune,
     /// `holdfast status`: answered by the agent only.
     Status,
 }
@@ -40,6 +52,15 @@ pub enum Response {
     },
     Status {
         status: status::AgentStatus,
+    },
+    /// One step of a pull; more lines follow.
+    Progress {
+        progress: crate::image::registry::Progress,
+    },
+    Pulled {
+        image: crate::image::ImageRecord,
+        downloaded: u64,
+        seconds: f64,
     },
     Done,
     Error {
@@ -93,6 +114,15 @@ pub fn execute(
         },
         // Without an agent the CLI reads the root dir itself (`status::from_root`).
         Request::Status => fail("status: no agent to ask".into()),
+        // Without an agent the CLI pulls itself.
+        Request::ImagePull { .. } => fail("pull: no agent to ask".into()),
+        Request::ImagePrune => {
+            let in_use = pods_in_use(podstates);
+            match crate::image::gc::prune(images, &in_use) {
+                Ok(images) => Response::Images { images },
+                Err(e) => fail(e.to_string()),
+            }
+        }
         Request::ImageRemove { reference } => {
             let in_use = images_in_use(podstates);
             match images.remove(&reference, &in_use) {
@@ -101,6 +131,17 @@ pub fn execute(
             }
         }
     }
+}
+
+/// Images the pods the store knows of want or run.
+pub fn pods_in_use(
+    podstates: &crate::store::Tree<crate::sync::PodState>,
+) -> crate::image::gc::InUse {
+    let states: Vec<crate::sync::PodState> = podstates
+        .entries()
+        .map(|e| e.into_iter().map(|(_, s)| s).collect())
+        .unwrap_or_default();
+    crate::image::gc::InUse::from_pods(states.iter().map(|s| (&s.pod, Some(&s.status))))
 }
 
 /// Image ids of every container instance the store knows of.

@@ -24,6 +24,8 @@ pub struct Control {
     pub root_dir: std::path::PathBuf,
     /// The uplink's link and outbox; `None` standalone.
     pub uplink: Option<crate::uplink::start::UplinkView>,
+    /// The agent's pulls, which `holdfast image pull` joins.
+    pub puller: Option<crate::image::registry::Puller>,
 }
 
 /// Binds the socket (replacing a stale one) with mode 0600.
@@ -61,6 +63,14 @@ impl Control {
         let mut line = String::new();
         let resp = match reader.read_line(&mut line).await {
             Ok(_) => match serde_json::from_str::<Request>(&line) {
+                Ok(Request::ImagePull {
+                    reference,
+                    platform,
+                    creds,
+                }) => {
+                    super::pull::serve(self.puller.as_ref(), reference, platform, creds, &mut write)
+                        .await
+                }
                 Ok(req) => self.answer(req).await,
                 Err(e) => Response::Error {
                     message: format!("bad request: {e}"),

@@ -15,6 +15,9 @@ use super::{io_err, unpack, ImageError};
 
 static TMP_SEQ: AtomicU64 = AtomicU64::new(0);
 
+/// Partial downloads in `tmp/` are `partial-<hex of the digest>`.
+const PARTIAL_PREFIX: &str = "partial-";
+
 pub(crate) struct Content {
     root: PathBuf,
 }
@@ -33,7 +36,9 @@ impl Content {
         let entries = fs::read_dir(&tmp).map_err(io_err(format!("list {}", tmp.display())))?;
         for entry in entries.flatten() {
             let path = entry.path();
-            if owner_alive(&entry.file_name().to_string_lossy()) {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            // A download cut off (by a crash, a power cut) resumes from what it has.
+            if owner_alive(&name) || name.starts_with(PARTIAL_PREFIX) {
                 continue;
             }
             let removed = match entry.file_type() {
@@ -64,6 +69,53 @@ impl Content {
         let seq = TMP_SEQ.fetch_add(1, Ordering::Relaxed);
         self.tmp_dir()
             .join(format!("{prefix}-{}-{seq}", std::process::id()))
+    }
+
+    /// Where a download of `digest` keeps its bytes until they are verified: named by the
+    /// digest, so a download cut off, even by a restart, resumes from what it has.
+    pub(crate) fn partial_path(&self, digest: &str) -> Result<PathBuf, ImageError> {
+        Ok(self
+            .tmp_dir()
+            .join(format!("{PARTIAL_PREFIX}{}", hex_of(digest)?)))
+    }
+
+    /// Moves a stored blob back to its partial download (and drops its unpacked layer):
+    /// for blobs a failed pull fetched and no image uses, so the next try finds them
+    /// whole there, verifies them and skips the download.
+    pub(crate) fn demote(&self, digest: &str) -> Result<(), ImageError> {
+        self.remove_layer(digest)?;
+        let blob = self.blob_path(digest)?;
+        let partial = self.partial_path(digest)?;
+        match fs::rename(&blob, &partial) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_err(format!(
+                "move blob {digest} back to {}",
+                partial.display()
+            ))(e)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Partial downloads last written before `cutoff` are removed (an image nobody asks
+    /// for any more); returns the bytes freed.
+    pub(crate) fn remove_partials_before(&self, cutoff: std::time::SystemTime) -> u64 {
+        let mut freed = 0;
+        let Ok(entries) = fs::read_dir(self.tmp_dir()) else {
+            return 0;
+        };
+        for entry in entries.flatten() {
+            if !entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with(PARTIAL_PREFIX)
+            {
+                continue;
+            }
+            let Ok(meta) = entry.metadata() else { continue };
+            if meta.modified().is_ok_and(|m| m < cutoff) && fs::remove_file(entry.path()).is_ok() {
+                freed += meta.len();
+            }
+        }
+        freed
     }
 
     /// The digest is checked first: it comes from untrusted manifests and becomes a path.

@@ -24,6 +24,7 @@ const MEDIA_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
 const MEDIA_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
 const MEDIA_LAYER_TAR: &str = "application/vnd.oci.image.layer.v1.tar";
 const MEDIA_LAYER_GZIP: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
+const MEDIA_LAYER_ZSTD: &str = "application/vnd.oci.image.layer.v1.tar+zstd";
 
 /// An image whose blobs are all in the content store, not yet recorded.
 #[derive(Debug, Clone)]
@@ -210,16 +211,6 @@ impl Importer<'_> {
         let mut size = desc.size + manifest.config.size;
         let mut layers = Vec::new();
         for layer in &manifest.layers {
-            if layer
-                .media_type
-                .as_deref()
-                .is_some_and(|m| m.ends_with("+zstd"))
-            {
-                return Err(ImageError::UnsupportedCompression {
-                    layer: layer.digest.clone(),
-                    kind: "zstd",
-                });
-            }
             let name = format!("blobs/sha256/{}", hex_of(&layer.digest)?);
             let expect = Expect {
                 digest: Some(&layer.digest),
@@ -275,6 +266,7 @@ impl Importer<'_> {
             let (digest, layer_size) = self.ingest(name, expect)?;
             let media_type = match detect_compression(&self.blob_head(&digest)?) {
                 Compression::Gzip => MEDIA_LAYER_GZIP,
+                Compression::Zstd => MEDIA_LAYER_ZSTD,
                 Compression::None => MEDIA_LAYER_TAR,
                 Compression::Unsupported(kind) => {
                     return Err(ImageError::UnsupportedCompression {

@@ -1,11 +1,16 @@
-//! image: the content-addressed image store, local archive import and layer unpacking.
-//! Layers are untrusted input: nothing in one may land outside its own directory.
+//! image: the content-addressed image store, registry pulls, local archive import, layer
+//! unpacking and image GC. Layers, manifests and registries are untrusted input: nothing
+//! in a layer may land outside its own directory, and no blob is used before its digest
+//! is checked.
 
 mod archive;
 mod content;
+pub mod gc;
 mod import;
 mod platform;
 pub mod reference;
+pub mod registry;
+pub mod service;
 mod store;
 mod unpack;
 
@@ -44,6 +49,9 @@ pub struct ImageRecord {
     /// Bytes of all blobs (compressed layers, config, manifest).
     pub size: u64,
     pub imported_at: crate::time::Timestamp,
+    /// When a container last started from it (for GC, least recently used first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_used: Option<crate::time::Timestamp>,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -38,6 +38,28 @@ impl Platform {
         }
     }
 
+    /// Reads `os/architecture[/variant]` (`linux/arm/v7`, `linux/arm64`).
+    pub fn parse(s: &str) -> Result<Platform, String> {
+        let parts: Vec<&str> = s.split('/').collect();
+        let ok =
+            |p: &str| !p.is_empty() && p.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+        match parts.as_slice() {
+            [os, arch] if ok(os) && ok(arch) => Ok(Platform {
+                os: os.to_string(),
+                architecture: arch.to_string(),
+                variant: None,
+            }),
+            [os, arch, variant] if ok(os) && ok(arch) && ok(variant) => Ok(Platform {
+                os: os.to_string(),
+                architecture: arch.to_string(),
+                variant: Some(variant.to_string()),
+            }),
+            _ => Err(format!(
+                "platform {s:?}: expected OS/ARCH or OS/ARCH/VARIANT, like linux/arm64 or linux/arm/v7"
+            )),
+        }
+    }
+
     /// How well an image built for `self` runs on `host`; None when it does not.
     /// An older ARM variant runs on a newer core, and no variant means the baseline.
     fn score(&self, host: &Platform) -> Option<u32> {
@@ -181,6 +203,17 @@ mod tests {
         let got = choose(&only, &host("linux/arm64")).map(|d| d.digest.as_str());
         assert_eq!(got, Some("s"));
         assert_eq!(describe(&only), "linux/s390x, unknown/unknown");
+    }
+
+    #[test]
+    fn platforms_parse() {
+        assert_eq!(
+            Platform::parse("linux/arm/v7").expect("v7").to_string(),
+            "linux/arm/v7"
+        );
+        assert_eq!(Platform::parse("linux/arm64").expect("arm64").variant, None);
+        assert!(Platform::parse("linux").is_err());
+        assert!(Platform::parse("linux//v7").is_err());
     }
 
     #[test]

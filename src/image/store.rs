@@ -25,6 +25,9 @@ struct DropinSeen {
     manifests: Vec<String>,
 }
 
+/// How finely `last_used` is kept.
+const LAST_USED_RESOLUTION: std::time::Duration = std::time::Duration::from_secs(600);
+
 pub struct ImageStore {
     root: PathBuf,
     content: Content,
@@ -139,7 +142,10 @@ impl ImageStore {
             config_digest: p.config_digest,
             layers: p.layers,
             size: p.size,
-            imported_at: existing.map_or_else(crate::time::now, |r| r.imported_at),
+            imported_at: existing
+                .as_ref()
+                .map_or_else(crate::time::now, |r| r.imported_at),
+            last_used: existing.and_then(|r| r.last_used),
         };
         batch.put(&self.images, &p.manifest_digest, &record)?;
         self.store.apply(batch)?;
@@ -292,6 +298,153 @@ impl ImageStore {
         Ok(None)
     }
 
+    /// The content store, for the registry client's downloads.
+    pub(crate) fn content(&self) -> &Content {
+        &self.content
+    }
+
+    /// The root directory of the content store, whose filesystem image GC watches.
+    pub fn content_root(&self) -> PathBuf {
+        self.root.join("content")
+    }
+
+    /// The image recorded under `manifest_digest`, if it and all its blobs are here.
+    pub(crate) fn complete(
+        &self,
+        manifest_digest: &str,
+    ) -> Result<Option<ImageRecord>, ImageError> {
+        let Some(record) = self.images.get(manifest_digest)? else {
+            return Ok(None);
+        };
+        for d in std::iter::once(&record.config_digest).chain(&record.layers) {
+            if !self.content.has_blob(d)? {
+                return Ok(None);
+            }
+        }
+        Ok(Some(record))
+    }
+
+    /// Records a pulled image whose blobs are all in the content store (and its layers
+    /// unpacked), with its tags, in one transaction.
+    pub(crate) fn record_pulled(&self, p: Pending) -> Result<ImageRecord, ImageError> {
+        let _guard = self.guard();
+        // A removal of another image that shared a blob may have taken it meanwhile.
+        let diff_ids = diff_id_map(&p);
+        for d in [&p.manifest_digest, &p.config_digest]
+            .into_iter()
+            .chain(&p.layers)
+        {
+            if !self.content.has_blob(d)? {
+                return Err(ImageError::Io {
+                    context: format!(
+                        "record image {}: blob {d} was removed meanwhile",
+                        p.manifest_digest
+                    ),
+                    source: std::io::Error::from(std::io::ErrorKind::NotFound),
+                });
+            }
+        }
+        for layer in &p.layers {
+            self.content
+                .ensure_unpacked(layer, diff_ids.get(layer).map(String::as_str))?;
+        }
+        let record = self.record(p)?;
+        self.store.flush()?;
+        Ok(record)
+    }
+
+    /// Takes back what a failed pull fetched that no image uses: layer blobs go back to
+    /// partial downloads (a retry verifies them instead of downloading them again), the
+    /// rest is removed.
+    pub(crate) fn abandon(&self, layers: &[String], others: &[String]) {
+        let _guard = self.guard();
+        let mut live = HashSet::new();
+        if let Ok(entries) = self.images.entries() {
+            for (_, r) in entries {
+                live.insert(r.manifest_digest);
+                live.insert(r.config_digest);
+                live.extend(r.layers);
+            }
+        } else {
+            return;
+        }
+        for d in layers.iter().filter(|d| !live.contains(*d)) {
+            if let Err(e) = self.content.demote(d) {
+                log::warn!("keep layer {d} for the next try: {e}");
+            }
+        }
+        for d in others.iter().filter(|d| !live.contains(*d)) {
+            if let Err(e) = self.content.remove_blob(d) {
+                log::warn!("remove blob {d}: {e}");
+            }
+        }
+    }
+
+    /// Records that a container started from the image with id (config digest) or
+    /// manifest digest `image`. Written at most every `LAST_USED_RESOLUTION`: GC needs
+    /// the order of use, not every start, and the flash is spared a write per restart.
+    pub fn mark_used(&self, image: &str, at: crate::time::Timestamp) -> Result<(), ImageError> {
+        let _guard = self.guard();
+        let found = self
+            .images
+            .entries()?
+            .into_iter()
+            .find(|(_, r)| r.config_digest == image || r.manifest_digest == image);
+        let Some((key, mut record)) = found else {
+            return Ok(());
+        };
+        let fresh = record.last_used.is_some_and(|t| {
+            at.duration_since(t).as_secs() < LAST_USED_RESOLUTION.as_secs() as i64
+        });
+        if fresh {
+            return Ok(());
+        }
+        record.last_used = Some(at);
+        self.images.put(&key, &record)?;
+        Ok(())
+    }
+
+    /// Bytes a blob takes on disk: the blob and, for a layer, its unpacked directory.
+    pub fn disk_bytes(&self, digest: &str) -> Result<u64, ImageError> {
+        let blob = if self.content.has_blob(digest)? {
+            self.content.blob_size(digest)?
+        } else {
+            0
+        };
+        Ok(blob + dir_size(&self.content.layer_dir(digest)?))
+    }
+
+    /// Bytes each image's blobs and unpacked layers take that no other image shares,
+    /// and the bytes of everything shared by more than one, each counted once.
+    pub fn unique_sizes(&self) -> Result<Vec<(ImageRecord, u64)>, ImageError> {
+        let records = self.list()?;
+        let mut users: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+        for r in &records {
+            let mut mine: HashSet<&String> = HashSet::new();
+            mine.insert(&r.manifest_digest);
+            mine.insert(&r.config_digest);
+            mine.extend(&r.layers);
+            for d in mine {
+                *users.entry(d.clone()).or_default() += 1;
+            }
+        }
+        let mut out = Vec::new();
+        for r in records {
+            let mut bytes = 0;
+            let mut seen = HashSet::new();
+            for d in std::iter::once(&r.manifest_digest)
+                .chain(std::iter::once(&r.config_digest))
+                .chain(&r.layers)
+            {
+                if users.get(d) == Some(&1) && seen.insert(d.clone()) {
+                    bytes += self.disk_bytes(d)?;
+                }
+            }
+            out.push((r, bytes));
+        }
+        Ok(out)
+    }
+
     pub fn list(&self) -> Result<Vec<ImageRecord>, ImageError> {
         Ok(self.images.entries()?.into_iter().map(|(_, r)| r).collect())
     }
@@ -369,4 +522,23 @@ impl ImageStore {
         }
         Ok(())
     }
+}
+
+/// Bytes of regular files under `dir` (an unpacked layer), without following links.
+fn dir_size(dir: &Path) -> u64 {
+    let mut total = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            match e.file_type() {
+                Ok(t) if t.is_dir() => stack.push(e.path()),
+                Ok(t) if t.is_file() => total += e.metadata().map_or(0, |m| m.len()),
+                _ => {}
+            }
+        }
+    }
+    total
 }

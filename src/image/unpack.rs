@@ -58,13 +58,14 @@ pub(crate) fn unpack_layer(
 pub(crate) enum Compression {
     None,
     Gzip,
+    Zstd,
     Unsupported(&'static str),
 }
 
 pub(crate) fn detect_compression(head: &[u8]) -> Compression {
     match head {
         [0x1f, 0x8b, ..] => Compression::Gzip,
-        [0x28, 0xb5, 0x2f, 0xfd, ..] => Compression::Unsupported("zstd"),
+        [0x28, 0xb5, 0x2f, 0xfd, ..] => Compression::Zstd,
         [0xfd, b'7', b'z', b'X', b'Z', 0x00, ..] => Compression::Unsupported("xz"),
         [b'B', b'Z', b'h', ..] => Compression::Unsupported("bzip2"),
         _ => Compression::None,
@@ -84,6 +85,7 @@ fn unpack_reader(
     })?;
     let plain: Box<dyn Read> = match detect_compression(head) {
         Compression::Gzip => Box::new(MultiGzDecoder::new(buffered)),
+        Compression::Zstd => Box::new(ZstdFrames::new(buffered, layer)?),
         Compression::None => Box::new(buffered),
         Compression::Unsupported(kind) => {
             return Err(ImageError::UnsupportedCompression {
@@ -125,6 +127,51 @@ fn unpack_reader(
         }
     }
     Ok(())
+}
+
+/// A zstd stream of one or more frames (writers may split a layer into several), read
+/// with ruzstd. Its window is bounded by ruzstd's default, so a hostile frame header
+/// cannot make it reserve a gateway's memory.
+struct ZstdFrames<R: BufRead> {
+    decoder: Option<ruzstd::decoding::StreamingDecoder<R, ruzstd::decoding::FrameDecoder>>,
+}
+
+impl<R: BufRead> ZstdFrames<R> {
+    fn new(source: R, layer: &str) -> Result<Self, ImageError> {
+        let decoder =
+            ruzstd::decoding::StreamingDecoder::new(source).map_err(|e| ImageError::Io {
+                context: format!("layer {layer}: zstd frame header"),
+                source: io::Error::new(io::ErrorKind::InvalidData, e.to_string()),
+            })?;
+        Ok(ZstdFrames {
+            decoder: Some(decoder),
+        })
+    }
+}
+
+impl<R: BufRead> Read for ZstdFrames<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            let Some(d) = self.decoder.as_mut() else {
+                return Ok(0);
+            };
+            let n = d.read(buf)?;
+            if n > 0 || buf.is_empty() {
+                return Ok(n);
+            }
+            // This frame is done; another may follow.
+            let Some(d) = self.decoder.take() else {
+                return Ok(0);
+            };
+            let (mut source, decoder) = d.into_parts();
+            if source.fill_buf()?.is_empty() {
+                return Ok(0);
+            }
+            let next = ruzstd::decoding::StreamingDecoder::new_with_decoder(source, decoder)
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+            self.decoder = Some(next);
+        }
+    }
 }
 
 struct HashingReader {

@@ -257,14 +257,25 @@ fn gzip_layers_and_diff_ids() {
 }
 
 #[test]
-fn zstd_is_a_clear_error() {
+fn zstd_layers_of_several_frames_and_their_diff_ids() {
+    use ruzstd::encoding::{compress_to_vec, CompressionLevel};
     let tmp = TempDir::new("zstd");
-    let (dest, r) = unpack(&tmp, &[0x28, 0xb5, 0x2f, 0xfd, 0, 0, 0, 0]);
-    match r {
-        Err(e @ ImageError::UnsupportedCompression { .. }) => {
-            assert!(e.to_string().contains("zstd"), "{e}")
-        }
-        other => panic!("expected unsupported compression, got {other:?}"),
-    }
+    let plain = layer(&[
+        E::File(b"a", &[b'x'; 100_000], 0o644),
+        E::File(b"b", b"hello", 0o644),
+    ]);
+    // Two frames back to back, as chunked writers produce.
+    let (head, tail) = plain.split_at(plain.len() / 2);
+    let mut blob_bytes = compress_to_vec(head, CompressionLevel::Fastest);
+    blob_bytes.extend(compress_to_vec(tail, CompressionLevel::Fastest));
+    let blob = tmp.0.join("blob");
+    fs::write(&blob, &blob_bytes).expect("blob");
+    let diff_id = format!("sha256:{}", hex(&Sha256::digest(&plain)));
+    unpack_layer(&blob, &tmp.0.join("l1"), "sha256:t", Some(&diff_id)).expect("zstd layer");
+    assert_eq!(fs::read(tmp.0.join("l1/b")).expect("b"), b"hello");
+    assert_eq!(fs::read(tmp.0.join("l1/a")).expect("a").len(), 100_000);
+
+    let (dest, r) = unpack(&tmp, &[0x28, 0xb5, 0x2f, 0xfd, 0xff, 0xff, 0, 0]);
+    assert!(r.is_err(), "a broken zstd frame is an error");
     assert!(!dest.exists());
 }

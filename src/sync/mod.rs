@@ -59,6 +59,12 @@ pub struct Deps {
     pub sync_frequency: Duration,
     /// Where statuses and events go; does nothing on a standalone agent.
     pub reporter: crate::uplink::Reporter,
+    /// Image pulls; `None` runs only images already on the node.
+    pub puller: Option<crate::image::registry::Puller>,
+    /// Pull back-off per pod and image (the kubelet's 10 s doubling to 5 min).
+    pub pull_backoff: Backoff,
+    /// With the registry out of reach, policy `Always` runs an image that is here.
+    pub offline_fallback: bool,
 }
 
 impl Deps {

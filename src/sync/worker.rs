@@ -21,6 +21,7 @@ use super::Deps;
 use crate::uplink::report::EventType;
 
 mod environment;
+mod image;
 mod stop;
 
 use super::restart_timer::RestartTimers;
@@ -62,6 +63,10 @@ pub(super) struct Worker {
     registered: mpsc::Sender<(ContainerId, String)>,
     /// Set for a pod that is only to be stopped (it was removed while the agent was down).
     pub(super) terminate_first: bool,
+    /// Image pulls and their back-off, by image as the pod names it.
+    pulls: BTreeMap<String, image::ImagePulls>,
+    /// Woken when a pull this worker waits for ends.
+    pull_notify: Arc<tokio::sync::Notify>,
 }
 
 impl Worker {
@@ -103,6 +108,8 @@ impl Worker {
             restart_timers: RestartTimers::default(),
             registered,
             terminate_first: false,
+            pulls: BTreeMap::new(),
+            pull_notify: Arc::new(tokio::sync::Notify::new()),
         }
     }
 
@@ -117,11 +124,13 @@ impl Worker {
             return;
         }
         self.sync().await;
+        let pulled = self.pull_notify.clone();
         loop {
             let wake = self.wake;
             let msg = tokio::select! {
                 msg = rx.recv() => msg,
                 _ = sleep_until(wake) => Some(WorkerMsg::Resync),
+                _ = pulled.notified() => Some(WorkerMsg::Resync),
             };
             match msg {
                 // The agent is stopping: containers outlive it, so leave them be.
@@ -322,54 +331,9 @@ impl Worker {
             }
         }
 
-        let images = self.deps.images.clone();
-        let lookup = image_ref.clone();
-        let resolved = blocking(move || images.resolve(&lookup)).await;
-        let image = match resolved {
-            Ok(Some(image)) => {
-                self.deps.reporter.event(
-                    &self.pod,
-                    Some(&c.name),
-                    EventType::Normal,
-                    "Pulled",
-                    format!("Container image \"{image_ref}\" already present on machine"),
-                );
-                image
-            }
-            Ok(None) => {
-                self.deps.reporter.event(
-                    &self.pod,
-                    Some(&c.name),
-                    EventType::Warning,
-                    "ErrImageNeverPull",
-                    format!(
-                        "Container image \"{image_ref}\" is not present with pull policy of Never"
-                    ),
-                );
-                rec.waiting = Some(Waiting {
-                    reason: "ErrImageNeverPull".into(),
-                    message: Some(format!(
-                        "Container image \"{image_ref}\" is not present with pull policy of Never"
-                    )),
-                });
-                log::warn!(
-                    "pod {}: container {}: image {image_ref} is not present",
-                    self.name(),
-                    c.name
-                );
-                self.records.insert(c.name.clone(), rec);
-                return;
-            }
-            Err(e) => {
-                let reason = e.kubelet_reason();
-                log::error!("pod {}: container {}: {e}", self.name(), c.name);
-                rec.waiting = Some(Waiting {
-                    reason: reason.into(),
-                    message: Some(e.to_string()),
-                });
-                self.records.insert(c.name.clone(), rec);
-                return;
-            }
+        let Some(image) = self.ensure_image(c, &mut rec).await else {
+            self.records.insert(c.name.clone(), rec);
+            return;
         };
 
         let Some(env) = self.environment(c, &mut rec).await else {
@@ -387,6 +351,7 @@ impl Worker {
         let node = self.deps.node_name.clone();
         let restart_count = rec.restart_count;
         let image_id = image.image_id.clone();
+        let image_id_used = image_id.clone();
         let start_id = id.clone();
         let started = blocking(move || {
             let req = StartRequest {
@@ -420,6 +385,7 @@ impl Worker {
                 });
                 rec.waiting = None;
                 self.register(&id).await;
+                self.image_used(&image_id_used).await;
                 for (reason, message) in [
                     ("Created", format!("Created container: {}", c.name)),
                     ("Started", format!("Started container {}", c.name)),

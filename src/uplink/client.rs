@@ -101,9 +101,9 @@ impl Client {
             .timeout_connect(Some(CONNECT_TIMEOUT))
             .timeout_global(Some(REQUEST_TIMEOUT))
             .build();
-        let connector =
-            ().chain(TcpConnector::default())
-                .chain(TlsConnector::new(tls, kc.tls_server_name.clone()));
+        let connector = ()
+            .chain(TcpConnector::default())
+            .chain(TlsConnector::new(tls, kc.tls_server_name.clone()).describing(tls::describe));
         let agent = Agent::with_parts(config, connector, DefaultResolver::default());
         Ok(Client {
             inner: Arc::new(Inner {

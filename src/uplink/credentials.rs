@@ -8,7 +8,6 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use rustls_pki_types::pem::{self, PemObject};
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
 use super::der::{self, Validity};
@@ -76,34 +75,8 @@ impl fmt::Debug for Token {
 }
 
 /// Reads the CA bundle: every PEM certificate in it, each one usable as a trust anchor.
-pub(super) fn ca_certificates(bytes: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
-    let certs = certificates(bytes)?;
-    for (i, cert) in certs.iter().enumerate() {
-        rustls::RootCertStore::empty()
-            .add(cert.clone())
-            .map_err(|e| format!("certificate {} is not a usable CA certificate: {e}", i + 1))?;
-    }
-    Ok(certs)
-}
-
-fn certificates(bytes: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
-    let certs = CertificateDer::pem_slice_iter(bytes)
-        .collect::<Result<Vec<_>, pem::Error>>()
-        .map_err(|e| format!("bad PEM: {e}"))?;
-    if certs.is_empty() {
-        return Err("no certificate found (expected PEM \"BEGIN CERTIFICATE\")".to_string());
-    }
-    Ok(certs)
-}
-
-fn private_key(bytes: &[u8]) -> Result<PrivateKeyDer<'static>, String> {
-    PrivateKeyDer::from_pem_slice(bytes).map_err(|e| match e {
-        pem::Error::NoItemsFound => "no private key found (expected PEM \"BEGIN PRIVATE KEY\", \
-                                     \"BEGIN RSA PRIVATE KEY\" or \"BEGIN EC PRIVATE KEY\")"
-            .to_string(),
-        e => format!("bad PEM: {e}"),
-    })
-}
+pub(super) use crate::tls::ca_certificates;
+use crate::tls::{certificates, private_key};
 
 /// The user's client certificate and token, at least one of them.
 pub(super) fn load_user(

@@ -3,7 +3,7 @@
 //! names that well-behaved tar writers refuse to produce.
 //!
 //! Included by path (`#[path = "support/oci.rs"] mod oci;`), so it uses only std, tar,
-//! flate2, sha2 and serde_json.
+//! flate2, ruzstd, sha2 and serde_json.
 #![allow(dead_code)]
 
 use std::fs;
@@ -20,6 +20,7 @@ pub const MEDIA_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
 pub const MEDIA_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
 pub const MEDIA_LAYER: &str = "application/vnd.oci.image.layer.v1.tar";
 pub const MEDIA_LAYER_GZIP: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
+pub const MEDIA_LAYER_ZSTD: &str = "application/vnd.oci.image.layer.v1.tar+zstd";
 
 /// One entry of a layer. Paths are written into the tar header as given.
 #[derive(Debug, Clone)]
@@ -83,6 +84,7 @@ impl Entry {
 pub struct Layer {
     pub entries: Vec<Entry>,
     pub gzip: bool,
+    pub zstd: bool,
 }
 
 impl Layer {
@@ -90,10 +92,15 @@ impl Layer {
         Layer {
             entries,
             gzip: false,
+            zstd: false,
         }
     }
     pub fn gzipped(mut self) -> Self {
         self.gzip = true;
+        self
+    }
+    pub fn zstd(mut self) -> Self {
+        self.zstd = true;
         self
     }
 }
@@ -279,7 +286,13 @@ pub fn layout_files(image: &Image) -> io::Result<(Files, Built)> {
     for layer in &image.layers {
         let plain = layer_tar(layer)?;
         diff_ids.push(sha256(&plain));
-        let (bytes, media) = if layer.gzip {
+        let (bytes, media) = if layer.zstd {
+            let z = ruzstd::encoding::compress_to_vec(
+                plain.as_slice(),
+                ruzstd::encoding::CompressionLevel::Fastest,
+            );
+            (z, MEDIA_LAYER_ZSTD)
+        } else if layer.gzip {
             (gzip(&plain)?, MEDIA_LAYER_GZIP)
         } else {
             (plain, MEDIA_LAYER)
@@ -460,4 +473,72 @@ pub fn busybox_image(ref_name: &str) -> io::Result<Image> {
         ref_name: Some(ref_name.into()),
         nested_index: false,
     })
+}
+
+/// An OCI layout directory whose one entry is an image index of `entries`, each an image
+/// with the platform given as `os/arch[/variant]` (the config keeps the host's
+/// architecture: only the index's platform is read when picking). Returns the index's
+/// digest and each image's digests, in order.
+pub fn write_index_dir(dir: &Path, entries: &[(&str, &Image)]) -> io::Result<(String, Vec<Built>)> {
+    let mut manifests = Vec::new();
+    let mut builts = Vec::new();
+    for (platform, image) in entries {
+        let (files, built) = layout_files(image)?;
+        let mut size = 0;
+        for (name, bytes) in files {
+            if !name.starts_with("blobs/") {
+                continue;
+            }
+            if name.ends_with(hex(&built.manifest_digest)) {
+                size = bytes.len();
+            }
+            let path = dir.join(name);
+            if let Some(parent) = path.parent() {
+                fs::create_dir_all(parent)?;
+            }
+            fs::write(path, bytes)?;
+        }
+        let mut parts = platform.split('/');
+        let mut p = json!({
+            "os": parts.next().unwrap_or("linux"),
+            "architecture": parts.next().unwrap_or("amd64"),
+        });
+        if let Some(v) = parts.next() {
+            p["variant"] = json!(v);
+        }
+        manifests.push(json!({
+            "mediaType": MEDIA_MANIFEST,
+            "digest": built.manifest_digest,
+            "size": size,
+            "platform": p,
+        }));
+        builts.push(built);
+    }
+    let index = serde_json::to_vec(
+        &json!({"schemaVersion": 2, "mediaType": MEDIA_INDEX, "manifests": manifests}),
+    )?;
+    let index_digest = sha256(&index);
+    let blobs = dir.join("blobs/sha256");
+    fs::create_dir_all(&blobs)?;
+    fs::write(blobs.join(hex(&index_digest)), &index)?;
+    let top = json!({"schemaVersion": 2, "mediaType": MEDIA_INDEX, "manifests": [
+        {"mediaType": MEDIA_INDEX, "digest": index_digest, "size": index.len()}
+    ]});
+    fs::write(dir.join("index.json"), serde_json::to_vec(&top)?)?;
+    fs::write(dir.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#)?;
+    Ok((index_digest, builts))
+}
+
+/// `n` bytes no compressor shrinks (xorshift from `seed`): layers of a real size.
+pub fn noise(n: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    let mut out = Vec::with_capacity(n + 8);
+    while out.len() < n {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(n);
+    out
 }

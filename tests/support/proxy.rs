@@ -13,6 +13,9 @@
 //! Switching to `Blackhole` or `Reset` takes effect before `set_mode` returns: no byte is
 //! forwarded after it. Threads end by themselves once the proxy is dropped.
 //!
+//! `cut_after(n)` resets the first connection that carries more than `n` bytes from the
+//! upstream, after exactly `n` of them: a download cut off midway.
+//!
 //! Include with `#[path = "support/proxy.rs"] mod proxy;`.
 
 #![allow(dead_code)]
@@ -51,6 +54,9 @@ struct Shared {
     next_id: AtomicU64,
     /// Ids of connections not yet closed.
     open: Mutex<HashSet<u64>>,
+    /// Armed by `cut_after`: the byte count after which a connection is cut, once.
+    cut: Mutex<Option<u64>>,
+    cuts: AtomicUsize,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -86,6 +92,8 @@ impl Proxy {
             accepted: AtomicUsize::new(0),
             next_id: AtomicU64::new(0),
             open: Mutex::new(HashSet::new()),
+            cut: Mutex::new(None),
+            cuts: AtomicUsize::new(0),
         });
         let s = shared.clone();
         let accept = std::thread::Builder::new()
@@ -142,6 +150,17 @@ impl Proxy {
     pub fn restore_after_outage(&self) {
         self.set_mode(Mode::Reset);
         self.set_mode(Mode::Pass);
+    }
+
+    /// The next connection to carry more than `bytes` from the upstream is reset after
+    /// exactly `bytes` of them (once).
+    pub fn cut_after(&self, bytes: u64) {
+        *lock(&self.shared.cut) = Some(bytes);
+    }
+
+    /// Connections cut by `cut_after` so far.
+    pub fn cuts(&self) -> usize {
+        self.shared.cuts.load(Ordering::SeqCst)
     }
 
     /// Connections accepted so far, whatever became of them.
@@ -221,8 +240,8 @@ fn serve(shared: &Shared, client: TcpStream) {
     }
     let dead = AtomicBool::new(false);
     std::thread::scope(|scope| {
-        scope.spawn(|| pump(shared, &upstream, &client, &dead));
-        pump(shared, &client, &upstream, &dead);
+        scope.spawn(|| pump(shared, &upstream, &client, &dead, true));
+        pump(shared, &client, &upstream, &dead, false);
     });
     if dead.load(Ordering::SeqCst) {
         abort(client);
@@ -233,8 +252,9 @@ fn serve(shared: &Shared, client: TcpStream) {
 /// Forwards `from` to `to` while the mode lets it; sets `dead` when the connection is to
 /// be reset (a reset, a write cut short, a broken side) and ends when the other
 /// direction did so, at `from`'s end of stream, or when the proxy stops.
-fn pump(shared: &Shared, from: &TcpStream, to: &TcpStream, dead: &AtomicBool) {
+fn pump(shared: &Shared, from: &TcpStream, to: &TcpStream, dead: &AtomicBool, downstream: bool) {
     let mut buf = vec![0u8; 16 * 1024];
+    let mut carried = 0u64;
     loop {
         if shared.stopping() || dead.load(Ordering::SeqCst) {
             return;
@@ -260,7 +280,22 @@ fn pump(shared: &Shared, from: &TcpStream, to: &TcpStream, dead: &AtomicBool) {
             }
             Ok(n) => {
                 let mut writer = to;
-                if writer.write_all(&buf[..n]).is_err() {
+                let mut n = n;
+                let mut cut = false;
+                if downstream {
+                    let mut armed = lock(&shared.cut);
+                    if let Some(limit) = *armed {
+                        if carried + n as u64 > limit {
+                            n = (limit - carried) as usize;
+                            cut = true;
+                            *armed = None;
+                            shared.cuts.fetch_add(1, Ordering::SeqCst);
+                        }
+                    }
+                }
+                carried += n as u64;
+                if writer.write_all(&buf[..n]).is_err() || cut {
+                    let _ = writer.flush();
                     dead.store(true, Ordering::SeqCst);
                     return;
                 }

@@ -13,6 +13,8 @@ use crate::store::{Store, Tree};
 
 /// The Secret type image pulls use.
 pub const DOCKER_CONFIG_JSON: &str = "kubernetes.io/dockerconfigjson";
+/// Its legacy form (`.dockercfg`), which the kubelet still reads.
+pub const DOCKER_CFG: &str = "kubernetes.io/dockercfg";
 
 /// The cached ConfigMaps and Secrets (store trees `configmaps` and `secrets`, keyed
 /// `<namespace>/<name>`). Cheap to clone; clones share the trees and are safe to use
@@ -55,7 +57,8 @@ impl ObjectCache {
     }
 
     /// The pod's `imagePullSecrets` that are cached and of type
-    /// `kubernetes.io/dockerconfigjson`, in the pod's order. As with the kubelet, a pull
+    /// `kubernetes.io/dockerconfigjson` (or the legacy `kubernetes.io/dockercfg`), in the
+    /// pod's order. As with the kubelet, a pull
     /// secret that is missing or of another type is skipped with a warning and the pull
     /// goes ahead without it.
     pub fn pull_secrets(&self, pod: &Pod) -> Vec<Secret> {
@@ -75,7 +78,11 @@ impl ObjectCache {
             }
             let key = ObjectKey::new(ObjectKind::Secret, ns, &r.name);
             match self.secret(ns, &r.name) {
-                Ok(Some(s)) if s.type_.as_deref() == Some(DOCKER_CONFIG_JSON) => out.push(s),
+                Ok(Some(s))
+                    if matches!(s.type_.as_deref(), Some(DOCKER_CONFIG_JSON | DOCKER_CFG)) =>
+                {
+                    out.push(s)
+                }
                 Ok(Some(s)) => log::warn!(
                     "pull {key} has type {:?}, not {DOCKER_CONFIG_JSON}; pulling without it",
                     s.type_.as_deref().unwrap_or("")
@@ -276,6 +283,7 @@ mod tests {
         for (name, type_) in [
             ("b", DOCKER_CONFIG_JSON),
             ("a", DOCKER_CONFIG_JSON),
+            ("legacy", DOCKER_CFG),
             ("opaque", "Opaque"),
         ] {
             let key = ObjectKey::new(ObjectKind::Secret, "apps", name);
@@ -292,7 +300,8 @@ mod tests {
             "metadata": {"name": "p", "namespace": "apps"},
             "spec": {"containers": [{"name": "c", "image": "x"}],
                      "imagePullSecrets": [{"name": "b"}, {"name": "opaque"}, {"name": "c"},
-                                          {"name": "missing"}, {"name": "a"}, {"name": "b"}]},
+                                          {"name": "missing"}, {"name": "a"}, {"name": "b"},
+                                          {"name": "legacy"}]},
         }))
         .expect("pod");
         let names: Vec<String> = cache
@@ -300,6 +309,9 @@ mod tests {
             .into_iter()
             .filter_map(|s| s.metadata.name)
             .collect();
-        assert_eq!(names, vec!["b".to_string(), "a".to_string()]);
+        assert_eq!(
+            names,
+            vec!["b".to_string(), "a".to_string(), "legacy".to_string()]
+        );
     }
 }

@@ -1,0 +1,286 @@
+//! Image GC as the kubelet does it: when the filesystem holding the content store is
+//! fuller than `imageGCHighThresholdPercent`, images no pod uses are removed, least
+//! recently used first, until it is down to `imageGCLowThresholdPercent`. An image used
+//! within `imageMinimumGCAge` stays. Blobs shared by images are freed only with the last
+//! of them, so they are counted once. `prune` removes every unused image at once.
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Pod, PodStatus};
+
+use super::reference::Reference;
+use super::{ImageError, ImageRecord, ImageStore};
+use crate::time::Timestamp;
+
+/// When GC starts and stops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GcPolicy {
+    pub high_percent: u8,
+    pub low_percent: u8,
+    pub minimum_age: Duration,
+}
+
+/// Images pods of this node use: by normalised reference (what specs ask for) and by
+/// image id (what containers run).
+#[derive(Debug, Clone, Default)]
+pub struct InUse {
+    references: HashSet<String>,
+    ids: HashSet<String>,
+}
+
+impl InUse {
+    /// From each pod's spec (wanted) and status (running or exited).
+    pub fn from_pods<'a>(
+        pods: impl IntoIterator<Item = (&'a Pod, Option<&'a PodStatus>)>,
+    ) -> InUse {
+        let mut u = InUse::default();
+        for (pod, status) in pods {
+            let spec = pod.spec.iter();
+            for c in spec.flat_map(|s| {
+                s.containers
+                    .iter()
+                    .chain(s.init_containers.iter().flatten())
+            }) {
+                if let Some(image) = &c.image {
+                    u.add_reference(image);
+                }
+            }
+            for cs in status.into_iter().flat_map(|s| {
+                s.container_statuses
+                    .iter()
+                    .flatten()
+                    .chain(s.init_container_statuses.iter().flatten())
+            }) {
+                if !cs.image_id.is_empty() {
+                    u.ids.insert(cs.image_id.clone());
+                }
+            }
+        }
+        u
+    }
+
+    pub fn add_reference(&mut self, image: &str) {
+        match Reference::parse(image) {
+            Ok(r) => {
+                self.references.insert(r.to_string());
+            }
+            Err(_) => {
+                self.references.insert(image.to_string());
+            }
+        }
+    }
+
+    pub fn add_id(&mut self, id: &str) {
+        self.ids.insert(id.to_string());
+    }
+
+    pub fn uses(&self, r: &ImageRecord) -> bool {
+        self.ids.contains(&r.config_digest)
+            || self.ids.contains(&r.manifest_digest)
+            || r.references.iter().any(|x| self.references.contains(x))
+    }
+}
+
+/// Bytes of the filesystem at a path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    pub capacity: u64,
+    pub available: u64,
+}
+
+impl Usage {
+    pub fn of(path: &Path) -> Result<Usage, ImageError> {
+        let s = nix::sys::statvfs::statvfs(path).map_err(|e| ImageError::Io {
+            context: format!("statfs {}", path.display()),
+            source: std::io::Error::from(e),
+        })?;
+        let block = s.fragment_size();
+        Ok(Usage {
+            capacity: s.blocks() * block,
+            available: s.blocks_available() * block,
+        })
+    }
+
+    pub fn used(&self) -> u64 {
+        self.capacity.saturating_sub(self.available)
+    }
+
+    /// Percent used, as the kubelet computes it (100 - available * 100 / capacity).
+    pub fn percent(&self) -> u64 {
+        if self.capacity == 0 {
+            return 0;
+        }
+        100 - self.available.saturating_mul(100) / self.capacity
+    }
+}
+
+/// What a GC pass did.
+#[derive(Debug, Clone, Default)]
+pub struct GcOutcome {
+    /// Percent used before and after.
+    pub before: u64,
+    pub after: u64,
+    /// Bytes it aimed to free (zero when below the high threshold).
+    pub wanted: u64,
+    /// Bytes freed, as the filesystem counts them.
+    pub freed: u64,
+    /// Bytes the unused images held, each shared blob counted once.
+    pub eligible: u64,
+    /// References of the images removed, in the order removed.
+    pub removed: Vec<String>,
+}
+
+impl GcOutcome {
+    /// The kubelet's FreeDiskSpaceFailed message, when GC could not free enough.
+    pub fn shortfall(&self) -> Option<String> {
+        (self.wanted > 0 && self.freed < self.wanted).then(|| {
+            format!(
+                "Failed to garbage collect required amount of images. Attempted to free {} bytes, but only found {} bytes eligible to free.",
+                self.wanted, self.eligible
+            )
+        })
+    }
+}
+
+fn blobs_of(r: &ImageRecord) -> impl Iterator<Item = &String> {
+    std::iter::once(&r.manifest_digest)
+        .chain(std::iter::once(&r.config_digest))
+        .chain(&r.layers)
+}
+
+fn last_use(r: &ImageRecord) -> Timestamp {
+    r.last_used.unwrap_or(r.imported_at)
+}
+
+/// One GC pass at `now`: nothing when the filesystem is at or below `high_percent`.
+pub fn collect(
+    images: &ImageStore,
+    policy: GcPolicy,
+    in_use: &InUse,
+    now: Timestamp,
+) -> Result<GcOutcome, ImageError> {
+    let root = images.content_root();
+    let usage = Usage::of(&root)?;
+    let mut out = GcOutcome {
+        before: usage.percent(),
+        after: usage.percent(),
+        ..GcOutcome::default()
+    };
+    // Partial downloads nobody resumed for a day go whatever the thresholds.
+    let day_ago = std::time::SystemTime::now() - Duration::from_secs(86_400);
+    let stale = images.content().remove_partials_before(day_ago);
+    if stale > 0 {
+        log::info!("image GC: removed {stale} bytes of partial downloads older than a day");
+    }
+    if usage.percent() <= u64::from(policy.high_percent) {
+        return Ok(out);
+    }
+    let target_used = usage.capacity / 100 * u64::from(policy.low_percent);
+    out.wanted = usage.used().saturating_sub(target_used);
+    let all = images.list()?;
+    let mut kept: HashSet<&String> = HashSet::new();
+    let mut freeable: HashSet<&String> = HashSet::new();
+    for r in &all {
+        let blobs = blobs_of(r);
+        if in_use.uses(r) {
+            kept.extend(blobs);
+        } else {
+            freeable.extend(blobs);
+        }
+    }
+    // What removing every unused image would free: a blob shared by several counts once,
+    // and one a used image shares counts not at all.
+    for d in freeable.difference(&kept) {
+        out.eligible += images.disk_bytes(d)?;
+    }
+    let mut candidates: Vec<ImageRecord> =
+        all.iter().filter(|r| !in_use.uses(r)).cloned().collect();
+    candidates.retain(|r| {
+        let age = now.duration_since(last_use(r)).as_secs();
+        age >= policy.minimum_age.as_secs() as i64
+    });
+    candidates.sort_by_key(last_use);
+    for r in candidates {
+        let before = Usage::of(&root)?.used();
+        if before <= target_used {
+            break;
+        }
+        images.remove(&r.manifest_digest, &[])?;
+        let after = Usage::of(&root)?.used();
+        out.freed += before.saturating_sub(after);
+        log::info!(
+            "image GC: removed {} ({}), last used {}",
+            r.references.join(", "),
+            r.manifest_digest,
+            last_use(&r)
+        );
+        out.removed.extend(r.references.iter().cloned());
+    }
+    out.after = Usage::of(&root)?.percent();
+    Ok(out)
+}
+
+/// Removes every image no pod uses; returns what went.
+pub fn prune(images: &ImageStore, in_use: &InUse) -> Result<Vec<ImageRecord>, ImageError> {
+    let mut removed = Vec::new();
+    for r in images.list()? {
+        if in_use.uses(&r) {
+            continue;
+        }
+        images.remove(&r.manifest_digest, &[])?;
+        removed.push(r);
+    }
+    Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usage_percent_and_shortfall_words() {
+        let u = Usage {
+            capacity: 1000,
+            available: 140,
+        };
+        assert_eq!((u.used(), u.percent()), (860, 86));
+        let o = GcOutcome {
+            wanted: 60,
+            freed: 10,
+            eligible: 10,
+            ..GcOutcome::default()
+        };
+        assert_eq!(
+            o.shortfall().as_deref(),
+            Some("Failed to garbage collect required amount of images. Attempted to free 60 bytes, but only found 10 bytes eligible to free.")
+        );
+    }
+
+    #[test]
+    fn in_use_matches_normalised_references_and_ids() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p"},
+            "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+        }))
+        .expect("pod");
+        let status: PodStatus = serde_json::from_value(serde_json::json!({
+            "containerStatuses": [{"name": "c", "image": "x", "imageID": "sha256:1", "ready": true, "restartCount": 0}],
+        }))
+        .expect("status");
+        let u = InUse::from_pods([(&pod, Some(&status))]);
+        let rec = |refs: &[&str], config: &str| ImageRecord {
+            references: refs.iter().map(|s| s.to_string()).collect(),
+            manifest_digest: "sha256:m".into(),
+            config_digest: config.into(),
+            layers: vec![],
+            size: 0,
+            imported_at: crate::time::now(),
+            last_used: None,
+        };
+        assert!(u.uses(&rec(&["docker.io/library/busybox:latest"], "sha256:9")));
+        assert!(u.uses(&rec(&["other:1"], "sha256:1")));
+        assert!(!u.uses(&rec(&["docker.io/library/busybox:1"], "sha256:9")));
+    }
+}

@@ -1,0 +1,409 @@
+//! HTTP to registries: one ureq agent per endpoint, over the shared rustls connector with
+//! the system's CA bundle plus the endpoint's own CA and client certificate. Redirects
+//! (blob storage, a CDN) are followed here, not by ureq, so that the `Authorization`
+//! header never goes to another host.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::Duration;
+
+use rustls::pki_types::CertificateDer;
+use rustls::ClientConfig;
+use ureq::http::{Request, Response};
+use ureq::unversioned::resolver::DefaultResolver;
+use ureq::unversioned::transport::{Connector, TcpConnector};
+use ureq::{Agent, Body};
+
+use super::hosts::Endpoint;
+use super::RegistryError;
+use crate::tls::{TlsConnector, TlsFailure};
+
+/// How long a connection (TCP and TLS handshake) may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the response head may take.
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Redirects followed for one request.
+const MAX_REDIRECTS: usize = 5;
+
+/// The HTTP side of the registry client. Cheap to share; agents keep their connections.
+pub(crate) struct Http {
+    agents: Mutex<HashMap<Endpoint, Agent>>,
+    /// For hosts a redirect leads to: the system's roots only.
+    plain_agent: OnceLock<Result<Agent, String>>,
+}
+
+/// One request's settings.
+pub(crate) struct Call<'a> {
+    pub method: &'static str,
+    pub url: String,
+    pub headers: Vec<(&'static str, String)>,
+    /// `Authorization` value, sent to the endpoint's own host only.
+    pub auth: Option<&'a str>,
+    /// How long the body may take to arrive, when it is read.
+    pub body_timeout: Option<Duration>,
+}
+
+impl Http {
+    pub(crate) fn new() -> Http {
+        Http {
+            agents: Mutex::new(HashMap::new()),
+            plain_agent: OnceLock::new(),
+        }
+    }
+
+    fn agent(&self, ep: &Endpoint) -> Result<Agent, RegistryError> {
+        let mut agents = self.agents.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(a) = agents.get(ep) {
+            return Ok(a.clone());
+        }
+        let config = tls_config(ep).map_err(|reason| RegistryError::Config { reason })?;
+        let agent = build_agent(config);
+        agents.insert(ep.clone(), agent.clone());
+        Ok(agent)
+    }
+
+    fn redirect_agent(&self) -> Result<Agent, RegistryError> {
+        self.plain_agent
+            .get_or_init(|| {
+                let mut roots = rustls::RootCertStore::empty();
+                for cert in native_roots() {
+                    let _ = roots.add(cert.clone());
+                }
+                ClientConfig::builder_with_provider(crate::tls::provider())
+                    .with_protocol_versions(rustls::ALL_VERSIONS)
+                    .map(|b| {
+                        build_agent(Arc::new(
+                            b.with_root_certificates(roots).with_no_client_auth(),
+                        ))
+                    })
+                    .map_err(|e| e.to_string())
+            })
+            .clone()
+            .map_err(|reason| RegistryError::Config { reason })
+    }
+
+    /// Sends `call` to `ep`, following redirects. The answer may be any status.
+    pub(crate) fn send(
+        &self,
+        ep: &Endpoint,
+        call: &Call<'_>,
+    ) -> Result<Response<Body>, RegistryError> {
+        let home = host_of(&call.url).to_string();
+        let mut url = call.url.clone();
+        for _ in 0..=MAX_REDIRECTS {
+            let same_host = host_of(&url) == home;
+            let agent = if same_host {
+                self.agent(ep)?
+            } else {
+                self.redirect_agent()?
+            };
+            let mut builder = Request::builder().method(call.method).uri(&url);
+            for (k, v) in &call.headers {
+                builder = builder.header(*k, v);
+            }
+            // A redirect to blob storage elsewhere must not carry the registry's token.
+            if let (Some(auth), true) = (call.auth, same_host) {
+                builder = builder.header("Authorization", auth);
+            }
+            let request = builder.body(()).map_err(|e| RegistryError::Invalid {
+                what: url.clone(),
+                reason: format!("invalid request: {e}"),
+            })?;
+            let request = agent
+                .configure_request(request)
+                .timeout_recv_body(call.body_timeout)
+                .build();
+            let response = agent.run(request).map_err(|e| transport(&url, e))?;
+            let status = response.status().as_u16();
+            if !matches!(status, 301 | 302 | 303 | 307 | 308) {
+                return Ok(response);
+            }
+            let location = response
+                .headers()
+                .get("location")
+                .and_then(|v| v.to_str().ok())
+                .ok_or_else(|| RegistryError::Invalid {
+                    what: url.clone(),
+                    reason: format!("redirect {status} without a Location"),
+                })?;
+            let next = join_url(&url, location);
+            if next.starts_with("http://") && url.starts_with("https://") {
+                return Err(RegistryError::Invalid {
+                    what: url.clone(),
+                    reason: format!("refusing a redirect from https to {next}"),
+                });
+            }
+            log::debug!(
+                "{} {url}: redirected to host {}",
+                call.method,
+                host_of(&next)
+            );
+            url = next;
+        }
+        Err(RegistryError::Invalid {
+            what: call.url.clone(),
+            reason: format!("more than {MAX_REDIRECTS} redirects"),
+        })
+    }
+}
+
+fn build_agent(tls: Arc<ClientConfig>) -> Agent {
+    let config = Agent::config_builder()
+        .http_status_as_error(false)
+        .max_redirects(0)
+        .max_redirects_will_error(false)
+        .user_agent(crate::uplink::client::user_agent())
+        .accept_encoding("")
+        // No proxy from the environment: the config module owns the environment.
+        .proxy(None)
+        .timeout_connect(Some(CONNECT_TIMEOUT))
+        .timeout_recv_response(Some(RESPONSE_TIMEOUT))
+        .build();
+    let connector = ().chain(TcpConnector::default()).chain(TlsConnector::new(tls, None));
+    Agent::with_parts(config, connector, DefaultResolver::default())
+}
+
+/// The system's CA bundle, read once (`/etc/ssl/certs` on Debian and Yocto).
+fn native_roots() -> &'static [CertificateDer<'static>] {
+    static ROOTS: OnceLock<Vec<CertificateDer<'static>>> = OnceLock::new();
+    ROOTS.get_or_init(|| {
+        let found = rustls_native_certs::load_native_certs();
+        for e in &found.errors {
+            log::warn!("system CA certificates: {e}");
+        }
+        found.certs
+    })
+}
+
+fn tls_config(ep: &Endpoint) -> Result<Arc<ClientConfig>, String> {
+    let builder = ClientConfig::builder_with_provider(crate::tls::provider())
+        .with_protocol_versions(rustls::ALL_VERSIONS)
+        .map_err(|e| e.to_string())?;
+    let builder = if ep.skip_verify {
+        builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(crate::tls::AnyServerCertificate(
+                crate::tls::provider(),
+            )))
+    } else {
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in native_roots() {
+            // A system certificate rustls cannot use is no reason to fail every pull.
+            let _ = roots.add(cert.clone());
+        }
+        if let Some(path) = &ep.ca_file {
+            let bytes = std::fs::read(path)
+                .map_err(|e| format!("{}: caFile {}: {e}", ep.host, path.display()))?;
+            for cert in crate::tls::ca_certificates(&bytes)
+                .map_err(|e| format!("{}: caFile {}: {e}", ep.host, path.display()))?
+            {
+                roots
+                    .add(cert)
+                    .map_err(|e| format!("{}: caFile {}: {e}", ep.host, path.display()))?;
+            }
+        }
+        builder.with_root_certificates(roots)
+    };
+    let config = match (&ep.client_cert, &ep.client_key) {
+        (Some(cert), Some(key)) => {
+            let read = |p: &std::path::Path, what: &str| {
+                std::fs::read(p).map_err(|e| format!("{}: {what} {}: {e}", ep.host, p.display()))
+            };
+            let chain = crate::tls::certificates(&read(cert, "clientCert")?)
+                .map_err(|e| format!("{}: clientCert {}: {e}", ep.host, cert.display()))?;
+            let key_der = crate::tls::private_key(&read(key, "clientKey")?)
+                .map_err(|e| format!("{}: clientKey {}: {e}", ep.host, key.display()))?;
+            builder
+                .with_client_auth_cert(chain, key_der)
+                .map_err(|e| format!("{}: clientCert and clientKey: {e}", ep.host))?
+        }
+        _ => builder.with_no_client_auth(),
+    };
+    Ok(Arc::new(config))
+}
+
+/// A ureq error in words, TLS failures as the shared connector put them.
+pub(crate) fn transport(url: &str, e: ureq::Error) -> RegistryError {
+    let message = match e {
+        ureq::Error::Io(io) => match io.get_ref().and_then(|i| i.downcast_ref::<TlsFailure>()) {
+            Some(tls) => tls.0.clone(),
+            None => io.to_string(),
+        },
+        ureq::Error::Timeout(t) => format!("timed out ({t})"),
+        ureq::Error::Rustls(tls) => crate::tls::describe(&tls, host_of(url)),
+        e => e.to_string(),
+    };
+    RegistryError::Transport {
+        url: url.to_string(),
+        message,
+    }
+}
+
+/// `https://h:1/v2/x` → `h:1`.
+pub(crate) fn host_of(url: &str) -> &str {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    rest.split(['/', '?', '#']).next().unwrap_or(rest)
+}
+
+/// Resolves a `Location` against the URL it came from.
+fn join_url(base: &str, location: &str) -> String {
+    if location.contains("://") {
+        return location.to_string();
+    }
+    let (scheme, rest) = base.split_once("://").unwrap_or(("https", base));
+    let host = rest.split(['/', '?', '#']).next().unwrap_or(rest);
+    if let Some(abs) = location.strip_prefix("//") {
+        return format!("{scheme}://{abs}");
+    }
+    if location.starts_with('/') {
+        return format!("{scheme}://{host}{location}");
+    }
+    let path = rest.split(['?', '#']).next().unwrap_or(rest);
+    let dir = path.rsplit_once('/').map_or(path, |(d, _)| d);
+    format!("{scheme}://{dir}/{location}")
+}
+
+/// The distribution API's error codes in a body (`{"errors":[{"code","message"}]}`).
+pub(crate) fn error_codes(body: &[u8]) -> Vec<String> {
+    #[derive(serde::Deserialize)]
+    struct Errors {
+        #[serde(default)]
+        errors: Vec<ApiError>,
+    }
+    #[derive(serde::Deserialize)]
+    struct ApiError {
+        #[serde(default)]
+        code: String,
+        #[serde(default)]
+        message: String,
+    }
+    match serde_json::from_slice::<Errors>(body) {
+        Ok(e) => e
+            .errors
+            .into_iter()
+            .map(|e| {
+                let mut s = format!("{}: {}", e.code, e.message);
+                s.truncate(300);
+                s
+            })
+            .collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// The status error for a response, with the registry's codes from its (small) body.
+pub(crate) fn status_error(
+    method: &'static str,
+    url: &str,
+    response: Response<Body>,
+) -> RegistryError {
+    let status = response.status().as_u16();
+    let (_, mut body) = response.into_parts();
+    let bytes = body
+        .with_config()
+        .limit(64 * 1024)
+        .read_to_vec()
+        .unwrap_or_default();
+    RegistryError::Status {
+        method,
+        url: url.to_string(),
+        status,
+        codes: error_codes(&bytes),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn locations_resolve_against_the_request() {
+        let base = "https://reg:5000/v2/x/blobs/sha256:ab";
+        assert_eq!(
+            join_url(base, "https://s3.example/b?sig=1"),
+            "https://s3.example/b?sig=1"
+        );
+        assert_eq!(join_url(base, "/other/path"), "https://reg:5000/other/path");
+        assert_eq!(join_url(base, "//cdn.example/p"), "https://cdn.example/p");
+        assert_eq!(join_url(base, "rel"), "https://reg:5000/v2/x/blobs/rel");
+        assert_eq!(host_of("https://reg:5000/v2/"), "reg:5000");
+        assert_eq!(host_of("https://s3.example?x"), "s3.example");
+    }
+
+    /// Serves one request on 127.0.0.1 with `answer`; the request head comes back.
+    fn one_shot(answer: String) -> (String, std::thread::JoinHandle<String>) {
+        use std::io::{BufRead, BufReader, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr").to_string();
+        let handle = std::thread::spawn(move || {
+            let Ok((mut conn, _)) = listener.accept() else {
+                return String::new();
+            };
+            let mut head = String::new();
+            let mut reader = BufReader::new(conn.try_clone().expect("clone"));
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+                head.push_str(&line);
+            }
+            let _ = conn.write_all(answer.as_bytes());
+            head
+        });
+        (addr, handle)
+    }
+
+    #[test]
+    fn a_redirect_to_another_host_does_not_carry_the_authorization() {
+        let (storage, storage_seen) = one_shot(
+            "HTTP/1.1 200 OK\r\nContent-Length: 4\r\nConnection: close\r\n\r\nblob".into(),
+        );
+        let (registry, registry_seen) = one_shot(format!(
+            "HTTP/1.1 307 Temporary Redirect\r\nLocation: http://{storage}/bucket/blob?sig=1\r\n\
+             Content-Length: 0\r\nConnection: close\r\n\r\n"
+        ));
+        let ep = Endpoint {
+            base: format!("http://{registry}"),
+            host: registry.clone(),
+            mirror: true,
+            pull: true,
+            resolve: false,
+            ca_file: None,
+            client_cert: None,
+            client_key: None,
+            skip_verify: false,
+        };
+        let http = Http::new();
+        let call = Call {
+            method: "GET",
+            url: format!("http://{registry}/v2/x/blobs/sha256:ab"),
+            headers: Vec::new(),
+            auth: Some("Bearer not-for-storage"),
+            body_timeout: Some(Duration::from_secs(5)),
+        };
+        let response = http.send(&ep, &call).expect("followed");
+        assert_eq!(response.status().as_u16(), 200);
+        let (_, mut body) = response.into_parts();
+        assert_eq!(body.read_to_vec().expect("body"), b"blob");
+        let to_registry = registry_seen.join().expect("registry").to_ascii_lowercase();
+        let to_storage = storage_seen.join().expect("storage").to_ascii_lowercase();
+        assert!(
+            to_registry.contains("authorization: bearer not-for-storage"),
+            "{to_registry}"
+        );
+        assert!(
+            to_storage.starts_with("get /bucket/blob?sig=1 "),
+            "{to_storage}"
+        );
+        assert!(!to_storage.contains("authorization"), "{to_storage}");
+    }
+
+    #[test]
+    fn registry_error_codes_are_read() {
+        let body =
+            br#"{"errors":[{"code":"MANIFEST_UNKNOWN","message":"manifest unknown","detail":{}}]}"#;
+        assert_eq!(error_codes(body), ["MANIFEST_UNKNOWN: manifest unknown"]);
+        assert!(error_codes(b"<html>").is_empty());
+    }
+}

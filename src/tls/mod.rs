@@ -1,0 +1,149 @@
+//! tls: the one TLS client stack in the binary, rustls with ring under ureq, shared by
+//! the apiserver client (`uplink`) and the registry client (`image::registry`): the
+//! connector that lets each bring its own rustls config, PEM reading, and the words for
+//! handshake failures. Holds no policy about whom to trust; the callers decide that.
+
+mod connector;
+
+use std::sync::Arc;
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::{self, PemObject};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::{AlertDescription, CertificateError, DigitallySignedStruct, SignatureScheme};
+
+pub use connector::{Describe, TlsConnector, TlsFailure, TlsTransport};
+
+/// ring: no C build of aws-lc for the ARM targets.
+pub fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// Every PEM certificate in `bytes`; at least one.
+pub fn certificates(bytes: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certs = CertificateDer::pem_slice_iter(bytes)
+        .collect::<Result<Vec<_>, pem::Error>>()
+        .map_err(|e| format!("bad PEM: {e}"))?;
+    if certs.is_empty() {
+        return Err("no certificate found (expected PEM \"BEGIN CERTIFICATE\")".to_string());
+    }
+    Ok(certs)
+}
+
+/// Every PEM certificate in `bytes`, each one usable as a trust anchor.
+pub fn ca_certificates(bytes: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certs = certificates(bytes)?;
+    for (i, cert) in certs.iter().enumerate() {
+        rustls::RootCertStore::empty()
+            .add(cert.clone())
+            .map_err(|e| format!("certificate {} is not a usable CA certificate: {e}", i + 1))?;
+    }
+    Ok(certs)
+}
+
+/// The first PEM private key in `bytes` (PKCS#8, PKCS#1 or SEC1).
+pub fn private_key(bytes: &[u8]) -> Result<PrivateKeyDer<'static>, String> {
+    PrivateKeyDer::from_pem_slice(bytes).map_err(|e| match e {
+        pem::Error::NoItemsFound => "no private key found (expected PEM \"BEGIN PRIVATE KEY\", \
+                                     \"BEGIN RSA PRIVATE KEY\" or \"BEGIN EC PRIVATE KEY\")"
+            .to_string(),
+        e => format!("bad PEM: {e}"),
+    })
+}
+
+/// rustls's words, with what they usually mean.
+pub fn describe(e: &rustls::Error, server: &str) -> String {
+    use CertificateError as C;
+    match e {
+        rustls::Error::InvalidCertificate(C::UnknownIssuer | C::BadSignature) => format!(
+            "tls handshake with {server}: the server certificate is not signed by a trusted CA: {e}"
+        ),
+        rustls::Error::InvalidCertificate(
+            C::NotValidForName | C::NotValidForNameContext { .. },
+        ) => format!("tls handshake with {server}: the server certificate does not name {server}: {e}"),
+        rustls::Error::InvalidCertificate(
+            C::Expired | C::ExpiredContext { .. } | C::NotValidYet | C::NotValidYetContext { .. },
+        ) => format!(
+            "tls handshake with {server}: the server certificate is outside its validity \
+             period (or this machine's clock is wrong): {e}"
+        ),
+        rustls::Error::AlertReceived(
+            AlertDescription::BadCertificate
+            | AlertDescription::CertificateRequired
+            | AlertDescription::UnknownCA
+            | AlertDescription::CertificateExpired
+            | AlertDescription::CertificateUnknown
+            | AlertDescription::CertificateRevoked
+            | AlertDescription::UnsupportedCertificate
+            | AlertDescription::AccessDenied,
+        ) => format!(
+            "tls handshake with {server}: the server rejected the client certificate (or its absence): {e}"
+        ),
+        e => format!("tls handshake with {server}: {e}"),
+    }
+}
+
+/// Accepts any server certificate, still checking that the server holds its key. Only
+/// for endpoints the operator marked `skipVerify` (a site cache with a certificate
+/// nobody issued), whose content is checked by digest and who get no credentials.
+#[derive(Debug)]
+pub struct AnyServerCertificate(pub Arc<CryptoProvider>);
+
+impl ServerCertVerifier for AnyServerCertificate {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pem_errors_say_what_was_expected() {
+        let e = certificates(b"not pem").expect_err("no cert");
+        assert!(e.contains("BEGIN CERTIFICATE"), "{e}");
+        let e = private_key(b"").expect_err("no key");
+        assert!(e.contains("BEGIN PRIVATE KEY"), "{e}");
+    }
+}

@@ -1,0 +1,482 @@
+//! A real `holdfast run` pulling from Debian's `docker-registry` on 127.0.0.1 (TLS from
+//! the test's CA, images pushed with skopeo), running real containers: pull policies
+//! and the waiting reasons ErrImagePull then ImagePullBackOff in the pod status, the
+//! offline fallback (and turning it off), `holdfast image pull` through the running agent
+//! with its progress, `image prune`, and a cluster pod whose pull secret comes through
+//! the kube-apiserver double, with the kubelet's events and no credential in the log.
+
+mod support;
+
+#[path = "support/apiserver/mod.rs"]
+mod apiserver;
+// The double's copy of the test PKI, which the registry support uses as `crate::pki`.
+use apiserver::pki;
+#[path = "support/registry.rs"]
+mod registry;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Container, LocalObjectReference, Pod, PodSpec, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::ByteString;
+use registry::{Auth, Registry};
+use serde_json::Value;
+use support::agent::{container, need_root, oci, Agent, BIN};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// The agent's config: trust the test CA for `hosts`, a short pull back-off.
+fn registry_config(hosts: &[&Registry], extra: &str) -> String {
+    let mut s =
+        String::from("  imagePullBackOffInitial: 2s\n  imagePullBackOffMax: 4s\n  registries:\n");
+    for r in hosts {
+        s.push_str(&format!(
+            "    \"{}\":\n      caFile: {}\n",
+            r.host(),
+            r.ca.display()
+        ));
+    }
+    s.push_str(extra);
+    s
+}
+
+/// Pushes the host's busybox as `repo:tag`, with a layer of its own so that it is not
+/// the image every test agent imports at start.
+fn push_busybox(reg: &Registry, dir: &Path, repo: &str, tag: &str, creds: Option<(&str, &str)>) {
+    let layout = dir.join(format!("layout-{}-{tag}", repo.replace('/', "-")));
+    let mut image = oci::busybox_image("unused").expect("busybox");
+    let seed = repo.bytes().chain(tag.bytes()).map(u64::from).sum::<u64>() + 1;
+    image.layers.push(
+        oci::Layer::new(vec![oci::Entry::file(
+            "etc/own",
+            &oci::noise(200_000, seed),
+            0o644,
+        )])
+        .gzipped(),
+    );
+    let (arch, variant) = oci::goarch();
+    let platform = match variant {
+        Some(v) => format!("linux/{arch}/{v}"),
+        None => format!("linux/{arch}"),
+    };
+    oci::write_index_dir(&layout, &[(&platform, &image)]).expect("layout");
+    reg.push(&layout, repo, tag, creds);
+}
+
+fn pod_yaml(name: &str, image: &str, policy: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  hostNetwork: true\n  \
+         terminationGracePeriodSeconds: 1\n  containers:\n    - name: c\n      image: {image}\n      \
+         imagePullPolicy: {policy}\n      command: [\"sleep\", \"3600\"]\n"
+    )
+}
+
+fn waiting(p: &Value) -> (String, String) {
+    let w = &container(p, "c")["state"]["waiting"];
+    (
+        w["reason"].as_str().unwrap_or("").to_string(),
+        w["message"].as_str().unwrap_or("").to_string(),
+    )
+}
+
+fn running(p: &Value) -> bool {
+    container(p, "c")["state"]["running"].is_object()
+}
+
+#[test]
+fn pull_policies_and_pull_back_off_in_the_pod_status() {
+    if !need_root() || !registry::tools_present() {
+        return;
+    }
+    let mut a = Agent::new("pull-policies");
+    let pki = pki::Pki::new(&a.dir.join("pki"));
+    let reg = Registry::start(&a.dir.join("registry"), &pki, Auth::None);
+    push_busybox(&reg, &a.dir, "edge/app", "1", None);
+    a.write_config(&registry_config(&[&reg], ""));
+    let host = reg.host();
+    let app = format!("{host}/edge/app:1");
+    // Two pods want the new image at once: one download.
+    a.write_manifest("always.yaml", &pod_yaml("always", &app, "Always"));
+    a.write_manifest("always-too.yaml", &pod_yaml("always-too", &app, "Always"));
+    a.start();
+    a.wait_pod("always", "running from the pulled image", WAIT, running);
+    a.wait_pod("always-too", "running from the pulled image", WAIT, running);
+    let blob_gets: Vec<String> = reg
+        .requests("/v2/edge/app/blobs/")
+        .iter()
+        .filter_map(|l| {
+            l.split_whitespace()
+                .find(|w| w.starts_with("/v2/"))
+                .map(str::to_string)
+        })
+        .collect();
+    let distinct: std::collections::BTreeSet<&String> = blob_gets.iter().collect();
+    assert!(!blob_gets.is_empty());
+    assert_eq!(
+        blob_gets.len(),
+        distinct.len(),
+        "a blob fetched twice: {blob_gets:?}"
+    );
+    let log = a.agent_log();
+    assert!(
+        log.contains(&format!("Successfully pulled image \"{app}\" in "))
+            && log.contains("Image size: "),
+        "{log}"
+    );
+    let manifest_gets = || reg.requests("/v2/edge/app/manifests/1").len();
+    let after_always = manifest_gets();
+    assert!(after_always >= 1);
+
+    // IfNotPresent with the image here: no request to the registry.
+    a.write_manifest("ifnot.yaml", &pod_yaml("ifnot", &app, "IfNotPresent"));
+    a.wait_pod("ifnot", "running", WAIT, running);
+    assert_eq!(
+        manifest_gets(),
+        after_always,
+        "IfNotPresent asked the registry"
+    );
+
+    // Never with an image that is not here.
+    a.write_manifest(
+        "never.yaml",
+        &pod_yaml("never", &format!("{host}/edge/app:2"), "Never"),
+    );
+    let p = a.wait_pod("never", "ErrImageNeverPull", WAIT, |p| {
+        waiting(p).0 == "ErrImageNeverPull"
+    });
+    assert!(
+        waiting(&p)
+            .1
+            .contains("is not present with pull policy of Never"),
+        "{p}"
+    );
+
+    // A tag the registry does not have: ErrImagePull with its error, then the back-off.
+    let missing = format!("{host}/edge/app:nope");
+    a.write_manifest(
+        "missing.yaml",
+        &pod_yaml("missing", &missing, "IfNotPresent"),
+    );
+    let p = a.wait_pod("missing", "ErrImagePull", WAIT, |p| {
+        waiting(p).0 == "ErrImagePull"
+    });
+    let (_, message) = waiting(&p);
+    assert!(
+        message.contains(&missing) && message.contains("MANIFEST_UNKNOWN"),
+        "{message}"
+    );
+    let p = a.wait_pod("missing", "ImagePullBackOff", WAIT, |p| {
+        waiting(p).0 == "ImagePullBackOff"
+    });
+    let (_, message) = waiting(&p);
+    assert!(
+        message.starts_with(&format!(
+            "Back-off pulling image \"{missing}\": ErrImagePull: "
+        )),
+        "{message}"
+    );
+    assert_eq!(p["status"]["phase"], "Pending");
+    // Once the tag exists, the next try after the back-off pulls it and the pod runs.
+    push_busybox(&reg, &a.dir, "edge/app", "nope", None);
+    a.wait_pod("missing", "running once the tag exists", WAIT, running);
+    drop(reg);
+    a.reset();
+    a.assert_clean();
+}
+
+#[test]
+fn offline_an_always_pull_runs_the_image_that_is_here_unless_turned_off() {
+    if !need_root() || !registry::tools_present() {
+        return;
+    }
+    let mut a = Agent::new("pull-offline");
+    let pki = pki::Pki::new(&a.dir.join("pki"));
+    let mut reg = Registry::start(&a.dir.join("registry"), &pki, Auth::None);
+    push_busybox(&reg, &a.dir, "edge/app", "1", None);
+    a.write_config(&registry_config(&[&reg], ""));
+    let app = format!("{}/edge/app:1", reg.host());
+    a.write_manifest("first.yaml", &pod_yaml("first", &app, "Always"));
+    a.start();
+    a.wait_pod("first", "running", WAIT, running);
+
+    // The registry is gone (the uplink is down): the image that is here runs.
+    reg.stop();
+    a.write_manifest("second.yaml", &pod_yaml("second", &app, "Always"));
+    a.wait_pod("second", "running from the image here", WAIT, running);
+    let log = a.agent_log();
+    assert!(
+        log.contains("the registry cannot be reached, so the image present on this node"),
+        "{log}"
+    );
+
+    // Turned off, the same pod waits in ErrImagePull with the connection's error.
+    a.stop();
+    a.write_config(&registry_config(
+        &[&reg],
+        "  imagePullOfflineFallback: false\n",
+    ));
+    a.start();
+    a.write_manifest("third.yaml", &pod_yaml("third", &app, "Always"));
+    let p = a.wait_pod("third", "ErrImagePull", WAIT, |p| {
+        matches!(waiting(p).0.as_str(), "ErrImagePull" | "ImagePullBackOff")
+    });
+    assert!(waiting(&p).1.contains(&reg.host()), "{p}");
+    a.wait_pod("first", "still running", WAIT, running);
+    a.reset();
+    a.assert_clean();
+}
+
+#[test]
+fn image_pull_goes_through_the_running_agent_and_prune_keeps_what_pods_use() {
+    if !need_root() || !registry::tools_present() {
+        return;
+    }
+    let mut a = Agent::new("pull-cli");
+    let pki = pki::Pki::new(&a.dir.join("pki"));
+    let reg = Registry::start(&a.dir.join("registry"), &pki, Auth::None);
+    push_busybox(&reg, &a.dir, "edge/app", "1", None);
+    push_busybox(&reg, &a.dir, "edge/other", "1", None);
+    a.write_config(&registry_config(&[&reg], ""));
+    a.start();
+    let pull = |r: &str| {
+        Command::new(BIN)
+            .args(["image", "pull", r, "--root-dir"])
+            .arg(&a.root)
+            .output()
+            .expect("holdfast image pull")
+    };
+    let app = format!("{}/edge/app:1", reg.host());
+    let out = pull(&app);
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{said}\n{}", a.agent_log());
+    // Not a terminal: one line per layer as it goes and when it is done.
+    assert!(
+        said.contains("layer ") && said.contains(": done "),
+        "{said}"
+    );
+    assert!(said.contains(&format!("pulled {app}")), "{said}");
+    let other = format!("{}/edge/other:1", reg.host());
+    assert!(pull(&other).status.success());
+
+    a.write_manifest("uses-app.yaml", &pod_yaml("uses-app", &app, "IfNotPresent"));
+    a.wait_pod("uses-app", "running", WAIT, running);
+    let out = Command::new(BIN)
+        .args(["image", "prune", "--root-dir"])
+        .arg(&a.root)
+        .output()
+        .expect("holdfast image prune");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ls = Command::new(BIN)
+        .args(["image", "ls", "--root-dir"])
+        .arg(&a.root)
+        .output()
+        .expect("holdfast image ls");
+    let ls = String::from_utf8_lossy(&ls.stdout);
+    assert!(ls.contains(&format!("{}/edge/app", reg.host())), "{ls}");
+    assert!(!ls.contains("edge/other"), "{ls}");
+    // The image a pod ran from says when.
+    let row = ls.lines().find(|l| l.contains("edge/app")).unwrap_or("");
+    assert!(!row.ends_with("never"), "{row}");
+    a.reset();
+    a.assert_clean();
+}
+
+#[test]
+fn a_cluster_pod_pulls_with_its_pull_secret_and_the_cluster_sees_the_kubelets_events() {
+    if !need_root() || !registry::tools_present() {
+        return;
+    }
+    let api = apiserver::start(apiserver::Options::default());
+    let mut a = Agent::new("pull-cluster");
+    let password = "pull-secret-pw-0x51";
+    let reg = Registry::start(
+        &a.dir.join("registry"),
+        &pki::Pki::new(&a.dir.join("pki")),
+        Auth::Basic {
+            user: "puller",
+            password,
+        },
+    );
+    push_busybox(&reg, &a.dir, "team/app", "1", Some(("puller", password)));
+    a.node_name = "edge-node-1".into();
+    a.write_config(&registry_config(&[&reg], ""));
+    let kubeconfig = api.kubeconfig_with(
+        &a.dir,
+        apiserver::Identity::Node("edge-node-1"),
+        &apiserver::KubeconfigOptions::default(),
+    );
+    a.extra_args = vec![
+        "--kubeconfig".into(),
+        kubeconfig.display().to_string(),
+        "--v=4".into(),
+    ];
+    let auth = b64(&format!("puller:{password}"));
+    let dockerconfig = format!(
+        "{{\"auths\":{{\"{}\":{{\"auth\":\"{auth}\"}}}}}}",
+        reg.host()
+    );
+    api.put_secret(Secret {
+        metadata: ObjectMeta {
+            name: Some("regcred".into()),
+            namespace: Some("default".into()),
+            ..ObjectMeta::default()
+        },
+        type_: Some("kubernetes.io/dockerconfigjson".into()),
+        data: Some(BTreeMap::from([(
+            ".dockerconfigjson".to_string(),
+            ByteString(dockerconfig.into_bytes()),
+        )])),
+        ..Secret::default()
+    });
+    let pod = |name: &str, image: String| Pod {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some("default".into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PodSpec {
+            node_name: Some("edge-node-1".into()),
+            host_network: Some(true),
+            termination_grace_period_seconds: Some(1),
+            image_pull_secrets: Some(vec![LocalObjectReference {
+                name: "regcred".into(),
+            }]),
+            containers: vec![Container {
+                name: "c".into(),
+                image: Some(image),
+                command: Some(vec!["sleep".into(), "3600".into()]),
+                ..Container::default()
+            }],
+            ..PodSpec::default()
+        }),
+        status: None,
+    };
+    let app = format!("{}/team/app:1", reg.host());
+    let missing = format!("{}/team/app:nope", reg.host());
+    api.create_pod(pod("app", app.clone()));
+    api.create_pod(pod("missing", missing.clone()));
+    a.start();
+    let events = |pod: &str| -> Vec<(String, String, String)> {
+        api.list_events()
+            .into_iter()
+            .filter(|e| e.involved_object.name.as_deref() == Some(pod))
+            .map(|e| {
+                (
+                    e.type_.unwrap_or_default(),
+                    e.reason.unwrap_or_default(),
+                    e.message.unwrap_or_default(),
+                )
+            })
+            .collect()
+    };
+    let has = |pod: &str, reason: &str, start: &str| {
+        events(pod)
+            .iter()
+            .any(|(_, r, m)| r == reason && m.starts_with(start))
+    };
+    let ok = api.wait_for(WAIT, |api| {
+        api.get_pod("default", "app")
+            .and_then(|p| p.status)
+            .and_then(|s| s.phase)
+            .as_deref()
+            == Some("Running")
+            && has(
+                "app",
+                "Pulled",
+                &format!("Successfully pulled image \"{app}\" in "),
+            )
+    });
+    assert!(
+        ok,
+        "app never ran with its events: {:?}\n{}",
+        events("app"),
+        a.agent_log()
+    );
+    assert!(
+        has("app", "Pulling", &format!("Pulling image \"{app}\"")),
+        "{:?}",
+        events("app")
+    );
+    let pulled = events("app")
+        .into_iter()
+        .find(|(_, r, _)| r == "Pulled")
+        .map(|e| e.2)
+        .unwrap_or_default();
+    assert!(
+        pulled.contains("including waiting). Image size: ") && pulled.ends_with(" bytes."),
+        "{pulled}"
+    );
+
+    let ok = api.wait_for(WAIT, |_| {
+        has(
+            "missing",
+            "Failed",
+            &format!("Failed to pull image \"{missing}\": "),
+        ) && has("missing", "Failed", "Error: ErrImagePull")
+            && has(
+                "missing",
+                "BackOff",
+                &format!("Back-off pulling image \"{missing}\""),
+            )
+            && has("missing", "Failed", "Error: ImagePullBackOff")
+    });
+    assert!(
+        ok,
+        "pull failure events: {:?}\n{}",
+        events("missing"),
+        a.agent_log()
+    );
+    let waiting = api
+        .get_pod("default", "missing")
+        .and_then(|p| p.status)
+        .and_then(|s| s.container_statuses)
+        .and_then(|c| c.into_iter().next())
+        .and_then(|c| c.state)
+        .and_then(|s| s.waiting)
+        .and_then(|w| w.reason);
+    assert!(
+        matches!(
+            waiting.as_deref(),
+            Some("ErrImagePull" | "ImagePullBackOff")
+        ),
+        "{waiting:?}"
+    );
+
+    // No credential in the agent's log, at --v=4.
+    let log = a.agent_log();
+    assert!(
+        !log.contains(password) && !log.contains(&auth),
+        "a credential in the agent log"
+    );
+    a.reset();
+    a.assert_clean();
+}
+
+fn b64(s: &str) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for c in s.as_bytes().chunks(3) {
+        let n = (u32::from(c[0]) << 16)
+            | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
+            | u32::from(*c.get(2).unwrap_or(&0));
+        for i in 0..4 {
+            out.push(if i <= c.len() {
+                A[((n >> (18 - 6 * i)) & 63) as usize] as char
+            } else {
+                '='
+            });
+        }
+    }
+    out
+}
