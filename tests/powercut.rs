@@ -81,13 +81,15 @@ fn a_store_of_garbage_is_moved_aside_and_running_containers_are_adopted() {
         return;
     }
     let mut a = Agent::new("garbage-store");
-    // `flaky` fails until a moment two seconds away, so its running instance has
-    // restarted: adoption must keep the count, not start over at 0.
+    a.start();
+    // `flaky` fails until a moment three seconds away, so its running instance has
+    // restarted: adoption must keep the count, not start over at 0. The manifest is
+    // written once the agent runs, so a slow start does not eat the window.
     let ready_at = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .expect("clock")
         .as_secs()
-        + 2;
+        + 3;
     let containers = format!(
         "{}{}",
         sh("main", "exec sleep 1000", ""),
@@ -99,7 +101,6 @@ fn a_store_of_garbage_is_moved_aside_and_running_containers_are_adopted() {
     );
     let volumes = String::new();
     a.write_manifest("web.yaml", &pod_yaml("web", 1, &containers, &volumes));
-    a.start();
     let before = a.wait_pod("web", "both containers running", MIN, |p| {
         running(p, "main")
             && running(p, "flaky")
