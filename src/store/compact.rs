@@ -6,7 +6,8 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{dir_size, lock, Store, StoreError};
+use super::open::lock;
+use super::{dir_size, Store, StoreError};
 
 /// What a compaction did, in bytes on disk.
 #[derive(Debug, Clone, Copy, PartialEq)]

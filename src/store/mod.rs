@@ -12,27 +12,32 @@
 
 mod batch;
 pub mod compact;
+mod error;
+mod open;
 mod pending;
 pub mod recover;
 pub mod space;
 mod tree;
+mod write;
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::Duration;
 
-use nix::errno::Errno;
-use nix::fcntl::{Flock, FlockArg};
-use sled::transaction::{ConflictableTransactionError, TransactionError, Transactional};
+use nix::fcntl::Flock;
 
 pub use batch::Batch;
+pub use error::StoreError;
 pub use pending::Holding;
 pub use tree::Tree;
 
-use pending::{Op, Pending};
+use error::is_no_space;
+use open::{check_schema, lock, open_sled};
+use pending::Pending;
 use space::Space;
+use write::spawn_flusher;
 
 /// Bumped when the layout of a tree changes; a store written by a newer holdfast is
 /// refused rather than misread.
@@ -76,102 +81,6 @@ pub fn dir_size(dir: &Path) -> u64 {
 
 /// How long `open` waits for another process to let go of the store.
 pub const LOCK_WAIT: Duration = Duration::from_secs(10);
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    #[error("open store at {path}")]
-    Open {
-        path: PathBuf,
-        #[source]
-        source: sled::Error,
-    },
-    #[error("store at {path} has schema version {found}, newer than this holdfast understands ({supported}); upgrade holdfast or move the store away")]
-    TooNew {
-        path: PathBuf,
-        found: u32,
-        supported: u32,
-    },
-    #[error("store at {path} is held by another process (is another holdfast running?)")]
-    Busy { path: PathBuf },
-    #[error("lock {path}")]
-    Lock {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("store at {path} has an unreadable schema version")]
-    BadSchema { path: PathBuf },
-    #[error("store at {path} holds records but no schema version")]
-    NoSchema { path: PathBuf },
-    #[error("open store at {path}: no space left on its filesystem, even with the store's own headroom given back; free some space")]
-    NoSpace { path: PathBuf },
-    #[error("store at {path} is closed: opening it again after a write error failed; it is tried again every second")]
-    Closed { path: PathBuf },
-    #[error("open store at {path}: sled panicked: {message}")]
-    Panicked { path: PathBuf, message: String },
-    #[error("compact store at {path}")]
-    Compact {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("move the broken store at {path} to {to}")]
-    MoveAside {
-        path: PathBuf,
-        to: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("store {op} in tree {tree} key {key}")]
-    Db {
-        op: &'static str,
-        tree: &'static str,
-        key: String,
-        #[source]
-        source: sled::Error,
-    },
-    #[error("decode {tree} record {key}")]
-    Decode {
-        tree: &'static str,
-        key: String,
-        #[source]
-        source: serde_json::Error,
-    },
-    #[error("encode {tree} record {key}")]
-    Encode {
-        tree: &'static str,
-        key: String,
-        #[source]
-        source: serde_json::Error,
-    },
-}
-
-impl StoreError {
-    /// Whether the store itself is unreadable (rather than busy, too new or out of
-    /// reach): the case for moving it aside and starting afresh.
-    pub fn is_broken_store(&self) -> bool {
-        match self {
-            // A full disk breaks nothing: the store is fine once there is room.
-            StoreError::Open { source, .. } => !is_no_space(source),
-            StoreError::Panicked { .. }
-            | StoreError::BadSchema { .. }
-            | StoreError::NoSchema { .. } => true,
-            _ => false,
-        }
-    }
-}
-
-/// Whether sled failed because the filesystem is full.
-fn is_no_space(e: &sled::Error) -> bool {
-    match e {
-        sled::Error::Io(io) => {
-            io.kind() == std::io::ErrorKind::StorageFull
-                || io.raw_os_error() == Some(Errno::ENOSPC as i32)
-                || io.to_string().contains("No space left")
-        }
-        _ => false,
-    }
-}
-
 /// The agent's database. Cheap to clone: every clone is the same store.
 #[derive(Clone)]
 pub struct Store {
@@ -203,95 +112,6 @@ impl Drop for Inner {
                 "store: closing with {} write(s) held in memory that the full disk never took; they are lost",
                 pending.len()
             );
-        }
-    }
-}
-
-/// Takes `<path>/holdfast.lock`, waiting up to [`LOCK_WAIT`] for a short-lived holder.
-fn lock(path: &Path) -> Result<Flock<File>, StoreError> {
-    let lock_path = path.join("holdfast.lock");
-    let io = |source| StoreError::Lock {
-        path: lock_path.clone(),
-        source,
-    };
-    std::fs::create_dir_all(path).map_err(io)?;
-    // The store holds cached Secrets: nobody but the agent reads it.
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700)).map_err(io)?;
-    }
-    let deadline = Instant::now() + LOCK_WAIT;
-    loop {
-        let file = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .map_err(io)?;
-        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-            Ok(l) => return Ok(l),
-            Err((_, Errno::EWOULDBLOCK)) if Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(20))
-            }
-            Err((_, Errno::EWOULDBLOCK)) => {
-                return Err(StoreError::Busy {
-                    path: path.to_path_buf(),
-                })
-            }
-            Err((_, e)) => return Err(io(std::io::Error::from(e))),
-        }
-    }
-}
-
-/// Opens sled at `path`, which our lock already guards. A panic inside sled becomes an
-/// error, and contention on sled's own lock (an earlier handle in this process whose
-/// threads have not let go yet) is waited for.
-fn open_sled(path: &Path) -> Result<sled::Db, StoreError> {
-    remove_unfinished_snapshots(path);
-    let deadline = Instant::now() + LOCK_WAIT;
-    loop {
-        // sled panics on some damaged files; a panic here must become an error the
-        // caller can act on (move the store aside), not a dead agent.
-        let opened =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| Store::config(path).open()))
-                .map_err(|panic| StoreError::Panicked {
-                path: path.to_path_buf(),
-                message: panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "unknown panic".into()),
-            })?;
-        match opened {
-            Ok(db) => return Ok(db),
-            Err(sled::Error::Io(e))
-                if e.to_string().contains("could not acquire lock")
-                    && Instant::now() < deadline =>
-            {
-                std::thread::sleep(Duration::from_millis(20))
-            }
-            Err(source) => {
-                return Err(StoreError::Open {
-                    path: path.to_path_buf(),
-                    source,
-                })
-            }
-        }
-    }
-}
-
-/// sled writes a snapshot as `snap.<lsn>.generating` and renames it when complete, but
-/// reads the newest `snap.*` file whatever its name: one cut short (a power cut, a full
-/// disk) would make the store look corrupt. Such a file is never needed.
-fn remove_unfinished_snapshots(path: &Path) {
-    for e in std::fs::read_dir(path).into_iter().flatten().flatten() {
-        let name = e.file_name();
-        let name = name.to_string_lossy();
-        if name.starts_with("snap.") && name.ends_with(".generating") {
-            match std::fs::remove_file(e.path()) {
-                Ok(()) => log::warn!("store: removed an unfinished sled snapshot {name}"),
-                Err(err) => log::error!("store: remove unfinished snapshot {name}: {err}"),
-            }
         }
     }
 }
@@ -439,169 +259,6 @@ impl Store {
         Ok(pending::overlay(stored, pending.in_tree(tree, prefix)))
     }
 
-    /// The one way anything is written. `ops` are changes (the callers left out what
-    /// would change nothing); they go to sled in one transaction, or, while the disk has
-    /// no room for sled, into memory to be written when it has.
-    fn write(&self, ops: Vec<Op>) -> Result<usize, StoreError> {
-        if ops.is_empty() {
-            return Ok(0);
-        }
-        let n = ops.len();
-        let mut pending = self.pending();
-        if pending.holding().is_none() {
-            if !self.inner.space.writable() {
-                self.start_holding(
-                    &mut pending,
-                    "no space left on the store's filesystem".into(),
-                    false,
-                );
-            } else {
-                match self.with_db(|db| commit(db, &ops)) {
-                    Ok(()) => {
-                        pending.record(&ops);
-                        return Ok(n);
-                    }
-                    Err(StoreError::Db { source, .. }) if matches!(source, sled::Error::Io(_)) => {
-                        let reason = format!("sled could not write: {source}");
-                        self.start_holding(&mut pending, reason, true);
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
-        }
-        pending.record(&ops);
-        Ok(n)
-    }
-
-    fn start_holding(&self, pending: &mut Pending, reason: String, sled_failed: bool) {
-        pending.sled_failed |= sled_failed;
-        if pending.hold(reason.clone(), crate::time::now()) {
-            self.inner.holding.store(true, Ordering::Release);
-            log::error!(
-                "store: {reason}; keeping writes in memory until {} has room again (running pods are not affected)",
-                self.inner.path.display()
-            );
-        }
-    }
-
-    /// Makes every write so far durable. While the disk is full the writes stay held
-    /// in memory instead, to be written as soon as it has room ([`Store::holding`]
-    /// says since when).
-    pub fn flush(&self) -> Result<(), StoreError> {
-        if self.is_holding() {
-            return Ok(());
-        }
-        let mark = self.pending().mark();
-        match self.with_db(|db| {
-            db.flush().map(|_| ()).map_err(|source| StoreError::Db {
-                op: "flush",
-                tree: "*",
-                key: String::new(),
-                source,
-            })
-        }) {
-            Ok(()) => {
-                self.pending().durable_below(mark);
-                Ok(())
-            }
-            Err(StoreError::Db { source, .. }) if matches!(source, sled::Error::Io(_)) => {
-                let reason = format!("sled could not flush: {source}");
-                let mut pending = self.pending();
-                self.start_holding(&mut pending, reason, true);
-                Ok(())
-            }
-            Err(e) => Err(e),
-        }
-    }
-
-    /// Since when and why writes are held in memory (the disk is full), and how many.
-    pub fn holding(&self) -> Option<(Holding, usize)> {
-        if !self.is_holding() {
-            return None;
-        }
-        let pending = self.pending();
-        pending.holding().map(|h| (h.clone(), pending.len()))
-    }
-
-    /// One tick of the store's thread: flush what sled holds only in memory, keep the
-    /// headroom, and, while holding, write what is held once the disk has room.
-    fn tick(&self) {
-        if self.is_holding() {
-            self.resume();
-            return;
-        }
-        if !self.pending().is_empty() {
-            if let Err(e) = self.flush() {
-                log::error!("store: flush: {e}");
-            }
-        }
-        self.inner.space.top_up();
-    }
-
-    /// Writes what is held, if the disk has room again for it and for the headroom.
-    fn resume(&self) {
-        let free = space::free_bytes(&self.inner.path).unwrap_or(0);
-        if free < space::MIN_FREE + space::HEADROOM / 2 {
-            return;
-        }
-        // Dropping sled to open it again is only worth it once it can write: if opening
-        // failed, even reads would fail until it worked.
-        if !self.inner.space.probe() {
-            return;
-        }
-        let mut pending = self.pending();
-        if pending.sled_failed {
-            // sled refuses every write after a failed one until it is opened again;
-            // what it had not made durable is replayed from `pending` below.
-            let mut db = self.inner.db.write().unwrap_or_else(|p| p.into_inner());
-            drop(db.take());
-            match open_sled(&self.inner.path) {
-                Ok(fresh) => *db = Some(fresh),
-                Err(e) => {
-                    log::error!("store: open again after a write error: {e}");
-                    return;
-                }
-            }
-            pending.sled_failed = false;
-        }
-        if self.inner.space.top_up() < space::MIN_TAIL {
-            return;
-        }
-        let ops = pending.all();
-        let n = ops.len();
-        let written = self.with_db(|db| {
-            commit(db, &ops)?;
-            db.flush().map(|_| ()).map_err(|source| StoreError::Db {
-                op: "flush",
-                tree: "*",
-                key: String::new(),
-                source,
-            })
-        });
-        match written {
-            Ok(()) => {
-                let since = pending.holding().map(|h| h.since);
-                pending.clear();
-                self.inner.holding.store(false, Ordering::Release);
-                log::warn!(
-                    "store: {} has room again; wrote the {n} record(s) held in memory{}",
-                    self.inner.path.display(),
-                    since.map(|s| format!(" since {s}")).unwrap_or_default()
-                );
-            }
-            Err(e) => {
-                if let StoreError::Db {
-                    source: sled::Error::Io(_),
-                    ..
-                } = &e
-                {
-                    pending.sled_failed = true;
-                }
-                log::warn!("store: writing what is held failed, trying again: {e}");
-            }
-        }
-    }
-
     /// A typed tree. `name` is fixed at compile time: the set of trees is the schema.
     pub fn tree<T>(&self, name: &'static str) -> Result<Tree<T>, StoreError>
     where
@@ -680,148 +337,11 @@ impl Store {
         key: &str,
         bytes: &[u8],
     ) -> Result<usize, StoreError> {
-        self.write(vec![Op {
+        self.write(vec![pending::Op {
             tree,
             key: key.to_string(),
             value: Some(bytes.to_vec()),
         }])
-    }
-}
-
-/// Applies `ops` to sled as one transaction (a single op needs none).
-fn commit(db: &sled::Db, ops: &[Op]) -> Result<(), StoreError> {
-    let db_err = |op: &'static str, o: &Op| {
-        let (tree, key) = (o.tree, o.key.clone());
-        move |source| StoreError::Db {
-            op,
-            tree,
-            key,
-            source,
-        }
-    };
-    if let [op] = ops {
-        let tree = db.open_tree(op.tree).map_err(db_err("open tree", op))?;
-        return match &op.value {
-            Some(v) => tree.insert(&op.key, v.as_slice()).map(|_| ()),
-            None => tree.remove(&op.key).map(|_| ()),
-        }
-        .map_err(db_err("write", op));
-    }
-    // One transactional view per distinct tree; ops point at their view.
-    let mut names: Vec<&'static str> = Vec::new();
-    let mut index = Vec::with_capacity(ops.len());
-    for op in ops {
-        let at = match names.iter().position(|n| *n == op.tree) {
-            Some(at) => at,
-            None => {
-                names.push(op.tree);
-                names.len() - 1
-            }
-        };
-        index.push(at);
-    }
-    let mut trees = Vec::with_capacity(names.len());
-    for (name, op) in names.iter().zip(ops) {
-        trees.push(db.open_tree(name).map_err(db_err("open tree", op))?);
-    }
-    let refs: Vec<&sled::Tree> = trees.iter().collect();
-    let result = refs.as_slice().transaction(|views| {
-        for (op, &at) in ops.iter().zip(&index) {
-            let view = &views[at];
-            match &op.value {
-                Some(v) => {
-                    view.insert(op.key.as_bytes(), v.as_slice())?;
-                }
-                None => {
-                    view.remove(op.key.as_bytes())?;
-                }
-            }
-        }
-        Ok::<(), ConflictableTransactionError<()>>(())
-    });
-    match result {
-        Ok(()) => Ok(()),
-        Err(TransactionError::Storage(source)) => Err(db_err("transaction", &ops[0])(source)),
-        Err(TransactionError::Abort(())) => Err(db_err("transaction", &ops[0])(
-            sled::Error::Unsupported("transaction aborted".into()),
-        )),
-    }
-}
-
-/// The store's thread: a tick a second while the store is open.
-fn spawn_flusher(inner: Weak<Inner>) {
-    let spawned = std::thread::Builder::new()
-        .name("store-flush".into())
-        .spawn(move || loop {
-            std::thread::sleep(FLUSH_EVERY);
-            let Some(inner) = inner.upgrade() else {
-                return;
-            };
-            Store { inner }.tick();
-        });
-    if let Err(e) = spawned {
-        // Writes still become durable at every explicit flush.
-        log::error!("store: start the flush thread: {e}");
-    }
-}
-
-/// Checks the schema version; returns true when there was none (a new store).
-fn check_schema(db: &sled::Db, path: &Path) -> Result<bool, StoreError> {
-    let db_err = |op: &'static str, key: String| {
-        move |source| StoreError::Db {
-            op,
-            tree: "meta",
-            key,
-            source,
-        }
-    };
-    let meta = db
-        .open_tree("meta")
-        .map_err(db_err("open tree", String::new()))?;
-    let key = META_SCHEMA;
-    match meta.get(key).map_err(db_err("get", key.into()))? {
-        None => {
-            // Records without a schema: not a store we wrote. Refuse to guess.
-            for name in db.tree_names() {
-                if name.as_ref() == b"meta" || name.as_ref() == b"__sled__default" {
-                    continue;
-                }
-                let tree = db.open_tree(&name).map_err(db_err(
-                    "open tree",
-                    String::from_utf8_lossy(&name).into_owned(),
-                ))?;
-                if !tree.is_empty() {
-                    return Err(StoreError::NoSchema {
-                        path: path.to_path_buf(),
-                    });
-                }
-            }
-            meta.insert(key, &SCHEMA_VERSION.to_be_bytes())
-                .map_err(db_err("insert", key.into()))?;
-            Ok(true)
-        }
-        Some(bytes) => {
-            let raw: [u8; 4] = bytes
-                .as_ref()
-                .try_into()
-                .map_err(|_| StoreError::BadSchema {
-                    path: path.to_path_buf(),
-                })?;
-            let found = u32::from_be_bytes(raw);
-            if found == 0 {
-                return Err(StoreError::BadSchema {
-                    path: path.to_path_buf(),
-                });
-            }
-            if found > SCHEMA_VERSION {
-                return Err(StoreError::TooNew {
-                    path: path.to_path_buf(),
-                    found,
-                    supported: SCHEMA_VERSION,
-                });
-            }
-            Ok(false)
-        }
     }
 }
 

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use rustls::{AlertDescription, CertificateError, ClientConfig};
+use rustls::{CertificateError, ClientConfig};
 
 pub use crate::tls::{TlsConnector, TlsFailure, TlsTransport};
 
@@ -51,7 +51,8 @@ pub fn client_config(kc: &Kubeconfig) -> Result<Arc<ClientConfig>, KubeconfigErr
     Ok(Arc::new(config))
 }
 
-/// rustls's words, with what they mean for a kubeconfig.
+/// rustls's words, with what they mean for a kubeconfig: where the kubeconfig can put
+/// it right, it is named; otherwise the shared wording.
 pub fn describe(e: &rustls::Error, server: &str) -> String {
     use CertificateError as C;
     match e {
@@ -61,30 +62,10 @@ pub fn describe(e: &rustls::Error, server: &str) -> String {
         ),
         rustls::Error::InvalidCertificate(
             C::NotValidForName | C::NotValidForNameContext { .. },
-        ) => {
-            format!(
-                "tls handshake with {server}: the server certificate does not name {server} \
-                 (the kubeconfig's tls-server-name can name the host it was issued for): {e}"
-            )
-        }
-        rustls::Error::InvalidCertificate(
-            C::Expired | C::ExpiredContext { .. } | C::NotValidYet | C::NotValidYetContext { .. },
         ) => format!(
-            "tls handshake with {server}: the server certificate is outside its validity \
-             period (or this machine's clock is wrong): {e}"
+            "tls handshake with {server}: the server certificate does not name {server} \
+             (the kubeconfig's tls-server-name can name the host it was issued for): {e}"
         ),
-        rustls::Error::AlertReceived(
-            AlertDescription::BadCertificate
-            | AlertDescription::CertificateRequired
-            | AlertDescription::UnknownCA
-            | AlertDescription::CertificateExpired
-            | AlertDescription::CertificateUnknown
-            | AlertDescription::CertificateRevoked
-            | AlertDescription::UnsupportedCertificate
-            | AlertDescription::AccessDenied,
-        ) => {
-            format!("tls handshake with {server}: the server rejected the client certificate: {e}")
-        }
-        e => format!("tls handshake with {server}: {e}"),
+        e => crate::tls::describe(e, server),
     }
 }

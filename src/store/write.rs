@@ -1,0 +1,254 @@
+//! The write path: every change goes to sled in one transaction, or, while sled cannot
+//! take it (a full disk, a failed write), into memory; the store's thread flushes once
+//! a second, keeps the headroom, and writes what is held once it can.
+
+use std::sync::atomic::Ordering;
+use std::sync::Weak;
+
+use sled::transaction::{ConflictableTransactionError, TransactionError, Transactional};
+
+use super::open::open_sled;
+use super::pending::{Op, Pending};
+use super::{space, Holding, Inner, Store, StoreError, FLUSH_EVERY};
+
+impl Store {
+    /// The one way anything is written. `ops` are changes (the callers left out what
+    /// would change nothing); they go to sled in one transaction, or, while the disk has
+    /// no room for sled, into memory to be written when it has.
+    pub(super) fn write(&self, ops: Vec<Op>) -> Result<usize, StoreError> {
+        if ops.is_empty() {
+            return Ok(0);
+        }
+        let n = ops.len();
+        let mut pending = self.pending();
+        if pending.holding().is_none() {
+            if !self.inner.space.writable() {
+                self.start_holding(
+                    &mut pending,
+                    "no space left on the store's filesystem".into(),
+                    false,
+                );
+            } else {
+                match self.with_db(|db| commit(db, &ops)) {
+                    Ok(()) => {
+                        pending.record(&ops);
+                        return Ok(n);
+                    }
+                    Err(StoreError::Db { source, .. }) if matches!(source, sled::Error::Io(_)) => {
+                        let reason = format!("sled could not write: {source}");
+                        self.start_holding(&mut pending, reason, true);
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        pending.record(&ops);
+        Ok(n)
+    }
+
+    fn start_holding(&self, pending: &mut Pending, reason: String, sled_failed: bool) {
+        pending.sled_failed |= sled_failed;
+        if pending.hold(reason.clone(), crate::time::now()) {
+            self.inner.holding.store(true, Ordering::Release);
+            log::error!(
+                "store: {reason}; keeping writes in memory until {} has room again (running pods are not affected)",
+                self.inner.path.display()
+            );
+        }
+    }
+
+    /// Makes every write so far durable. While the disk is full the writes stay held
+    /// in memory instead, to be written as soon as it has room ([`Store::holding`]
+    /// says since when).
+    pub fn flush(&self) -> Result<(), StoreError> {
+        if self.is_holding() {
+            return Ok(());
+        }
+        let mark = self.pending().mark();
+        match self.with_db(|db| {
+            db.flush().map(|_| ()).map_err(|source| StoreError::Db {
+                op: "flush",
+                tree: "*",
+                key: String::new(),
+                source,
+            })
+        }) {
+            Ok(()) => {
+                self.pending().durable_below(mark);
+                Ok(())
+            }
+            Err(StoreError::Db { source, .. }) if matches!(source, sled::Error::Io(_)) => {
+                let reason = format!("sled could not flush: {source}");
+                let mut pending = self.pending();
+                self.start_holding(&mut pending, reason, true);
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Since when and why writes are held in memory (the disk is full), and how many.
+    pub fn holding(&self) -> Option<(Holding, usize)> {
+        if !self.is_holding() {
+            return None;
+        }
+        let pending = self.pending();
+        pending.holding().map(|h| (h.clone(), pending.len()))
+    }
+
+    /// One tick of the store's thread: flush what sled holds only in memory, keep the
+    /// headroom, and, while holding, write what is held once the disk has room.
+    fn tick(&self) {
+        if self.is_holding() {
+            self.resume();
+            return;
+        }
+        if !self.pending().is_empty() {
+            if let Err(e) = self.flush() {
+                log::error!("store: flush: {e}");
+            }
+        }
+        self.inner.space.top_up();
+    }
+
+    /// Writes what is held, if the disk has room again for it and for the headroom.
+    fn resume(&self) {
+        let free = space::free_bytes(&self.inner.path).unwrap_or(0);
+        if free < space::MIN_FREE + space::HEADROOM / 2 {
+            return;
+        }
+        // Dropping sled to open it again is only worth it once it can write: if opening
+        // failed, even reads would fail until it worked.
+        if !self.inner.space.probe() {
+            return;
+        }
+        let mut pending = self.pending();
+        if pending.sled_failed {
+            // sled refuses every write after a failed one until it is opened again;
+            // what it had not made durable is replayed from `pending` below.
+            let mut db = self.inner.db.write().unwrap_or_else(|p| p.into_inner());
+            drop(db.take());
+            match open_sled(&self.inner.path) {
+                Ok(fresh) => *db = Some(fresh),
+                Err(e) => {
+                    log::error!("store: open again after a write error: {e}");
+                    return;
+                }
+            }
+            pending.sled_failed = false;
+        }
+        if self.inner.space.top_up() < space::MIN_TAIL {
+            return;
+        }
+        let ops = pending.all();
+        let n = ops.len();
+        let written = self.with_db(|db| {
+            commit(db, &ops)?;
+            db.flush().map(|_| ()).map_err(|source| StoreError::Db {
+                op: "flush",
+                tree: "*",
+                key: String::new(),
+                source,
+            })
+        });
+        match written {
+            Ok(()) => {
+                let since = pending.holding().map(|h| h.since);
+                pending.clear();
+                self.inner.holding.store(false, Ordering::Release);
+                log::warn!(
+                    "store: {} has room again; wrote the {n} record(s) held in memory{}",
+                    self.inner.path.display(),
+                    since.map(|s| format!(" since {s}")).unwrap_or_default()
+                );
+            }
+            Err(e) => {
+                if let StoreError::Db {
+                    source: sled::Error::Io(_),
+                    ..
+                } = &e
+                {
+                    pending.sled_failed = true;
+                }
+                log::warn!("store: writing what is held failed, trying again: {e}");
+            }
+        }
+    }
+}
+
+/// Applies `ops` to sled as one transaction (a single op needs none).
+fn commit(db: &sled::Db, ops: &[Op]) -> Result<(), StoreError> {
+    let db_err = |op: &'static str, o: &Op| {
+        let (tree, key) = (o.tree, o.key.clone());
+        move |source| StoreError::Db {
+            op,
+            tree,
+            key,
+            source,
+        }
+    };
+    if let [op] = ops {
+        let tree = db.open_tree(op.tree).map_err(db_err("open tree", op))?;
+        return match &op.value {
+            Some(v) => tree.insert(&op.key, v.as_slice()).map(|_| ()),
+            None => tree.remove(&op.key).map(|_| ()),
+        }
+        .map_err(db_err("write", op));
+    }
+    // One transactional view per distinct tree; ops point at their view.
+    let mut names: Vec<&'static str> = Vec::new();
+    let mut index = Vec::with_capacity(ops.len());
+    for op in ops {
+        let at = match names.iter().position(|n| *n == op.tree) {
+            Some(at) => at,
+            None => {
+                names.push(op.tree);
+                names.len() - 1
+            }
+        };
+        index.push(at);
+    }
+    let mut trees = Vec::with_capacity(names.len());
+    for (name, op) in names.iter().zip(ops) {
+        trees.push(db.open_tree(name).map_err(db_err("open tree", op))?);
+    }
+    let refs: Vec<&sled::Tree> = trees.iter().collect();
+    let result = refs.as_slice().transaction(|views| {
+        for (op, &at) in ops.iter().zip(&index) {
+            let view = &views[at];
+            match &op.value {
+                Some(v) => {
+                    view.insert(op.key.as_bytes(), v.as_slice())?;
+                }
+                None => {
+                    view.remove(op.key.as_bytes())?;
+                }
+            }
+        }
+        Ok::<(), ConflictableTransactionError<()>>(())
+    });
+    match result {
+        Ok(()) => Ok(()),
+        Err(TransactionError::Storage(source)) => Err(db_err("transaction", &ops[0])(source)),
+        Err(TransactionError::Abort(())) => Err(db_err("transaction", &ops[0])(
+            sled::Error::Unsupported("transaction aborted".into()),
+        )),
+    }
+}
+
+/// The store's thread: a tick a second while the store is open.
+pub(super) fn spawn_flusher(inner: Weak<Inner>) {
+    let spawned = std::thread::Builder::new()
+        .name("store-flush".into())
+        .spawn(move || loop {
+            std::thread::sleep(FLUSH_EVERY);
+            let Some(inner) = inner.upgrade() else {
+                return;
+            };
+            Store { inner }.tick();
+        });
+    if let Err(e) = spawned {
+        // Writes still become durable at every explicit flush.
+        log::error!("store: start the flush thread: {e}");
+    }
+}
