@@ -398,6 +398,8 @@ impl Worker {
                 image: &image,
                 node_name: &node,
                 log_path,
+                sandbox: None,
+                mounts: &[],
             };
             rt.start(&req)
         })
