@@ -17,6 +17,8 @@
 //! - [`cli`]: the `holdfast` subcommands other than `run`.
 //! - [`check`]: `holdfast check`, what the kernel and system provide and what is missing.
 //! - [`control`]: the local control socket `pods` and `image` use while an agent runs.
+//! - [`network`]: a pod's namespaces (held without a pause container), its CNI
+//!   attachment and addresses, its `/etc/hosts` and `/etc/resolv.conf`.
 //! - [`node`]: facts about the device: address, CPUs, memory, storage, identity.
 //! - [`uplink`]: the kube-apiserver: client (kubeconfig, TLS), Node and Lease, pod status
 //!   and final deletes, mirror pods, events, ConfigMaps and Secrets.
@@ -31,6 +33,7 @@ pub mod cli;
 pub mod config;
 pub mod control;
 pub mod image;
+pub mod network;
 pub mod node;
 pub mod quantity;
 pub mod runtime;

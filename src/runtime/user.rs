@@ -211,8 +211,14 @@ mod tests {
             Some("root:x:0:0::/root:/bin/sh\napp:x:1000:1000::/app:/bin/sh\n"),
             Some("root:x:0:\nwheel:x:10:root,app\naudio:x:29:app\nvideo:x:44:\n"),
         );
-        assert_eq!(image_groups(1000, std::slice::from_ref(&l)).ok(), Some(vec![10, 29]));
-        assert_eq!(image_groups(0, std::slice::from_ref(&l)).ok(), Some(vec![10]));
+        assert_eq!(
+            image_groups(1000, std::slice::from_ref(&l)).ok(),
+            Some(vec![10, 29])
+        );
+        assert_eq!(
+            image_groups(0, std::slice::from_ref(&l)).ok(),
+            Some(vec![10])
+        );
         assert_eq!(image_groups(4242, &[l]).ok(), Some(vec![]));
         let _ = std::fs::remove_dir_all(&root);
     }
