@@ -326,32 +326,34 @@ mod tests {
 
     #[test]
     fn host_ports_become_port_mappings() {
-        let mut p = Pod::default();
-        p.spec = Some(PodSpec {
-            containers: vec![Container {
-                name: "web".into(),
-                ports: Some(vec![
-                    ContainerPort {
-                        container_port: 80,
-                        host_port: Some(8080),
-                        ..ContainerPort::default()
-                    },
-                    ContainerPort {
-                        container_port: 53,
-                        host_port: Some(5353),
-                        protocol: Some("UDP".into()),
-                        host_ip: Some("127.0.0.1".into()),
-                        ..ContainerPort::default()
-                    },
-                    ContainerPort {
-                        container_port: 9000,
-                        ..ContainerPort::default()
-                    },
-                ]),
-                ..Container::default()
-            }],
-            ..PodSpec::default()
-        });
+        let p = Pod {
+            spec: Some(PodSpec {
+                containers: vec![Container {
+                    name: "web".into(),
+                    ports: Some(vec![
+                        ContainerPort {
+                            container_port: 80,
+                            host_port: Some(8080),
+                            ..ContainerPort::default()
+                        },
+                        ContainerPort {
+                            container_port: 53,
+                            host_port: Some(5353),
+                            protocol: Some("UDP".into()),
+                            host_ip: Some("127.0.0.1".into()),
+                            ..ContainerPort::default()
+                        },
+                        ContainerPort {
+                            container_port: 9000,
+                            ..ContainerPort::default()
+                        },
+                    ]),
+                    ..Container::default()
+                }],
+                ..PodSpec::default()
+            }),
+            ..Pod::default()
+        };
         assert_eq!(
             port_mappings(&p),
             vec![
