@@ -25,6 +25,8 @@
 //! - [`time`]: wall-clock time as Kubernetes reports it; times taken before the clock
 //!   was set (a board without an RTC boots in 1970) are corrected or held back.
 //! - [`quantity`]: Kubernetes quantities (`64Mi`, `500m`).
+//! - [`volume`]: a pod's volumes (emptyDir, hostPath, configMap, secret, downwardAPI,
+//!   projected) and each container's mounts of them.
 
 pub mod agent;
 pub mod backoff;
@@ -42,6 +44,7 @@ pub mod store;
 pub mod sync;
 pub mod time;
 pub mod uplink;
+pub mod volume;
 
 mod error;
 #[cfg(test)]

@@ -59,6 +59,7 @@ mod user;
 pub use command::expand;
 pub use libcontainer_runtime::{LibcontainerRuntime, DEFAULT_LOG_MAX_FILES, DEFAULT_LOG_MAX_SIZE};
 pub use reset::remove_all;
+pub use rootfs::{mounts_under, unmount_all_under};
 pub use sandbox::{BindMount, NamespaceKind, PodSandbox};
 pub use shim::shim_main;
 

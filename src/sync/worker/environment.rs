@@ -25,6 +25,7 @@ impl Worker {
                 objects: &deps.objects,
                 node_name: &deps.node_name,
                 host_ip: deps.host_ip.as_deref(),
+                pod_ips: &[],
                 allocatable: &deps.allocatable,
             };
             env::resolve(&pod, &container, &inputs)
