@@ -25,6 +25,8 @@
 //! - [`time`]: wall-clock time as Kubernetes reports it; times taken before the clock
 //!   was set (a board without an RTC boots in 1970) are corrected or held back.
 //! - [`quantity`]: Kubernetes quantities (`64Mi`, `500m`).
+//! - [`resources`]: pods' requests and limits, QoS classes, the pod cgroup hierarchy
+//!   and admission against the node's allocatable.
 //! - [`volume`]: a pod's volumes (emptyDir, hostPath, configMap, secret, downwardAPI,
 //!   projected) and each container's mounts of them.
 
@@ -38,6 +40,7 @@ pub mod image;
 pub mod network;
 pub mod node;
 pub mod quantity;
+pub mod resources;
 pub mod runtime;
 pub mod source;
 pub mod store;
