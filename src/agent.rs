@@ -183,6 +183,12 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         Some(u) => u.objects.clone(),
         None => ObjectCache::open(&store).map_err(|e| Error::Cli(e.to_string()))?,
     };
+    let allocatable = allocatable(&config, &root).await;
+    let binary = std::env::current_exe().map_err(|source| Error::Io {
+        context: "find own executable".into(),
+        source,
+    })?;
+    let sandboxes = crate::sync::sandbox::Sandboxes::new(&config, &allocatable, binary);
     let deps = Deps {
         runtime,
         images,
@@ -193,7 +199,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         node_name: config.node_name.clone(),
         host_ip: crate::node::host_ip(),
         objects,
-        allocatable: allocatable(&config, &root).await,
+        allocatable,
         backoff: Backoff {
             initial: config.crash_loop.initial,
             max: config.crash_loop.max,
@@ -201,7 +207,21 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         crash_loop_reset: config.crash_loop.reset,
         sync_frequency: config.sync_frequency,
         reporter,
+        sandboxes,
     };
+    let deps = Arc::new(deps);
+    {
+        let deps = deps.clone();
+        match tokio::task::spawn_blocking(move || deps.sandboxes.ensure_qos()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => log::error!("pod cgroups under {}: {e}", config.cgroup_root),
+            Err(e) => log::error!("pod cgroups: {e}"),
+        }
+    }
+    // Image garbage collection belongs to the image store; until it has it, disk
+    // pressure reclaims dead containers only.
+    let images_gc = Box::new(crate::eviction::reclaim::NoImageGc);
+    let evictions = crate::eviction::start(&config, deps.clone(), images_gc);
     log::info!(
         "holdfast {} running as node {} (root {}, manifests {})",
         crate::VERSION,
@@ -211,6 +231,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     );
     SyncLoop::new(deps)
         .with_object_changes(objects_rx)
+        .with_evictions(evictions)
         .run(initial, change_rx, exit_rx, resync_rx, shutdown)
         .await;
     let _ = std::fs::remove_file(root.join(crate::control::SOCKET));

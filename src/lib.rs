@@ -19,6 +19,7 @@
 //! - [`control`]: the local control socket `pods` and `image` use while an agent runs.
 //! - [`network`]: a pod's namespaces (held without a pause container), its CNI
 //!   attachment and addresses, its `/etc/hosts` and `/etc/resolv.conf`.
+//! - [`eviction`]: node-pressure eviction by `evictionHard`, reclaim before it.
 //! - [`node`]: facts about the device: address, CPUs, memory, storage, identity.
 //! - [`uplink`]: the kube-apiserver: client (kubeconfig, TLS), Node and Lease, pod status
 //!   and final deletes, mirror pods, events, ConfigMaps and Secrets.
@@ -36,6 +37,7 @@ pub mod check;
 pub mod cli;
 pub mod config;
 pub mod control;
+pub mod eviction;
 pub mod image;
 pub mod network;
 pub mod node;

@@ -248,6 +248,7 @@ pub(super) fn fill_from_profile(file: FileConfig, profile: FileConfig) -> FileCo
         port,
         max_pods,
         uplink_retry_max,
+        pods,
     } = profile;
     system_reserved.extend(file.system_reserved);
     kube_reserved.extend(file.kube_reserved);
@@ -285,6 +286,7 @@ pub(super) fn fill_from_profile(file: FileConfig, profile: FileConfig) -> FileCo
         port: file.port.or(port),
         max_pods: file.max_pods.or(max_pods),
         uplink_retry_max: file.uplink_retry_max.or(uplink_retry_max),
+        pods: file.pods.or(pods),
     }
 }
 

@@ -132,6 +132,33 @@ impl Network {
         Ok(net)
     }
 
+    /// After a failed CHECK: DEL with what the ADD was given, then ADD again in the
+    /// same namespace, so the pod's containers keep running and get their network back.
+    pub fn repair(&self, pod: &Pod, dir: &Path) -> Result<(), NetworkError> {
+        if let Some(mut a) = read_attachment(dir)? {
+            if !netns::held(Path::new(&a.runtime.netns)) {
+                a.runtime.netns = String::new();
+            }
+            cni::run_list(
+                &a.bin_dirs,
+                &a.list,
+                CniCommand::Del,
+                &a.runtime,
+                a.result.as_ref(),
+            )?;
+            let path = dir.join(ATTACHMENT);
+            std::fs::remove_file(&path).map_err(|source| NetworkError::Io {
+                context: format!("remove {}", path.display()),
+                source,
+            })?;
+        }
+        let net = netns::path(&dir.join(NS_DIR), NamespaceKind::Net);
+        if netns::held(&net) {
+            self.attach(pod, dir, &net)?;
+        }
+        Ok(())
+    }
+
     /// Loopback, then the pod's network on eth0.
     fn attach(&self, pod: &Pod, dir: &Path, netns_path: &Path) -> Result<(), NetworkError> {
         let network = conf::select(&self.config.conf_dir, &self.root, &self.config.pod_cidr)?;

@@ -21,7 +21,10 @@ use super::Deps;
 use crate::uplink::report::EventType;
 
 mod environment;
+mod sandbox;
 mod stop;
+
+pub use sandbox::Ended;
 
 use super::restart_timer::RestartTimers;
 
@@ -36,6 +39,8 @@ pub enum WorkerMsg {
     Resync,
     /// The pod is no longer wanted: stop it gracefully, then forget it.
     Terminate,
+    /// The eviction manager chose this pod: kill it now and end it with this message.
+    Evict(String),
 }
 
 /// What the store keeps of a pod the agent runs (tree `podstates`, key = UID): the spec
@@ -62,6 +67,18 @@ pub(super) struct Worker {
     registered: mpsc::Sender<(ContainerId, String)>,
     /// Set for a pod that is only to be stopped (it was removed while the agent was down).
     pub(super) terminate_first: bool,
+    /// Set for a pod admission refused: `(reason, message)`.
+    pub(super) rejected: Option<(String, String)>,
+    /// The pod's sandbox, once set up.
+    sandbox: Option<super::sandbox::Ready>,
+    /// The last sandbox failure said, so a retry does not say it again.
+    sandbox_error: Option<String>,
+    /// Sandbox warnings said already.
+    said: Vec<String>,
+    /// When the network was last checked (CNI CHECK).
+    last_check: Option<Instant>,
+    /// Set when the agent ended the pod (rejected or evicted): nothing of it runs.
+    ended: Option<Ended>,
 }
 
 impl Worker {
@@ -91,6 +108,7 @@ impl Worker {
             .as_ref()
             .map(|s| s.start_time)
             .unwrap_or_else(time::now);
+        let ended = state.as_ref().and_then(|s| Ended::from_status(&s.status));
         Worker {
             deps,
             pod,
@@ -103,6 +121,12 @@ impl Worker {
             restart_timers: RestartTimers::default(),
             registered,
             terminate_first: false,
+            rejected: None,
+            sandbox: None,
+            sandbox_error: None,
+            said: Vec::new(),
+            last_check: None,
+            ended,
         }
     }
 
@@ -115,6 +139,9 @@ impl Worker {
         if self.pod.metadata.deletion_timestamp.is_some() {
             self.terminate_deleted().await;
             return;
+        }
+        if let Some((reason, message)) = self.rejected.take() {
+            self.reject(reason, message);
         }
         self.sync().await;
         loop {
@@ -141,6 +168,10 @@ impl Worker {
                     log::debug!("pod {}: container {id} exited", self.name())
                 }
                 Some(WorkerMsg::Resync) => {}
+                Some(WorkerMsg::Evict(message)) => {
+                    self.evict(message).await;
+                    continue;
+                }
             }
             self.sync().await;
         }
@@ -158,6 +189,12 @@ impl Worker {
     async fn sync(&mut self) {
         self.wake = None;
         self.refresh().await;
+        // A pod the agent ended runs nothing more; one without a sandbox cannot start
+        // containers yet (the failure is said, and tried again).
+        if self.ended.is_some() || !self.ensure_sandbox().await {
+            self.persist().await;
+            return;
+        }
         let policy = self
             .pod
             .spec
@@ -376,6 +413,29 @@ impl Worker {
             self.records.insert(c.name.clone(), rec);
             return;
         };
+        let mounts = match self.mounts(c, &env).await {
+            Ok(m) => m,
+            Err(message) => {
+                let waiting = Waiting {
+                    reason: "CreateContainerConfigError".into(),
+                    message: Some(message.clone()),
+                };
+                if rec.waiting.as_ref() != Some(&waiting) {
+                    log::warn!("pod {}: container {}: {message}", self.name(), c.name);
+                    self.deps.reporter.event(
+                        &self.pod,
+                        Some(&c.name),
+                        EventType::Warning,
+                        "Failed",
+                        format!("Error: {message}"),
+                    );
+                }
+                rec.waiting = Some(waiting);
+                self.records.insert(c.name.clone(), rec);
+                return;
+            }
+        };
+        let sandbox = self.runtime_sandbox();
 
         let log_path = self
             .log_dir()
@@ -398,8 +458,8 @@ impl Worker {
                 image: &image,
                 node_name: &node,
                 log_path,
-                sandbox: None,
-                mounts: &[],
+                sandbox: sandbox.as_ref().map(|s| &s.runtime),
+                mounts: &mounts,
             };
             rt.start(&req)
         })
@@ -473,7 +533,7 @@ impl Worker {
                 );
                 rec.waiting = Some(Waiting {
                     reason: e.reason().into(),
-                    message: Some(e.to_string()),
+                    message: Some(e.status_message()),
                 });
                 self.remove_container(&id).await;
             }
@@ -525,6 +585,7 @@ impl Worker {
             }
         }
         let host_ip = self.deps.host_ip.as_deref();
+        let sandbox = self.sandbox_status();
         let inputs = StatusInputs {
             now: time::now(),
             backoff: &self.deps.backoff,
@@ -532,8 +593,10 @@ impl Worker {
             host_ip,
             previous: self.state.as_ref().map(|s| &s.status),
             terminal: false,
+            sandbox: Some(&sandbox),
         };
-        let status = whole_seconds(status::pod_status(&self.pod, &self.records, &inputs));
+        let status =
+            whole_seconds(self.ended_status(status::pod_status(&self.pod, &self.records, &inputs)));
         let changed = match &self.state {
             Some(s) => s.status != status || s.pod != self.pod,
             None => true,
