@@ -86,11 +86,17 @@ pub fn run_list(
             let mut first_err = None;
             for p in plugins.iter().rev() {
                 let conf = plugin_conf(p, &name, &version, prev, rt)?;
-                if let Err(e) = invoke(bin_dirs, &conf, command, rt) {
-                    if command == CniCommand::Check {
-                        return Err(e);
+                match invoke(bin_dirs, &conf, command, rt) {
+                    Ok(_) => {}
+                    Err(e) if command == CniCommand::Check => return Err(e),
+                    // A plugin that is not there never ran (or was uninstalled since):
+                    // nothing can be released through it.
+                    Err(e @ NetworkError::PluginMissing { .. }) => {
+                        log::warn!("network {name:?}: DEL skipped: {e}");
                     }
-                    first_err.get_or_insert(e);
+                    Err(e) => {
+                        first_err.get_or_insert(e);
+                    }
                 }
             }
             match first_err {
