@@ -173,6 +173,7 @@ impl LibcontainerRuntime {
         })?;
         let host = security::Host {
             cap_last_cap: security::cap_last_cap(),
+            bounding: security::own_bounding_set(),
             devices: if sc.privileged {
                 security::host_devices()
             } else {

@@ -229,6 +229,9 @@ pub fn additional_gids(pod: &Pod, image_groups: &[u32]) -> Vec<u32> {
 pub struct Host {
     /// `/proc/sys/kernel/cap_last_cap`: the capabilities this kernel knows.
     pub cap_last_cap: usize,
+    /// The capabilities holdfast itself may hand on (its bounding set): nothing can
+    /// give a container more, so "all" means these.
+    pub bounding: u64,
     /// Char and block devices under the host's `/dev`, for privileged containers.
     pub devices: Vec<oci_spec::runtime::LinuxDevice>,
     /// Where Localhost seccomp profiles live: `<root-dir>/seccomp`.
@@ -247,8 +250,10 @@ pub fn apply(
     let mut caps: Vec<String> = DEFAULT_CAPS.iter().map(|s| (*s).to_owned()).collect();
     let all: Vec<String> = ALL_CAPS
         .iter()
+        .enumerate()
         .take(host.cap_last_cap.saturating_add(1))
-        .map(|s| (*s).to_owned())
+        .filter(|(i, _)| host.bounding & (1u64 << i) != 0)
+        .map(|(_, s)| (*s).to_owned())
         .collect();
     if sc.privileged {
         caps = all.clone();
@@ -272,6 +277,15 @@ pub fn apply(
             caps.clear();
         }
         for c in add.iter().filter(|c| *c != "ALL") {
+            let held = ALL_CAPS
+                .iter()
+                .position(|k| k == c)
+                .is_some_and(|i| host.bounding & (1u64 << i) != 0);
+            if ALL_CAPS.contains(&c.as_str()) && !held {
+                return Err(RuntimeError::Config(format!(
+                    "capability \"CAP_{c}\" is not in holdfast's own bounding set: no container can have it"
+                )));
+            }
             if !caps.contains(c) {
                 caps.push(c.clone());
             }
@@ -399,6 +413,18 @@ pub fn normalize_sysctl(name: &str) -> String {
 fn capability(name: &str) -> Result<Capability, RuntimeError> {
     serde_json::from_value(serde_json::Value::String(format!("CAP_{name}")))
         .map_err(|_| RuntimeError::Config(format!("unknown capability \"CAP_{name}\"")))
+}
+
+/// The bounding set of this process (`CapBnd` in `/proc/self/status`).
+pub fn own_bounding_set() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("CapBnd:"))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        })
+        .unwrap_or(u64::MAX)
 }
 
 /// The kernel's highest capability number.

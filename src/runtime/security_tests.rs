@@ -31,6 +31,7 @@ fn container(sc: Option<SecurityContext>) -> Container {
 fn host() -> Host {
     Host {
         cap_last_cap: 40,
+        bounding: u64::MAX,
         devices: Vec::new(),
         seccomp_root: "/nonexistent/seccomp".into(),
     }
@@ -154,6 +155,49 @@ fn privileged_gets_everything_the_kernel_has() {
         v["linux"]["resources"]["devices"].as_array().map(Vec::len),
         Some(1)
     );
+}
+
+#[test]
+fn nothing_beyond_what_holdfast_holds() {
+    // Without CAP_SYS_RESOURCE (24) ourselves, "all" lacks it and asking for it fails.
+    let without = Host {
+        bounding: !(1 << 24),
+        ..host()
+    };
+    let p = pod(None);
+    let c = container(Some(SecurityContext {
+        privileged: Some(true),
+        ..SecurityContext::default()
+    }));
+    let image = ImageConfigurationBuilder::default().build().expect("image");
+    let mut spec = build(&SpecInput {
+        pod: &p,
+        container: &c,
+        env: &[],
+        image: &image,
+        user: (0, 0),
+        rootfs: std::path::Path::new("/c/rootfs"),
+        cgroups_path: "/holdfast/x",
+        hosts: std::path::Path::new("/c/hosts"),
+        resolv_conf: std::path::Path::new("/c/resolv.conf"),
+        hostname_file: std::path::Path::new("/c/hostname"),
+        nofile_hard_limit: 1024,
+    })
+    .expect("spec");
+    apply(&mut spec, &p, &effective(&p, &c), &[], &without).expect("apply");
+    let v = serde_json::to_value(&spec).expect("json");
+    let b = caps(&v, "bounding");
+    assert_eq!(b.len(), 40);
+    assert!(!b.contains(&"CAP_SYS_RESOURCE".to_string()));
+    let asks = container(Some(SecurityContext {
+        capabilities: Some(Capabilities {
+            add: Some(vec!["SYS_RESOURCE".into()]),
+            drop: None,
+        }),
+        ..SecurityContext::default()
+    }));
+    let err = apply(&mut spec, &p, &effective(&p, &asks), &[], &without).expect_err("refused");
+    assert!(err.to_string().contains("CAP_SYS_RESOURCE"), "{err}");
 }
 
 #[test]
