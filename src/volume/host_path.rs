@@ -20,6 +20,7 @@ pub fn setup(src: &HostPathVolumeSource) -> Result<PathBuf, VolumeError> {
     let typ = src.type_.as_deref().unwrap_or("");
     let meta = std::fs::metadata(&path).ok();
     let fail = |what: &'static str| VolumeError::HostPathType {
+        volume: String::new(),
         path: path.clone(),
         what,
     };

@@ -57,7 +57,11 @@ pub enum VolumeError {
     #[error("volume {volume:?}: {reason}")]
     DownwardApi { volume: String, reason: String },
     #[error("hostPath type check failed: {path} is not {what}")]
-    HostPathType { path: PathBuf, what: &'static str },
+    HostPathType {
+        volume: String,
+        path: PathBuf,
+        what: &'static str,
+    },
     #[error("volume {volume:?}: {reason}")]
     Unsupported { volume: String, reason: String },
     #[error("volume {dir}: {reason}")]
@@ -88,9 +92,22 @@ impl VolumeError {
             | VolumeError::StaticPod { volume, .. }
             | VolumeError::Cache { volume, .. }
             | VolumeError::DownwardApi { volume, .. }
+            | VolumeError::HostPathType { volume, .. }
             | VolumeError::Unsupported { volume, .. } => Some(volume),
             _ => None,
         }
+    }
+
+    /// The same error, naming volume `name` where it named none.
+    fn in_volume(mut self, name: &str) -> Self {
+        if let VolumeError::HostPathType { volume, .. } | VolumeError::Unsupported { volume, .. } =
+            &mut self
+        {
+            if volume.is_empty() {
+                *volume = name.to_owned();
+            }
+        }
+        self
     }
 }
 
@@ -134,76 +151,90 @@ pub fn setup(pod: &Pod, pod_dir: &Path, sources: &Sources<'_>) -> Result<PodVolu
             });
         }
         let dir = |plugin: &str| base.join(format!("kubernetes.io~{plugin}")).join(name);
-        let mounted = if let Some(e) = &v.empty_dir {
-            let d = dir("empty-dir");
-            empty_dir::setup(pod, &d, e, sources.fs_group)?;
-            Mounted {
-                path: d,
-                read_only: false,
-                make_sub_paths: true,
-            }
-        } else if let Some(h) = &v.host_path {
-            let p = host_path::setup(h)?;
-            Mounted {
-                path: p,
-                read_only: false,
-                make_sub_paths: true,
-            }
-        } else if let Some(cm) = &v.config_map {
-            let d = dir("configmap");
-            let payload = projection::config_map_payload(pod, name, cm, sources)?;
-            atomic_writer::write(&d, &payload, sources.fs_group)?;
-            Mounted {
-                path: d,
-                read_only: true,
-                make_sub_paths: false,
-            }
-        } else if let Some(s) = &v.secret {
-            let d = dir("secret");
-            empty_dir::memory(&d, None)?;
-            let payload = projection::secret_payload(pod, name, s, sources)?;
-            atomic_writer::write(&d, &payload, sources.fs_group)?;
-            Mounted {
-                path: d,
-                read_only: true,
-                make_sub_paths: false,
-            }
-        } else if let Some(d_api) = &v.downward_api {
-            let d = dir("downward-api");
-            let mut payload = atomic_writer::Payload::new();
-            projection::downward_api_payload(
-                pod,
-                name,
-                d_api.items.as_deref().unwrap_or(&[]),
-                d_api.default_mode,
-                sources,
-                &mut payload,
-            )?;
-            atomic_writer::write(&d, &payload, sources.fs_group)?;
-            Mounted {
-                path: d,
-                read_only: true,
-                make_sub_paths: false,
-            }
-        } else if let Some(p) = &v.projected {
-            let d = dir("projected");
-            empty_dir::memory(&d, None)?;
-            let payload = projection::projected_payload(pod, name, p, sources, &mut out.warnings)?;
-            atomic_writer::write(&d, &payload, sources.fs_group)?;
-            Mounted {
-                path: d,
-                read_only: true,
-                make_sub_paths: false,
-            }
-        } else {
-            return Err(VolumeError::Unsupported {
-                volume: name.to_owned(),
-                reason: "only emptyDir, hostPath, configMap, secret, downwardAPI and projected volumes are supported".into(),
-            });
-        };
+        let mounted =
+            setup_one(pod, v, &dir, sources, &mut out.warnings).map_err(|e| e.in_volume(name))?;
         out.volumes.insert(name.to_owned(), mounted);
     }
     Ok(out)
+}
+
+/// One volume, in the directory `dir(plugin)` gives it.
+fn setup_one(
+    pod: &Pod,
+    v: &k8s_openapi::api::core::v1::Volume,
+    dir: &dyn Fn(&str) -> PathBuf,
+    sources: &Sources<'_>,
+    warnings: &mut Vec<String>,
+) -> Result<Mounted, VolumeError> {
+    let name = v.name.as_str();
+    let mounted = if let Some(e) = &v.empty_dir {
+        let d = dir("empty-dir");
+        empty_dir::setup(pod, &d, e, sources.fs_group)?;
+        Mounted {
+            path: d,
+            read_only: false,
+            make_sub_paths: true,
+        }
+    } else if let Some(h) = &v.host_path {
+        let p = host_path::setup(h)?;
+        Mounted {
+            path: p,
+            read_only: false,
+            make_sub_paths: true,
+        }
+    } else if let Some(cm) = &v.config_map {
+        let d = dir("configmap");
+        let payload = projection::config_map_payload(pod, name, cm, sources)?;
+        atomic_writer::write(&d, &payload, sources.fs_group)?;
+        Mounted {
+            path: d,
+            read_only: true,
+            make_sub_paths: false,
+        }
+    } else if let Some(s) = &v.secret {
+        let d = dir("secret");
+        empty_dir::memory(&d, None)?;
+        let payload = projection::secret_payload(pod, name, s, sources)?;
+        atomic_writer::write(&d, &payload, sources.fs_group)?;
+        Mounted {
+            path: d,
+            read_only: true,
+            make_sub_paths: false,
+        }
+    } else if let Some(d_api) = &v.downward_api {
+        let d = dir("downward-api");
+        let mut payload = atomic_writer::Payload::new();
+        projection::downward_api_payload(
+            pod,
+            name,
+            d_api.items.as_deref().unwrap_or(&[]),
+            d_api.default_mode,
+            sources,
+            &mut payload,
+        )?;
+        atomic_writer::write(&d, &payload, sources.fs_group)?;
+        Mounted {
+            path: d,
+            read_only: true,
+            make_sub_paths: false,
+        }
+    } else if let Some(p) = &v.projected {
+        let d = dir("projected");
+        empty_dir::memory(&d, None)?;
+        let payload = projection::projected_payload(pod, name, p, sources, warnings)?;
+        atomic_writer::write(&d, &payload, sources.fs_group)?;
+        Mounted {
+            path: d,
+            read_only: true,
+            make_sub_paths: false,
+        }
+    } else {
+        return Err(VolumeError::Unsupported {
+                volume: name.to_owned(),
+                reason: "only emptyDir, hostPath, configMap, secret, downwardAPI and projected volumes are supported".into(),
+            });
+    };
+    Ok(mounted)
 }
 
 /// `container`'s mounts of the pod's volumes; `env` expands `subPathExpr`. subPaths
