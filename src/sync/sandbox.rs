@@ -33,8 +33,11 @@ pub struct Sandboxes {
     pub admission: Policy,
     /// Set by the eviction manager while the node is under memory pressure.
     pub memory_pressure: Arc<AtomicBool>,
-    /// `enforceNodeAllocatable` has `pods`: kubepods' memory is capped at allocatable.
+    /// `enforceNodeAllocatable` has `pods`: kubepods' memory is capped at capacity less
+    /// the reservations (not the eviction threshold, so that eviction acts first).
     pub enforce_pods: bool,
+    /// That cap, when the node's memory is known.
+    pub pods_memory: Option<u64>,
 }
 
 /// A pod's sandbox, ready for its containers.
@@ -110,6 +113,16 @@ impl Sandboxes {
             }
             _ => None,
         };
+        // The kubelet's enforced allocatable adds the hard eviction threshold back.
+        let threshold = crate::uplink::node_status::NodeInput::from_config(config)
+            .ok()
+            .and_then(|i| i.eviction_hard.get("memory.available").copied());
+        let total = crate::node::facts::read_meminfo(Path::new("/proc/meminfo")).total;
+        let pods_memory = match (memory, threshold, total) {
+            (Some(m), Some(t), Some(total)) => Some(m.saturating_add(t.amount(total))),
+            (Some(m), None, _) => Some(m),
+            _ => None,
+        };
         Sandboxes {
             root: config.root_dir.clone(),
             network: Network::new(network, &config.root_dir, binary),
@@ -123,6 +136,7 @@ impl Sandboxes {
             },
             memory_pressure: Arc::new(AtomicBool::new(false)),
             enforce_pods: p.enforce_node_allocatable.iter().any(|k| k == "pods"),
+            pods_memory,
         }
     }
 
@@ -315,13 +329,10 @@ impl Sandboxes {
     /// besteffort under it.
     pub fn ensure_qos(&self) -> Result<(), ResourcesError> {
         use crate::resources::cgroups::{shares, Limits, MIN_SHARES};
-        let top = match self.admission.allocatable.filter(|_| self.enforce_pods) {
-            Some(a) => Limits {
-                cpu_shares: Some(shares(a.cpu_milli)),
-                memory: Some(a.memory).filter(|m| *m > 0),
-                ..Limits::default()
-            },
-            None => Limits::default(),
+        let top = Limits {
+            cpu_shares: self.admission.allocatable.map(|a| shares(a.cpu_milli)),
+            memory: self.pods_memory.filter(|m| self.enforce_pods && *m > 0),
+            ..Limits::default()
         };
         self.cgroups.ensure(&self.cgroups.kubepods(), &top)?;
         self.cgroups

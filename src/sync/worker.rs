@@ -592,7 +592,8 @@ impl Worker {
             start_time: Some(self.start_time),
             host_ip,
             previous: self.state.as_ref().map(|s| &s.status),
-            terminal: false,
+            // An ended pod restarts nothing: its containers show how they ended.
+            terminal: self.ended.is_some(),
             sandbox: Some(&sandbox),
         };
         let status =
