@@ -424,3 +424,109 @@ fn a_broken_network_is_said_and_the_pod_waits() {
     a.reset();
     a.assert_clean();
 }
+
+#[test]
+fn a_pods_containers_share_its_namespaces_and_a_broken_network_is_repaired() {
+    if !need_root() || !need_plugins() {
+        return;
+    }
+    let (net, mut a) = agent_on("cni-share", 3, "");
+    a.start();
+    let yaml = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: duo\nspec:\n  terminationGracePeriodSeconds: 1\n  \
+         shareProcessNamespace: true\n  containers:\n    - name: main\n      image: busybox:demo\n      \
+         command: [\"sh\", \"-c\", {}]\n    - name: side\n      image: busybox:demo\n      \
+         command: [\"sh\", \"-c\", \"echo shared > /dev/shm/note; exec sleep 7777\"]\n",
+        serde_json::to_string(
+            "until [ -e /dev/shm/note ]; do sleep 0.1; done; \
+             echo note=$(cat /dev/shm/note); echo host=$(hostname); \
+             ps | grep -c '[s]leep 7777' | sed 's/^/sees-side=/'; \
+             ip -4 -o addr show eth0 | grep -o 'inet [0-9.]*'; echo END; exec sleep 3600"
+        )
+        .expect("json")
+    );
+    a.write_manifest("duo.yaml", &yaml);
+    let p = a.wait_pod("duo", "both running", WAIT, |p| {
+        running(p) && container(p, "side")["state"]["running"].is_object()
+    });
+    let out = output(&a, "duo");
+    let ip = pod_ip(&p);
+    // One IPC namespace and /dev/shm, one host name, one PID namespace, one address.
+    assert!(out.contains(&"note=shared".to_string()), "{out:?}");
+    assert!(out.contains(&"host=duo-node-1".to_string()), "{out:?}");
+    assert!(out.contains(&"sees-side=1".to_string()), "{out:?}");
+    assert!(out.contains(&format!("inet {ip}")), "{out:?}");
+
+    // Someone takes the pod's veth off the bridge: the next resync's CNI CHECK fails
+    // and the pod is attached again (DEL, ADD), its containers still running.
+    let dir = a.root.join("pods").join(uid(&p));
+    let netns = dir.join("ns/net");
+    let cid = container(&p, "main")["containerID"].clone();
+    let attached: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("network.json")).expect("network.json"))
+            .expect("json");
+    let veth = attached["result"]["interfaces"]
+        .as_array()
+        .and_then(|i| {
+            i.iter()
+                .filter_map(|i| i["name"].as_str())
+                .find(|n| n.starts_with("veth"))
+        })
+        .expect("the pod's host-side veth")
+        .to_owned();
+    let off = std::process::Command::new("ip")
+        .args(["link", "set", &veth, "nomaster"])
+        .status()
+        .expect("ip link");
+    assert!(off.success());
+    let on_bridge = |name: &str| {
+        std::process::Command::new("ip")
+            .args(["-o", "link", "show", "master", &net.bridge])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).contains(&format!(" {name}@")))
+            .unwrap_or(false)
+    };
+    assert!(!on_bridge(&veth));
+    a.wait_until("the pod's network to be attached again", WAIT, |_| {
+        let now: Value = std::fs::read(dir.join("network.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default();
+        let new_veth = now["result"]["interfaces"]
+            .as_array()
+            .and_then(|i| {
+                i.iter()
+                    .filter_map(|i| i["name"].as_str())
+                    .find(|n| n.starts_with("veth"))
+            })
+            .unwrap_or_default()
+            .to_owned();
+        !new_veth.is_empty() && new_veth != veth && on_bridge(&new_veth)
+    });
+    let has_address = std::process::Command::new("nsenter")
+        .arg(format!("--net={}", netns.display()))
+        .args(["ip", "-4", "-o", "addr", "show", "eth0"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains(&net.prefix))
+        .unwrap_or(false);
+    assert!(has_address, "eth0 has an address again");
+    a.wait_until("the repair to be said", WAIT, |a| {
+        a.agent_log().contains("network check failed")
+    });
+    let p = a.pod("duo").expect("pod");
+    assert_eq!(container(&p, "main")["containerID"], cid, "not restarted");
+    assert_eq!(net.leases().len(), 1, "{:?}", net.leases());
+    // The pod's PID 1 goes with the pod.
+    let init = std::fs::read_to_string(netns.with_file_name("pid-init")).expect("pid-init");
+    let init: i32 = init
+        .split_whitespace()
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("pid");
+    assert!(std::path::Path::new(&format!("/proc/{init}")).exists());
+    a.reset();
+    a.assert_clean();
+    let alive =
+        std::fs::read_to_string(format!("/proc/{init}/stat")).is_ok_and(|s| !s.contains(") Z "));
+    assert!(!alive, "the pod's init {init} is still running");
+}

@@ -299,6 +299,28 @@ fn empty_dir_host_path_sub_path_and_read_only() {
         std::fs::read_to_string(scratch.join("app/logs/app.log")).expect("subPath file"),
         "log-line\n"
     );
+    // An agent restart adopts the pod with its volumes as they are: the same
+    // container, the memory volume still mounted with what was written to it.
+    let cid = container(&p, "main")["containerID"].clone();
+    let ram = a
+        .root
+        .join("pods")
+        .join(&uid)
+        .join("volumes/kubernetes.io~empty-dir/ram");
+    std::fs::write(ram.join("kept"), b"still here").expect("write to the memory volume");
+    a.kill9();
+    a.start();
+    a.wait_until("the agent to resync the pod", WAIT, |a| {
+        a.agent_log().matches("running as node").count() == 2
+    });
+    let p = a.wait_pod("local", "adopted", WAIT, |p| {
+        container(p, "main")["state"]["running"].is_object()
+    });
+    assert_eq!(container(&p, "main")["containerID"], cid);
+    assert_eq!(
+        std::fs::read(ram.join("kept")).expect("kept"),
+        b"still here"
+    );
     a.remove_manifest("local.yaml");
     a.wait_gone("local", WAIT);
     a.wait_until("the pod's volumes to be gone", WAIT, |a| {
