@@ -3,12 +3,17 @@
 //! slice), a BestEffort pod fills a memory-backed emptyDir until the pods' available
 //! memory falls below `evictionHard`, and the eviction manager evicts it — not the
 //! Burstable pod that stays within its requests — with the kubelet's status,
-//! message, condition and event.
+//! message, condition and event. Under disk pressure on a small filesystem of the
+//! test's own, the leftovers of a finished pod are reclaimed first, and only then is
+//! the pod that fills the disk evicted.
 
 mod support;
 
 #[path = "support/apiserver/mod.rs"]
 mod apiserver;
+
+#[path = "support/loopfs.rs"]
+mod loopfs;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -179,5 +184,142 @@ fn memory_pressure_evicts_the_best_effort_pod_first() {
     let uid = hog.metadata.uid.unwrap_or_default();
     assert!(!a.root.join("pods").join(&uid).join("volumes").exists());
     a.reset();
+    a.assert_clean();
+}
+
+fn disk_pod(name: &str, script: &str, policy: &str) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "nodeName": NODE,
+            "hostNetwork": true,
+            "restartPolicy": policy,
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "main", "image": "busybox:demo", "command": ["sh", "-c", script]}],
+        },
+    }))
+    .expect("pod")
+}
+
+#[test]
+fn disk_pressure_reclaims_dead_containers_before_it_evicts() {
+    if !need_root() {
+        return;
+    }
+    let api = apiserver::start(Options {
+        bookmark_interval: Duration::from_secs(1),
+        ..Options::default()
+    });
+    let mut a = Agent::new("evict-disk");
+    a.node_name = NODE.into();
+    a.write_config(
+        "  evictionMonitoringPeriod: 1s\nnodeStatusUpdateFrequency: 1s\nnodeStatusReportFrequency: 3s\n\
+         evictionHard:\n  memory.available: 1Mi\n  nodefs.available: 20%\n  imagefs.available: 20%\n",
+    );
+    let kubeconfig = api.kubeconfig(&a.dir, Identity::Node(NODE));
+    a.extra_args = vec!["--kubeconfig".into(), kubeconfig.display().to_string()];
+    // The whole root dir on a 256 MiB filesystem of the test's own.
+    let image = a.dir.join("busybox.tar");
+    std::fs::rename(a.root.join("images/busybox.tar"), &image).expect("keep the image");
+    let fs = loopfs::LoopFs::mount(&a.root, 256).expect("loop filesystem");
+    std::fs::create_dir_all(a.root.join("images")).expect("images dir");
+    std::fs::copy(&image, a.root.join("images/busybox.tar")).expect("image");
+    a.start();
+    let fail = |what: &str, a: &Agent| -> ! {
+        panic!(
+            "timed out waiting for {what}\n--- pods ---\n{}\n--- agent log ---\n{}",
+            a.pods_table(),
+            a.agent_log()
+        )
+    };
+
+    // A static pod that wrote 12 MiB into its container's root and finished: a cluster
+    // pod that ends is forgotten at once, a static pod stays until its manifest goes.
+    a.write_manifest(
+        "done.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: done\nspec:\n  hostNetwork: true\n  \
+         restartPolicy: Never\n  containers:\n    - name: main\n      image: busybox:demo\n      \
+         command: [\"sh\", \"-c\", \"dd if=/dev/zero of=/blob bs=1M count=12 2>/dev/null; sync\"]\n",
+    );
+    let done = a.wait_pod("done", "Succeeded", WAIT, |p| {
+        p["status"]["phase"] == "Succeeded"
+    });
+    let done_id = support::agent::container(&done, "main")["containerID"]
+        .as_str()
+        .and_then(|c| c.strip_prefix("libcontainer://"))
+        .expect("container id")
+        .to_owned();
+    let done_dir = a.root.join("containers").join(&done_id);
+    assert!(done_dir.exists());
+    api.create_pod(disk_pod("steady", "exec sleep 3600", "Always"));
+    if !api.wait_for(WAIT, |api| {
+        phase(api, "steady").as_deref() == Some("Running")
+    }) {
+        fail("pod steady Running", &a);
+    }
+
+    // Ballast leaves 4 MiB less than the threshold free: the 12 MiB the finished pod
+    // left are enough to relieve it.
+    let st = nix::sys::statvfs::statvfs(&a.root).expect("statvfs");
+    let capacity = st.blocks() * st.fragment_size();
+    let threshold = capacity / 5;
+    let free = fs.free();
+    assert!(
+        free > threshold + 8 * MI,
+        "{free} free of {capacity} before the ballast"
+    );
+    let ballast_size = free - threshold + 4 * MI;
+    let ballast = a.root.join("ballast");
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&ballast).expect("ballast");
+        let chunk = vec![0u8; MI as usize];
+        for _ in 0..ballast_size / MI {
+            f.write_all(&chunk).expect("write ballast");
+        }
+        f.sync_all().expect("sync ballast");
+    }
+    a.wait_until("the finished pod's container to be reclaimed", WAIT, |_| {
+        !done_dir.exists()
+    });
+    // ext4 hands freed blocks back when its journal commits.
+    a.wait_until("the disk to be relieved", WAIT, |_| fs.free() > threshold);
+    let done = a.pod("done").expect("done");
+    assert_eq!(
+        done["status"]["phase"], "Succeeded",
+        "reclaimed, not evicted"
+    );
+    assert_eq!(phase(&api, "steady").as_deref(), Some("Running"));
+
+    // A pod that fills the disk: nothing is left to reclaim, so it is evicted.
+    api.create_pod(disk_pod(
+        "filler",
+        "dd if=/dev/zero of=/fill bs=1M count=20 2>/dev/null; sync; exec sleep 3600",
+        "Always",
+    ));
+    if !api.wait_for(WAIT, |api| {
+        phase(api, "filler").as_deref() == Some("Failed")
+    }) {
+        fail("pod filler evicted", &a);
+    }
+    let status = api
+        .get_pod("default", "filler")
+        .and_then(|p| p.status)
+        .expect("status");
+    assert_eq!(status.reason.as_deref(), Some("Evicted"));
+    let message = status.message.unwrap_or_default();
+    assert!(
+        message
+            .starts_with("The node was low on resource: ephemeral-storage. Threshold quantity: ")
+            && message.contains(". Container main was using ")
+            && message.ends_with(", request is 0, has larger consumption of ephemeral-storage. "),
+        "{message}"
+    );
+    // Its leftovers go next (it has ended), and the pod that stayed small runs on.
+    a.wait_until("the disk to be relieved", WAIT, |_| fs.free() > threshold);
+    assert_eq!(phase(&api, "steady").as_deref(), Some("Running"));
+    std::fs::remove_file(&ballast).expect("remove ballast");
+    a.reset();
+    drop(fs);
     a.assert_clean();
 }

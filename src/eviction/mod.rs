@@ -45,6 +45,8 @@ struct Manager {
     hard: BTreeMap<String, Threshold>,
     raw: BTreeMap<String, String>,
     images: Box<dyn ImageGc>,
+    /// "No pod may be evicted" was said for this pressure episode.
+    said_stuck: bool,
 }
 
 /// Starts the eviction manager; the sync loop evicts what comes out of the returned
@@ -76,6 +78,7 @@ pub fn start(
         hard,
         raw,
         images,
+        said_stuck: false,
     };
     let spawned = std::thread::Builder::new()
         .name("eviction".into())
@@ -87,7 +90,7 @@ pub fn start(
 }
 
 impl Manager {
-    fn run(self, tx: mpsc::Sender<Eviction>) {
+    fn run(mut self, tx: mpsc::Sender<Eviction>) {
         loop {
             std::thread::sleep(self.period);
             if tx.is_closed() {
@@ -119,7 +122,7 @@ impl Manager {
     }
 
     /// The threshold to act on and the pod to evict, if any.
-    fn decide(&self) -> Option<(Met, Candidate)> {
+    fn decide(&mut self) -> Option<(Met, Candidate)> {
         let mut met = self.observe();
         let memory = met.iter().any(|m| m.resource == Resource::Memory);
         self.deps
@@ -127,6 +130,7 @@ impl Manager {
             .memory_pressure
             .store(memory, Ordering::Relaxed);
         if met.is_empty() {
+            self.said_stuck = false;
             return None;
         }
         if !memory {
@@ -152,6 +156,7 @@ impl Manager {
             }
             met = self.observe();
             if met.is_empty() {
+                self.said_stuck = false;
                 return None;
             }
         }
@@ -160,12 +165,19 @@ impl Manager {
         let first = met.into_iter().next()?;
         let ranked = rank::rank(self.candidates(first.resource));
         match ranked.into_iter().next() {
-            Some(victim) => Some((first, victim)),
+            Some(victim) => {
+                self.said_stuck = false;
+                Some((first, victim))
+            }
             None => {
-                log::warn!(
-                    "eviction: {} below its threshold, but no pod may be evicted",
-                    first.signal
-                );
+                // Said once per episode: it is looked at again every period.
+                if !self.said_stuck {
+                    self.said_stuck = true;
+                    log::warn!(
+                        "eviction: {} below its threshold, but no pod may be evicted",
+                        first.signal
+                    );
+                }
                 None
             }
         }
