@@ -413,27 +413,9 @@ impl Worker {
             self.records.insert(c.name.clone(), rec);
             return;
         };
-        let mounts = match self.mounts(c, &env).await {
-            Ok(m) => m,
-            Err(message) => {
-                let waiting = Waiting {
-                    reason: "CreateContainerConfigError".into(),
-                    message: Some(message.clone()),
-                };
-                if rec.waiting.as_ref() != Some(&waiting) {
-                    log::warn!("pod {}: container {}: {message}", self.name(), c.name);
-                    self.deps.reporter.event(
-                        &self.pod,
-                        Some(&c.name),
-                        EventType::Warning,
-                        "Failed",
-                        format!("Error: {message}"),
-                    );
-                }
-                rec.waiting = Some(waiting);
-                self.records.insert(c.name.clone(), rec);
-                return;
-            }
+        let Some(mounts) = self.mounts(c, &env, &mut rec).await else {
+            self.records.insert(c.name.clone(), rec);
+            return;
         };
         let sandbox = self.runtime_sandbox();
 

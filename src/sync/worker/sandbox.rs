@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::{Container, PodCondition, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use tokio::time::Instant;
 
+use super::super::record::{ContainerRecord, Waiting};
 use super::super::sandbox::Ready;
 use super::super::status::SandboxStatus;
 use super::{blocking, Worker};
@@ -130,21 +131,45 @@ impl Worker {
             .unwrap_or_default()
     }
 
-    /// `c`'s volume mounts, or the config error the container waits with.
+    /// `c`'s volume mounts, or None with `rec` waiting in CreateContainerConfigError (a
+    /// volumeMount its pod's volumes cannot give, a subPath that leaves its volume),
+    /// said once per distinct failure.
     pub(super) async fn mounts(
         &self,
         c: &Container,
         env: &[(String, String)],
-    ) -> Result<Vec<BindMount>, String> {
+        rec: &mut ContainerRecord,
+    ) -> Option<Vec<BindMount>> {
         let Some(ready) = self.sandbox.clone() else {
-            return Ok(Vec::new());
+            return Some(Vec::new());
         };
         let dir = self.deps.sandboxes.pod_dir(&self.uid);
         let container = c.clone();
         let env = env.to_vec();
-        blocking(move || crate::volume::container_mounts(&dir, &container, &ready.volumes, &env))
-            .await
-            .map_err(|e| e.to_string())
+        let resolved = blocking(move || {
+            crate::volume::container_mounts(&dir, &container, &ready.volumes, &env)
+        })
+        .await;
+        let message = match resolved {
+            Ok(m) => return Some(m),
+            Err(e) => e.to_string(),
+        };
+        let waiting = Waiting {
+            reason: "CreateContainerConfigError".into(),
+            message: Some(message.clone()),
+        };
+        if rec.waiting.as_ref() != Some(&waiting) {
+            log::warn!("pod {}: container {}: {message}", self.name(), c.name);
+            self.deps.reporter.event(
+                &self.pod,
+                Some(&c.name),
+                EventType::Warning,
+                "Failed",
+                format!("Error: {message}"),
+            );
+        }
+        rec.waiting = Some(waiting);
+        None
     }
 
     /// The sandbox for the runtime, if one is set up.
