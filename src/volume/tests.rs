@@ -281,7 +281,7 @@ fn empty_dirs_and_sub_paths() {
     let statfs = nix::sys::statfs::statfs(&ram).expect("statfs");
     assert_eq!(statfs.filesystem_type(), nix::sys::statfs::TMPFS_MAGIC);
     assert_eq!(
-        u64::from(statfs.blocks()) * statfs.block_size() as u64,
+        statfs.blocks() * statfs.block_size() as u64,
         8 * 1024 * 1024
     );
 
