@@ -294,11 +294,6 @@ fn a_full_disk_keeps_pods_running_reports_disk_pressure_and_loses_nothing() {
     // filesystem they run on, even when the test fails.
     let mut fs_slot: Option<LoopFs>;
     let mut s = Site::new("disk-full");
-    // On this full disk the eviction manager would end the cluster pod, as the kubelet
-    // would; this test is about what the store and the pods keep meanwhile.
-    s.a.write_config(
-        "  evictionMonitoringPeriod: 1h\nnodeStatusUpdateFrequency: 1s\nnodeStatusReportFrequency: 3s\n",
-    );
     // The whole root dir (store, containers, logs, images) on a small filesystem.
     let image = s.a.dir.join("busybox.tar");
     std::fs::rename(s.a.root.join("images/busybox.tar"), &image).expect("keep the image");
