@@ -215,8 +215,14 @@ impl CgroupTree {
                 }
                 let mem = self.dir("memory", rel);
                 if mem.exists() {
-                    let m = limits.memory.map(|m| m as i64).unwrap_or(-1);
-                    write(&mem, "memory.limit_in_bytes", &m.to_string())?;
+                    // v1 shows "no limit" as a huge page-rounded number, never as -1.
+                    let unlimited = read_u64(&mem.join("memory.limit_in_bytes"))
+                        .is_some_and(|v| v >= 1 << 62);
+                    match limits.memory {
+                        Some(m) => write(&mem, "memory.limit_in_bytes", &m.to_string())?,
+                        None if unlimited => {}
+                        None => write(&mem, "memory.limit_in_bytes", "-1")?,
+                    }
                 }
                 let pids = self.dir("pids", rel);
                 if pids.exists() {
