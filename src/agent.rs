@@ -185,6 +185,12 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         Some(u) => u.objects.clone(),
         None => ObjectCache::open(&store).map_err(|e| Error::Cli(e.to_string()))?,
     };
+    let allocatable = allocatable(&config, &root).await;
+    let binary = std::env::current_exe().map_err(|source| Error::Io {
+        context: "find own executable".into(),
+        source,
+    })?;
+    let sandboxes = crate::sync::sandbox::Sandboxes::new(&config, &allocatable, binary);
     let deps = Deps {
         runtime,
         images,
@@ -195,7 +201,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         node_name: config.node_name.clone(),
         host_ip: crate::node::host_ip(),
         objects,
-        allocatable: allocatable(&config, &root).await,
+        allocatable,
         backoff: Backoff {
             initial: config.crash_loop.initial,
             max: config.crash_loop.max,
@@ -209,7 +215,24 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
             max: config.images.pull_backoff_max,
         },
         offline_fallback: config.images.offline_fallback,
+        sandboxes,
     };
+    let deps = Arc::new(deps);
+    {
+        let deps = deps.clone();
+        match tokio::task::spawn_blocking(move || deps.sandboxes.ensure_qos()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => log::error!("pod cgroups under {}: {e}", config.cgroup_root),
+            Err(e) => log::error!("pod cgroups: {e}"),
+        }
+    }
+    // Disk pressure reclaims dead containers, then unused images, before evicting.
+    let images_gc = Box::new(crate::eviction::reclaim::StoreImageGc {
+        images: deps.images.clone(),
+        podstates: deps.podstates.clone(),
+        minimum_age: config.images.minimum_gc_age,
+    });
+    let evictions = crate::eviction::start(&config, deps.clone(), images_gc);
     log::info!(
         "holdfast {} running as node {} (root {}, manifests {})",
         crate::VERSION,
@@ -219,6 +242,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     );
     SyncLoop::new(deps)
         .with_object_changes(objects_rx)
+        .with_evictions(evictions)
         .run(initial, change_rx, exit_rx, resync_rx, shutdown)
         .await;
     let _ = std::fs::remove_file(root.join(crate::control::SOCKET));

@@ -384,6 +384,8 @@ pub fn reset(args: &[String]) -> Result<(), Error> {
     let runtime = crate::runtime::LibcontainerRuntime::new(&root, &cgroup_root, None)?;
     let removed = crate::runtime::remove_all(&runtime, std::time::Duration::from_secs(10))?;
     println!("removed {removed} container(s)");
+    // Then the pods' sandboxes: CNI leases released, namespaces and volumes unmounted.
+    crate::sync::sandbox::reset(&root, &cgroup_root).map_err(Error::Cli)?;
     let io = |path: &std::path::Path| {
         let context = format!("remove {}", path.display());
         move |source| Error::Io { context, source }

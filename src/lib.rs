@@ -18,6 +18,9 @@
 //! - [`cli`]: the `holdfast` subcommands other than `run`.
 //! - [`check`]: `holdfast check`, what the kernel and system provide and what is missing.
 //! - [`control`]: the local control socket `pods` and `image` use while an agent runs.
+//! - [`network`]: a pod's namespaces (held without a pause container), its CNI
+//!   attachment and addresses, its `/etc/hosts` and `/etc/resolv.conf`.
+//! - [`eviction`]: node-pressure eviction by `evictionHard`, reclaim before it.
 //! - [`node`]: facts about the device: address, CPUs, memory, storage, identity.
 //! - [`uplink`]: the kube-apiserver: client (kubeconfig, TLS), Node and Lease, pod status
 //!   and final deletes, mirror pods, events, ConfigMaps and Secrets.
@@ -26,6 +29,10 @@
 //! - [`quantity`]: Kubernetes quantities (`64Mi`, `500m`).
 //! - [`tls`]: the one TLS client stack (rustls under ureq), shared by the apiserver and
 //!   registry clients.
+//! - [`resources`]: pods' requests and limits, QoS classes, the pod cgroup hierarchy
+//!   and admission against the node's allocatable.
+//! - [`volume`]: a pod's volumes (emptyDir, hostPath, configMap, secret, downwardAPI,
+//!   projected) and each container's mounts of them.
 
 pub mod agent;
 pub mod backoff;
@@ -33,9 +40,12 @@ pub mod check;
 pub mod cli;
 pub mod config;
 pub mod control;
+pub mod eviction;
 pub mod image;
+pub mod network;
 pub mod node;
 pub mod quantity;
+pub mod resources;
 pub mod runtime;
 pub mod source;
 pub mod store;
@@ -43,6 +53,7 @@ pub mod sync;
 pub mod time;
 pub mod tls;
 pub mod uplink;
+pub mod volume;
 
 mod error;
 #[cfg(test)]

@@ -27,6 +27,11 @@ fn main() -> ExitCode {
         let code = holdfast::runtime::shim_main(&args[2..]);
         return ExitCode::from(u8::try_from(code).unwrap_or(1));
     }
+    // So must the pod namespace holder: `unshare` in a threaded process is wrong.
+    if args.get(1).map(String::as_str) == Some("sandbox") {
+        let code = holdfast::network::netns::holder_main(&args[2..]);
+        return ExitCode::from(u8::try_from(code).unwrap_or(1));
+    }
     let Some(cmd) = args.get(1).map(String::as_str) else {
         eprintln!("{USAGE}");
         return ExitCode::from(2);

@@ -34,7 +34,9 @@ fn agent(name: &str, api: &ApiServerDouble, sync_frequency: &str) -> Agent {
         "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
          fileCheckFrequency: 2s\nsyncFrequency: {sync_frequency}\ncgroupRoot: {}\n\
          nodeStatusUpdateFrequency: 1s\nnodeStatusReportFrequency: 3s\n\
-         holdfast:\n  crashLoopBackOffInitial: 1s\n  crashLoopBackOffMax: 4s\n",
+         holdfast:\n  crashLoopBackOffInitial: 1s\n  crashLoopBackOffMax: 4s\n\
+         # The machine's own disk or memory pressure is not what these tests are about.\n  \
+         evictionMonitoringPeriod: 24h\n",
         a.cgroup_root
     );
     std::fs::write(a.dir.join("config.yaml"), config).expect("config");

@@ -211,3 +211,63 @@ fn an_image_used_within_the_minimum_age_stays() {
 fn jiff_hours(h: i64) -> k8s_openapi::jiff::SignedDuration {
     k8s_openapi::jiff::SignedDuration::from_hours(h)
 }
+
+#[test]
+fn reclaim_under_disk_pressure_frees_what_is_asked_least_recently_used_first() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs root to mount a loop filesystem");
+        return;
+    }
+    let tmp = tempdir::TempDir::new("image-reclaim");
+    let fs = loopfs::LoopFs::mount(&tmp.0.join("mnt"), 64).expect("loop filesystem");
+    let root = fs.mount.join("root");
+    let store = Store::open(&root.join("db")).expect("store");
+    let images = ImageStore::open(&root, &store).expect("image store");
+    let now = holdfast::time::now();
+    let mut records = Vec::new();
+    for (i, name) in ["old", "newer", "running"].into_iter().enumerate() {
+        let dir = tmp.0.join(format!("layout-{name}"));
+        image(name, vec![layer(name, 3, 40 + i as u64)])
+            .write_layout_dir(&dir)
+            .expect("layout");
+        let rec = images.import(&dir).expect("import").remove(0);
+        images
+            .mark_used(&rec.config_digest, now - jiff_hours(3 - i as i64))
+            .expect("mark used");
+        records.push(rec);
+    }
+    let mut in_use = InUse::default();
+    in_use.add_reference("registry.local/gc/running:1");
+    let names = |images: &ImageStore| -> Vec<String> {
+        images
+            .list()
+            .expect("list")
+            .into_iter()
+            .flat_map(|r| r.references)
+            .collect()
+    };
+
+    // A little is asked: the least recently used image alone goes, whatever the GC
+    // thresholds say.
+    let freed = gc::reclaim(&images, &in_use, 1024 * 1024, Duration::ZERO, now).expect("reclaim");
+    assert!(freed >= 1024 * 1024, "freed {freed}");
+    let left = names(&images);
+    assert!(
+        !left.contains(&"registry.local/gc/old:1".to_string()),
+        "{left:?}"
+    );
+    assert!(
+        left.contains(&"registry.local/gc/newer:1".to_string()),
+        "{left:?}"
+    );
+
+    // More than the unused images hold: every unused one goes, the running one stays.
+    let freed = gc::reclaim(&images, &in_use, 1 << 40, Duration::ZERO, now).expect("reclaim");
+    assert!(freed > 0 && freed < 1 << 40);
+    assert_eq!(
+        names(&images),
+        vec!["registry.local/gc/running:1".to_string()]
+    );
+    drop(images);
+    drop(store);
+}

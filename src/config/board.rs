@@ -249,6 +249,7 @@ pub(super) fn fill_from_profile(file: FileConfig, profile: FileConfig) -> FileCo
         max_pods,
         uplink_retry_max,
         images,
+        pods,
     } = profile;
     system_reserved.extend(file.system_reserved);
     kube_reserved.extend(file.kube_reserved);
@@ -287,6 +288,7 @@ pub(super) fn fill_from_profile(file: FileConfig, profile: FileConfig) -> FileCo
         max_pods: file.max_pods.or(max_pods),
         uplink_retry_max: file.uplink_retry_max.or(uplink_retry_max),
         images: file.images.or(images),
+        pods: file.pods.or(pods),
     }
 }
 

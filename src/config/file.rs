@@ -58,6 +58,8 @@ pub struct FileConfig {
     pub uplink_retry_max: Option<Duration>,
     /// Image GC, pulls, registries and credentials.
     pub images: super::images::FileImages,
+    /// Pods' sandboxes: networking, resources, security, eviction.
+    pub pods: super::pods::PodKeys,
 }
 
 /// Reads and parses the config file at `path`; returns what it sets and a warning for
@@ -159,6 +161,7 @@ pub(super) fn parse_mapping(
             _ => {
                 if !reader.cluster_key(&key, value, &mut out)?
                     && !reader.image_key(&key, value, &mut out)?
+                    && !reader.pod_key(&key, value, &mut out.pods)?
                 {
                     warnings.push(reader.unknown(&key));
                 }
@@ -259,8 +262,10 @@ impl Reader<'_> {
                     out.kubeconfig = Some(base.join(self.path_value(&key, value)?));
                 }
                 _ => {
-                    if !self.image_holdfast_key(&key, value, base, out)? {
-                        warnings.push(self.unknown(&key))
+                    if !self.image_holdfast_key(&key, value, base, out)?
+                        && !self.pod_holdfast_key(&key, value, base, &mut out.pods)?
+                    {
+                        warnings.push(self.unknown(&key));
                     }
                 }
             }

@@ -11,6 +11,7 @@ mod flags;
 mod images;
 mod maps;
 mod names;
+mod pods;
 mod taints;
 
 use std::collections::BTreeMap;
@@ -34,6 +35,7 @@ pub use flags::{parse_flags, RunFlags, USAGE};
 pub use images::{FileImages, ImageConfig};
 pub use maps::{check_eviction, check_label, check_reserved};
 pub use names::{check_dns1123_label, check_dns1123_subdomain};
+pub use pods::{PodKeys, PodSettings};
 pub use taints::{check_taint, parse_taint};
 
 const DEFAULT_ROOT_DIR: &str = "/var/lib/holdfast";
@@ -101,6 +103,8 @@ pub struct Config {
     pub uplink_retry_max: Duration,
     /// Image GC, pulls, registries and credentials.
     pub images: ImageConfig,
+    /// Pods' sandboxes: networking, resources, security, eviction.
+    pub pods: PodSettings,
 }
 
 /// Restart back-off: `initial` doubling to `max`, forgotten after `reset` of clean running.
@@ -155,6 +159,7 @@ impl Config {
                 images::home_dir().as_deref(),
                 std::env::current_dir().ok().as_deref(),
             ),
+            pods: PodSettings::default(),
         }
     }
 }
@@ -316,6 +321,7 @@ fn merge(
         images::home_dir().as_deref(),
         std::env::current_dir().ok().as_deref(),
     );
+    config.pods = file.pods.settings();
     Ok(config)
 }
 

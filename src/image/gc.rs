@@ -195,31 +195,67 @@ pub fn collect(
     for d in freeable.difference(&kept) {
         out.eligible += images.disk_bytes(d)?;
     }
-    let mut candidates: Vec<ImageRecord> =
-        all.iter().filter(|r| !in_use.uses(r)).cloned().collect();
-    candidates.retain(|r| {
-        let age = now.duration_since(last_use(r)).as_secs();
-        age >= policy.minimum_age.as_secs() as i64
-    });
-    candidates.sort_by_key(last_use);
+    let (freed, removed) = remove_lru(images, &all, in_use, policy.minimum_age, now, |used| {
+        used <= target_used
+    })?;
+    out.freed = freed;
+    out.removed = removed;
+    out.after = Usage::of(&root)?.percent();
+    Ok(out)
+}
+
+/// Removes unused images (none used within `minimum_age`), least recently used first,
+/// until `enough` holds for the bytes used on the content store's filesystem; returns
+/// the bytes freed as the filesystem counts them, and the references removed.
+fn remove_lru(
+    images: &ImageStore,
+    all: &[ImageRecord],
+    in_use: &InUse,
+    minimum_age: Duration,
+    now: Timestamp,
+    enough: impl Fn(u64) -> bool,
+) -> Result<(u64, Vec<String>), ImageError> {
+    let root = images.content_root();
+    let mut candidates: Vec<&ImageRecord> = all
+        .iter()
+        .filter(|r| !in_use.uses(r))
+        .filter(|r| now.duration_since(last_use(r)).as_secs() >= minimum_age.as_secs() as i64)
+        .collect();
+    candidates.sort_by_key(|r| last_use(r));
+    let (mut freed, mut removed) = (0, Vec::new());
     for r in candidates {
         let before = Usage::of(&root)?.used();
-        if before <= target_used {
+        if enough(before) {
             break;
         }
         images.remove(&r.manifest_digest, &[])?;
-        let after = Usage::of(&root)?.used();
-        out.freed += before.saturating_sub(after);
+        freed += before.saturating_sub(Usage::of(&root)?.used());
         log::info!(
             "image GC: removed {} ({}), last used {}",
             r.references.join(", "),
             r.manifest_digest,
-            last_use(&r)
+            last_use(r)
         );
-        out.removed.extend(r.references.iter().cloned());
+        removed.extend(r.references.iter().cloned());
     }
-    out.after = Usage::of(&root)?.percent();
-    Ok(out)
+    Ok((freed, removed))
+}
+
+/// Frees at least `target` bytes if unused images hold them (the kubelet's image
+/// reclaim under disk pressure, whatever the GC thresholds say); returns the bytes freed.
+pub fn reclaim(
+    images: &ImageStore,
+    in_use: &InUse,
+    target: u64,
+    minimum_age: Duration,
+    now: Timestamp,
+) -> Result<u64, ImageError> {
+    let start = Usage::of(&images.content_root())?.used();
+    let all = images.list()?;
+    let (freed, _) = remove_lru(images, &all, in_use, minimum_age, now, |used| {
+        start.saturating_sub(used) >= target
+    })?;
+    Ok(freed)
 }
 
 /// Removes every image no pod uses; returns what went.

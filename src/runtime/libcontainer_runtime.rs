@@ -10,8 +10,8 @@ use nix::sys::signal::Signal;
 
 use super::records::{self, FailedRecord, FailureKind, ShimConfig, ShimPid, StartedRecord};
 use super::{
-    cgroup, exits, rootfs, spec, user, ContainerId, ContainerState, ExitInfo, Runtime,
-    RuntimeError, StartRequest, Started,
+    cgroup, exits, rootfs, sandbox, security, spec, user, ContainerId, ContainerState, ExitInfo,
+    Runtime, RuntimeError, StartRequest, Started,
 };
 
 /// containerLogMaxSize's default.
@@ -124,25 +124,14 @@ impl LibcontainerRuntime {
         let rootfs = bundle.join("rootfs");
         std::fs::create_dir_all(&rootfs).map_err(io_err(format!("create {}", rootfs.display())))?;
 
-        let hostname = spec::hostname(req.pod, req.node_name);
-        let hosts = dir.join("hosts");
-        let resolv_conf = dir.join("resolv.conf");
-        let hostname_file = dir.join("hostname");
-        let hosts_text = format!(
-            "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t{hostname}\n"
-        );
-        let resolv = match std::fs::read("/etc/resolv.conf") {
-            Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-            Err(e) => return Err(io_err("read /etc/resolv.conf".to_owned())(e)),
+        let (hosts, resolv_conf, hostname_file) = match req.sandbox {
+            Some(sb) => (
+                sb.hosts.clone(),
+                sb.resolv_conf.clone(),
+                sb.hostname.clone(),
+            ),
+            None => self.write_etc_files(req, dir)?,
         };
-        for (path, content) in [
-            (&hosts, hosts_text.into_bytes()),
-            (&resolv_conf, resolv),
-            (&hostname_file, format!("{hostname}\n").into_bytes()),
-        ] {
-            std::fs::write(path, content).map_err(io_err(format!("write {}", path.display())))?;
-        }
 
         let image_user = req
             .image
@@ -151,7 +140,12 @@ impl LibcontainerRuntime {
             .as_ref()
             .and_then(|c| c.user().clone())
             .unwrap_or_default();
-        let ids = user::resolve(&image_user, &req.image.layers)?;
+        let sc = security::effective(req.pod, req.container);
+        security::verify_run_as_non_root(req.pod, req.container, &sc, &image_user)?;
+        let user_spec = security::user_string(&sc, &image_user).map_err(|e| e.with_id(&req.id))?;
+        let ids = user::resolve(&user_spec, &req.image.layers)?;
+        let gids =
+            security::additional_gids(req.pod, &user::image_groups(ids.0, &req.image.layers)?);
         let nofile_hard_limit =
             nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
                 .map(|(_, hard)| hard)
@@ -160,8 +154,11 @@ impl LibcontainerRuntime {
         // no-op): widen it; RLIM_INFINITY stays above any limit the spec asks for.
         #[cfg(target_pointer_width = "32")]
         let nofile_hard_limit = u64::from(nofile_hard_limit);
-        let cgroups_path = self.cgroups_path(&req.id);
-        let oci = spec::build(&spec::SpecInput {
+        let cgroups_path = match req.sandbox {
+            Some(sb) => format!("{}/{}", sb.cgroup_parent.trim_end_matches('/'), req.id.0),
+            None => self.cgroups_path(&req.id),
+        };
+        let mut oci = spec::build(&spec::SpecInput {
             pod: req.pod,
             container: req.container,
             env: req.env,
@@ -174,7 +171,20 @@ impl LibcontainerRuntime {
             hostname_file: &hostname_file,
             nofile_hard_limit,
         })?;
-        let mut oci = oci;
+        let host = security::Host {
+            cap_last_cap: security::cap_last_cap(),
+            bounding: security::own_bounding_set(),
+            devices: if sc.privileged {
+                security::host_devices()
+            } else {
+                Vec::new()
+            },
+            seccomp_root: self.root.join("seccomp"),
+        };
+        security::apply(&mut oci, req.pod, &sc, &gids, &host).map_err(|e| e.with_id(&req.id))?;
+        if let Some(sb) = req.sandbox {
+            sandbox::apply(&mut oci, sb, req.mounts)?;
+        }
         oci.set_annotations(Some(super::adoption::annotations(req)));
         let config_path = bundle.join("config.json");
         // The environment in it may hold Secret values: created 0600, root alone reads it.
@@ -209,6 +219,44 @@ impl LibcontainerRuntime {
             boot_id: self.boot_id.clone(),
         };
         records::write(dir, records::SHIM_CONFIG, &shim)
+    }
+
+    /// A container on its own (no pod sandbox) gets its own `/etc/hosts`,
+    /// `/etc/resolv.conf` (the host's) and `/etc/hostname`.
+    fn write_etc_files(
+        &self,
+        req: &StartRequest<'_>,
+        dir: &Path,
+    ) -> Result<(PathBuf, PathBuf, PathBuf), RuntimeError> {
+        let hostname = spec::hostname(req.pod, req.node_name);
+        let hosts = dir.join("hosts");
+        let resolv_conf = dir.join("resolv.conf");
+        let hostname_file = dir.join("hostname");
+        let hosts_text = format!(
+            "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t{hostname}\n"
+        );
+        let resolv = match std::fs::read("/etc/resolv.conf") {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => return Err(io_err("read /etc/resolv.conf".to_owned())(e)),
+        };
+        for (path, content) in [
+            (&hosts, hosts_text.into_bytes()),
+            (&resolv_conf, resolv),
+            (&hostname_file, format!("{hostname}\n").into_bytes()),
+        ] {
+            std::fs::write(path, content).map_err(io_err(format!("write {}", path.display())))?;
+        }
+        Ok((hosts, resolv_conf, hostname_file))
+    }
+
+    /// The cgroup a container was given, as its shim config records it (a pod's
+    /// containers live under the pod's cgroup).
+    fn recorded_cgroups_path(&self, id: &ContainerId, dir: &Path) -> String {
+        match records::read::<ShimConfig>(dir, records::SHIM_CONFIG) {
+            Ok(Some(c)) => c.cgroups_path,
+            _ => self.cgroups_path(id),
+        }
     }
 
     fn spawn_shim(&self, id: &ContainerId, dir: &Path) -> Result<(), RuntimeError> {
@@ -451,8 +499,9 @@ impl Runtime for LibcontainerRuntime {
                 std::thread::sleep(Duration::from_millis(10));
             }
         }
+        let cgroups_path = self.recorded_cgroups_path(id, &dir);
         self.delete_state(id)?;
-        cgroup::remove(&self.cgroups_path(id)).map_err(|message| RuntimeError::Create {
+        cgroup::remove(&cgroups_path).map_err(|message| RuntimeError::Create {
             id: id.0.clone(),
             message,
         })?;

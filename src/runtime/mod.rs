@@ -48,6 +48,9 @@ mod logs;
 mod records;
 mod reset;
 mod rootfs;
+pub mod sandbox;
+pub mod seccomp;
+pub mod security;
 mod shim;
 pub mod spec;
 mod supervise;
@@ -56,6 +59,8 @@ mod user;
 pub use command::expand;
 pub use libcontainer_runtime::{LibcontainerRuntime, DEFAULT_LOG_MAX_FILES, DEFAULT_LOG_MAX_SIZE};
 pub use reset::remove_all;
+pub use rootfs::{mounts_under, unmount_all_under};
+pub use sandbox::{BindMount, NamespaceKind, PodSandbox};
 pub use shim::shim_main;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
@@ -139,6 +144,11 @@ pub struct StartRequest<'a> {
     pub node_name: &'a str,
     /// The CRI log file, `<root>/logs/pods/<ns>_<pod>_<uid>/<container>/<restart>.log`.
     pub log_path: PathBuf,
+    /// What the pod's containers share (namespaces, cgroup, DNS files, `/dev/shm`);
+    /// None runs the container on its own, in the host's network.
+    pub sandbox: Option<&'a PodSandbox>,
+    /// The container's volume mounts, resolved to host paths.
+    pub mounts: &'a [BindMount],
 }
 
 /// What a successful start reports.
@@ -176,6 +186,30 @@ pub enum RuntimeError {
 }
 
 impl RuntimeError {
+    /// The same error, naming container `id` where it named none.
+    pub fn with_id(self, id: &ContainerId) -> Self {
+        match self {
+            RuntimeError::Create { id: i, message } if i.is_empty() => RuntimeError::Create {
+                id: id.0.clone(),
+                message,
+            },
+            RuntimeError::Start { id: i, message } if i.is_empty() => RuntimeError::Start {
+                id: id.0.clone(),
+                message,
+            },
+            other => other,
+        }
+    }
+
+    /// What a pod's status says: the message alone, without what the log line adds
+    /// for context (the kubelet shows a config error's own words).
+    pub fn status_message(&self) -> String {
+        match self {
+            RuntimeError::Config(m) => m.clone(),
+            other => other.to_string(),
+        }
+    }
+
     /// The waiting reason the kubelet shows for this failure.
     pub fn reason(&self) -> &'static str {
         match self {

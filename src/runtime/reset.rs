@@ -2,10 +2,10 @@
 
 use std::time::{Duration, Instant};
 
-use super::{cgroup, ContainerState, LibcontainerRuntime, Runtime, RuntimeError};
+use super::{ContainerState, LibcontainerRuntime, Runtime, RuntimeError};
 
 /// Kills (SIGKILL) and removes every container under the runtime's root, waiting up to
-/// `within` for each to exit, then removes the cgroup root itself. Returns how many
+/// `within` for each to exit, then removes the cgroup root and everything under it. Returns how many
 /// containers were removed.
 pub fn remove_all(rt: &LibcontainerRuntime, within: Duration) -> Result<usize, RuntimeError> {
     let ids = rt.list()?;
@@ -33,9 +33,12 @@ pub fn remove_all(rt: &LibcontainerRuntime, within: Duration) -> Result<usize, R
         rt.remove(id)?;
         removed += 1;
     }
-    cgroup::remove(rt.cgroup_root()).map_err(|message| RuntimeError::Create {
-        id: String::new(),
-        message,
-    })?;
+    // The pod hierarchy under it (kubepods/...) goes too, deepest first.
+    let tree = crate::resources::CgroupTree::host(rt.cgroup_root());
+    tree.remove(rt.cgroup_root())
+        .map_err(|e| RuntimeError::Create {
+            id: String::new(),
+            message: e.to_string(),
+        })?;
     Ok(removed)
 }

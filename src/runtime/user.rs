@@ -62,6 +62,33 @@ pub fn resolve(user: &str, layers: &[PathBuf]) -> Result<(u32, u32), RuntimeErro
     Ok((uid, gid))
 }
 
+/// The groups the image's `/etc/group` lists user `uid` in, by its name in the image's
+/// `/etc/passwd` (containerd adds them to the process's groups).
+pub fn image_groups(uid: u32, layers: &[PathBuf]) -> Result<Vec<u32>, RuntimeError> {
+    let Some(passwd) = read_db(layers, "passwd")? else {
+        return Ok(Vec::new());
+    };
+    let Some(name) = find_entry(&passwd, |f| {
+        f.get(2).and_then(|s| s.parse::<u32>().ok()) == Some(uid)
+    })
+    .and_then(|f| f.first().map(|n| (*n).to_owned())) else {
+        return Ok(Vec::new());
+    };
+    let Some(group) = read_db(layers, "group")? else {
+        return Ok(Vec::new());
+    };
+    Ok(group
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(|l| l.split(':').collect::<Vec<_>>())
+        .filter(|f| {
+            f.get(3)
+                .is_some_and(|members| members.split(',').any(|m| m.trim() == name))
+        })
+        .filter_map(|f| f.get(2).and_then(|g| g.parse().ok()))
+        .collect())
+}
+
 fn no_db(user: &str, db: &str) -> RuntimeError {
     RuntimeError::Config(format!("image user {user:?}: the image has no /etc/{db}"))
 }
@@ -170,6 +197,29 @@ mod tests {
             resolve("root", &[evil]),
             Err(RuntimeError::Config(_))
         ));
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn groups_the_image_lists_the_user_in() {
+        let root =
+            std::env::temp_dir().join(format!("holdfast-groups-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let l = layer(
+            &root,
+            "l",
+            Some("root:x:0:0::/root:/bin/sh\napp:x:1000:1000::/app:/bin/sh\n"),
+            Some("root:x:0:\nwheel:x:10:root,app\naudio:x:29:app\nvideo:x:44:\n"),
+        );
+        assert_eq!(
+            image_groups(1000, std::slice::from_ref(&l)).ok(),
+            Some(vec![10, 29])
+        );
+        assert_eq!(
+            image_groups(0, std::slice::from_ref(&l)).ok(),
+            Some(vec![10])
+        );
+        assert_eq!(image_groups(4242, &[l]).ok(), Some(vec![]));
         let _ = std::fs::remove_dir_all(&root);
     }
 }

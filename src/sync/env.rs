@@ -74,9 +74,10 @@ pub struct EnvInputs<'a> {
     pub objects: &'a ObjectCache,
     /// The node's name, for `spec.nodeName` of a pod that does not carry it.
     pub node_name: &'a str,
-    /// The node's address: `status.hostIP`, and `status.podIP` while every pod shares
-    /// the node's network.
+    /// The node's address: `status.hostIP`, and `status.podIP` of a host-network pod.
     pub host_ip: Option<&'a str>,
+    /// The pod's own addresses (IPv4 first), empty for a host-network pod.
+    pub pod_ips: &'a [String],
     /// The node's allocatable resources: the limit `resourceFieldRef` reports for a
     /// container that sets none, as the kubelet does.
     pub allocatable: &'a BTreeMap<String, Quantity>,
@@ -341,8 +342,9 @@ pub fn is_env_var_name(name: &str) -> bool {
     name != "." && !name.starts_with("..")
 }
 
-/// `valueFrom.fieldRef`: the kubelet's `podFieldSelectorRuntimeValue`.
-fn field_ref(
+/// `valueFrom.fieldRef`: the kubelet's `podFieldSelectorRuntimeValue`. Also the
+/// downward API volume's `fieldRef`.
+pub(crate) fn field_ref(
     pod: &Pod,
     sel: &ObjectFieldSelector,
     inputs: &EnvInputs<'_>,
@@ -383,6 +385,11 @@ fn field_ref(
     }
     let spec = pod.spec.as_ref();
     let ip = inputs.host_ip.unwrap_or("").to_string();
+    let pod_ips = if inputs.pod_ips.is_empty() {
+        vec![ip.clone()]
+    } else {
+        inputs.pod_ips.to_vec()
+    };
     Ok(match path {
         "metadata.name" => meta.name.clone().unwrap_or_default(),
         "metadata.namespace" => namespace(pod),
@@ -396,8 +403,10 @@ fn field_ref(
         "spec.serviceAccountName" => spec
             .and_then(|s| s.service_account_name.clone())
             .unwrap_or_default(),
-        // Every pod shares the node's network: one address, the node's.
-        "status.hostIP" | "status.hostIPs" | "status.podIP" | "status.podIPs" => ip,
+        "status.hostIP" | "status.hostIPs" => ip,
+        // A host-network pod's address is the node's.
+        "status.podIP" => pod_ips.first().cloned().unwrap_or_default(),
+        "status.podIPs" => pod_ips.join(","),
         "spec.restartPolicy" | "spec.schedulerName" | "status.phase" => {
             return Err(EnvError::FieldRef(format!("unsupported fieldPath: {path}")))
         }
@@ -479,8 +488,9 @@ fn is_qualified_name(s: &str) -> bool {
 
 /// `valueFrom.resourceFieldRef`: the kubelet's `containerResourceRuntimeValue` on the
 /// pod as `defaultPodLimitsForDownwardAPI` leaves it (an unset limit is the node's
-/// allocatable amount), with requests defaulted to limits as the API does.
-fn resource_field_ref(
+/// allocatable amount), with requests defaulted to limits as the API does. Also the
+/// downward API volume's `resourceFieldRef`.
+pub(crate) fn resource_field_ref(
     pod: &Pod,
     container: &Container,
     sel: &ResourceFieldSelector,

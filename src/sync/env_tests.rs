@@ -54,6 +54,7 @@ impl Cached {
             objects: &self.cache,
             node_name: "gw-1",
             host_ip: Some("10.1.2.3"),
+            pod_ips: &[],
             allocatable: &self.allocatable,
         };
         resolve(pod, container, &inputs)

@@ -5,11 +5,13 @@
 //! runtime and the resync timer become messages to one worker per pod UID, and each
 //! worker owns its pod (kube-runtime's rule: never reconcile one object twice at once).
 
+mod admit;
 pub mod adopt;
 pub mod env;
 mod plan;
 pub mod record;
 mod restart_timer;
+pub mod sandbox;
 pub mod status;
 mod worker;
 
@@ -65,6 +67,8 @@ pub struct Deps {
     pub pull_backoff: Backoff,
     /// With the registry out of reach, policy `Always` runs an image that is here.
     pub offline_fallback: bool,
+    /// Pods' sandboxes: cgroups, volumes, namespaces and network; and admission.
+    pub sandboxes: sandbox::Sandboxes,
 }
 
 impl Deps {
@@ -98,13 +102,17 @@ pub struct SyncLoop {
     references: HashMap<String, References>,
     /// ConfigMaps and Secrets that changed in the cache.
     objects_changed: Option<mpsc::Receiver<ObjectKey>>,
+    /// Pods admitted and not yet gone: their QoS class and requests, by UID.
+    admitted: HashMap<String, (crate::resources::Qos, crate::resources::requests::Amounts)>,
+    /// Pods the eviction manager chose: `(uid, message)`.
+    evictions: Option<mpsc::Receiver<(String, String)>>,
 }
 
 impl SyncLoop {
-    pub fn new(deps: Deps) -> Self {
+    pub fn new(deps: impl Into<Arc<Deps>>) -> Self {
         let (registered_tx, registered_rx) = mpsc::channel(64);
         SyncLoop {
-            deps: Arc::new(deps),
+            deps: deps.into(),
             workers: HashMap::new(),
             owners: HashMap::new(),
             tasks: JoinSet::new(),
@@ -114,7 +122,15 @@ impl SyncLoop {
             registered_rx,
             references: HashMap::new(),
             objects_changed: None,
+            admitted: HashMap::new(),
+            evictions: None,
         }
+    }
+
+    /// Evicts the pods the eviction manager names on `evictions`.
+    pub fn with_evictions(mut self, evictions: mpsc::Receiver<(String, String)>) -> Self {
+        self.evictions = Some(evictions);
+        self
     }
 
     /// Resyncs the pods that reference a ConfigMap or Secret when `changed` says it
@@ -152,6 +168,7 @@ impl SyncLoop {
         }
         tokio::pin!(shutdown);
         let mut objects_changed = self.objects_changed.take();
+        let mut evictions = self.evictions.take();
         let mut tick = tokio::time::interval(self.deps.sync_frequency);
         tick.tick().await;
         loop {
@@ -162,6 +179,11 @@ impl SyncLoop {
                 Some((id, uid)) = self.registered_rx.recv() => { self.owners.insert(id, uid); }
                 Some(()) = resyncs.recv() => self.broadcast_resync().await,
                 Some(key) = next_change(&mut objects_changed) => self.resync_referencing(&key),
+                Some((uid, message)) = next_change(&mut evictions) => {
+                    if let Some(h) = self.workers.get(&uid).filter(|h| !h.terminating) {
+                        let _ = h.tx.send(WorkerMsg::Evict(message)).await;
+                    }
+                }
                 _ = tick.tick() => self.broadcast_resync().await,
                 Some(done) = self.tasks.join_next(), if !self.tasks.is_empty() => {
                     if let Ok(uid) = done {
@@ -216,8 +238,14 @@ impl SyncLoop {
     fn spawn(&mut self, uid: String, pod: Pod, terminate_first: bool) {
         self.references.insert(uid.clone(), references(&pod));
         let (tx, rx) = mpsc::channel(WORKER_QUEUE);
+        let rejected = if terminate_first {
+            None
+        } else {
+            self.admit(&uid, &pod)
+        };
         let mut worker = Worker::new(self.deps.clone(), pod, self.registered_tx.clone());
         worker.terminate_first = terminate_first;
+        worker.rejected = rejected;
         let done = uid.clone();
         self.tasks.spawn(async move {
             worker.run(rx).await;
@@ -233,6 +261,7 @@ impl SyncLoop {
     }
 
     fn forget(&mut self, uid: &str) {
+        self.release(uid);
         self.workers.remove(uid);
         self.references.remove(uid);
         self.owners.retain(|_, owner| owner != uid);
@@ -350,11 +379,20 @@ impl SyncLoop {
                 log::info!("removed container {id}, which belongs to no pod");
             }
         }
+        // Then what pods no source or record knows left: namespaces, CNI leases,
+        // volumes, cgroups.
+        let known: HashSet<String> = desired
+            .keys()
+            .cloned()
+            .chain(states.iter().map(|(uid, _)| uid.clone()))
+            .collect();
+        let deps = self.deps.clone();
+        let _ = tokio::task::spawn_blocking(move || deps.sandboxes.remove_orphans(&known)).await;
     }
 }
 
-/// The next change on `rx`, or never when there is no channel (or it closed).
-async fn next_change(rx: &mut Option<mpsc::Receiver<ObjectKey>>) -> Option<ObjectKey> {
+/// The next message on `rx`, or never when there is no channel (or it closed).
+async fn next_change<T>(rx: &mut Option<mpsc::Receiver<T>>) -> Option<T> {
     match rx {
         Some(r) => match r.recv().await {
             Some(key) => Some(key),

@@ -30,6 +30,18 @@ pub struct StatusInputs<'a> {
     /// The pod was deleted in the cluster and its containers have been stopped: with
     /// every container ended, the phase is terminal (the kubelet's `podIsTerminal`).
     pub terminal: bool,
+    /// The pod's sandbox (namespaces, network, volumes); None: no sandbox is kept
+    /// for it, and it shows the node's address.
+    pub sandbox: Option<&'a SandboxStatus>,
+}
+
+/// What the pod's sandbox says for its status.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SandboxStatus {
+    /// Set up: PodReadyToStartContainers is True.
+    pub ready: bool,
+    /// The pod's own addresses, IPv4 first; empty for a host-network pod.
+    pub pod_ips: Vec<String>,
 }
 
 pub fn pod_status(
@@ -87,7 +99,11 @@ pub fn pod_status(
             )),
         )
     };
-    let sandbox = if terminal { "False" } else { "True" };
+    let sandbox = if terminal || i.sandbox.is_some_and(|sb| !sb.ready) {
+        "False"
+    } else {
+        "True"
+    };
     let conditions = vec![
         condition(i, "PodReadyToStartContainers", sandbox, None, None),
         condition(i, "Initialized", "True", None, None),
@@ -97,15 +113,24 @@ pub fn pod_status(
     ];
 
     let ip = i.host_ip.map(str::to_string);
+    // A pod with its own network shows its own addresses; a host-network pod the node's.
+    let own_ips: Vec<String> = i.sandbox.map(|sb| sb.pod_ips.clone()).unwrap_or_default();
+    let (pod_ip, pod_ips) = if own_ips.is_empty() {
+        (ip.clone(), ip.clone().map(|ip| vec![PodIP { ip }]))
+    } else {
+        (
+            own_ips.first().cloned(),
+            Some(own_ips.into_iter().map(|ip| PodIP { ip }).collect()),
+        )
+    };
     PodStatus {
         phase: Some(phase.to_string()),
         conditions: Some(conditions),
         container_statuses: Some(statuses),
         host_ip: ip.clone(),
         host_ips: ip.clone().map(|ip| vec![HostIP { ip }]),
-        // Every pod shares the node's network until pod networking exists.
-        pod_ip: ip.clone(),
-        pod_ips: ip.map(|ip| vec![PodIP { ip }]),
+        pod_ip,
+        pod_ips,
         qos_class: Some(qos_class(containers).to_string()),
         start_time: i.start_time.map(Time),
         ..PodStatus::default()
@@ -398,6 +423,7 @@ mod tests {
             host_ip: None,
             previous: None,
             terminal,
+            sandbox: None,
         };
         pod_status(&pod(policy), &ended(code), &inputs)
     }

@@ -22,7 +22,10 @@ use crate::uplink::report::EventType;
 
 mod environment;
 mod image;
+mod sandbox;
 mod stop;
+
+pub use sandbox::Ended;
 
 use super::restart_timer::RestartTimers;
 
@@ -37,6 +40,8 @@ pub enum WorkerMsg {
     Resync,
     /// The pod is no longer wanted: stop it gracefully, then forget it.
     Terminate,
+    /// The eviction manager chose this pod: kill it now and end it with this message.
+    Evict(String),
 }
 
 /// What the store keeps of a pod the agent runs (tree `podstates`, key = UID): the spec
@@ -67,6 +72,18 @@ pub(super) struct Worker {
     pulls: BTreeMap<String, image::ImagePulls>,
     /// Woken when a pull this worker waits for ends.
     pull_notify: Arc<tokio::sync::Notify>,
+    /// Set for a pod admission refused: `(reason, message)`.
+    pub(super) rejected: Option<(String, String)>,
+    /// The pod's sandbox, once set up.
+    sandbox: Option<super::sandbox::Ready>,
+    /// The last sandbox failure said, so a retry does not say it again.
+    sandbox_error: Option<String>,
+    /// Sandbox warnings said already.
+    said: Vec<String>,
+    /// When the network was last checked (CNI CHECK).
+    last_check: Option<Instant>,
+    /// Set when the agent ended the pod (rejected or evicted): nothing of it runs.
+    ended: Option<Ended>,
 }
 
 impl Worker {
@@ -96,6 +113,7 @@ impl Worker {
             .as_ref()
             .map(|s| s.start_time)
             .unwrap_or_else(time::now);
+        let ended = state.as_ref().and_then(|s| Ended::from_status(&s.status));
         Worker {
             deps,
             pod,
@@ -110,6 +128,12 @@ impl Worker {
             terminate_first: false,
             pulls: BTreeMap::new(),
             pull_notify: Arc::new(tokio::sync::Notify::new()),
+            rejected: None,
+            sandbox: None,
+            sandbox_error: None,
+            said: Vec::new(),
+            last_check: None,
+            ended,
         }
     }
 
@@ -122,6 +146,9 @@ impl Worker {
         if self.pod.metadata.deletion_timestamp.is_some() {
             self.terminate_deleted().await;
             return;
+        }
+        if let Some((reason, message)) = self.rejected.take() {
+            self.reject(reason, message);
         }
         self.sync().await;
         let pulled = self.pull_notify.clone();
@@ -150,6 +177,10 @@ impl Worker {
                     log::debug!("pod {}: container {id} exited", self.name())
                 }
                 Some(WorkerMsg::Resync) => {}
+                Some(WorkerMsg::Evict(message)) => {
+                    self.evict(message).await;
+                    continue;
+                }
             }
             self.sync().await;
         }
@@ -167,6 +198,12 @@ impl Worker {
     async fn sync(&mut self) {
         self.wake = None;
         self.refresh().await;
+        // A pod the agent ended runs nothing more; one without a sandbox cannot start
+        // containers yet (the failure is said, and tried again).
+        if self.ended.is_some() || !self.ensure_sandbox().await {
+            self.persist().await;
+            return;
+        }
         let policy = self
             .pod
             .spec
@@ -340,6 +377,11 @@ impl Worker {
             self.records.insert(c.name.clone(), rec);
             return;
         };
+        let Some(mounts) = self.mounts(c, &env, &mut rec).await else {
+            self.records.insert(c.name.clone(), rec);
+            return;
+        };
+        let sandbox = self.runtime_sandbox();
 
         let log_path = self
             .log_dir()
@@ -363,6 +405,8 @@ impl Worker {
                 image: &image,
                 node_name: &node,
                 log_path,
+                sandbox: sandbox.as_ref().map(|s| &s.runtime),
+                mounts: &mounts,
             };
             rt.start(&req)
         })
@@ -437,7 +481,7 @@ impl Worker {
                 );
                 rec.waiting = Some(Waiting {
                     reason: e.reason().into(),
-                    message: Some(e.to_string()),
+                    message: Some(e.status_message()),
                 });
                 self.remove_container(&id).await;
             }
@@ -489,15 +533,19 @@ impl Worker {
             }
         }
         let host_ip = self.deps.host_ip.as_deref();
+        let sandbox = self.sandbox_status();
         let inputs = StatusInputs {
             now: time::now(),
             backoff: &self.deps.backoff,
             start_time: Some(self.start_time),
             host_ip,
             previous: self.state.as_ref().map(|s| &s.status),
-            terminal: false,
+            // An ended pod restarts nothing: its containers show how they ended.
+            terminal: self.ended.is_some(),
+            sandbox: Some(&sandbox),
         };
-        let status = whole_seconds(status::pod_status(&self.pod, &self.records, &inputs));
+        let status =
+            whole_seconds(self.ended_status(status::pod_status(&self.pod, &self.records, &inputs)));
         let changed = match &self.state {
             Some(s) => s.status != status || s.pod != self.pod,
             None => true,

@@ -13,7 +13,10 @@ use super::client::{Client, Patch};
 use super::error::ApiError;
 
 /// Conditions the agent leaves to others on a pod that came from the cluster.
-const NOT_OURS: &[&str] = &["PodScheduled", "DisruptionTarget"];
+/// DisruptionTarget is shared, as the kubelet's `PodConditionSharedByKubelet`: the
+/// agent sends it only when it set it (an eviction), and by type the merge leaves the
+/// one others set alone otherwise.
+const NOT_OURS: &[&str] = &["PodScheduled"];
 
 /// The body of `PATCH pods/<name>/status` for the pod with API UID `uid`. `owns_all`
 /// is true for mirror pods, whose every condition the agent reports.

@@ -114,6 +114,8 @@ impl Env {
             image: &self.image,
             node_name: "testnode",
             log_path: self.log_path(&container.name),
+            sandbox: None,
+            mounts: &[],
         };
         self.rt.start(&req).map(|_| id)
     }

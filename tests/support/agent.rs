@@ -90,10 +90,17 @@ impl Agent {
     /// Writes the config file; `extra` is appended under the `holdfast:` section's
     /// siblings (top-level KubeletConfiguration keys).
     pub fn write_config(&self, extra: &str) {
+        // Tests share the machine's disk and memory: its pressure is no test's business
+        // unless the test makes it itself (then it sets its own period).
+        let eviction = if extra.contains("evictionMonitoringPeriod") {
+            ""
+        } else {
+            "  evictionMonitoringPeriod: 24h\n"
+        };
         let cfg = format!(
             "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
              fileCheckFrequency: 2s\nsyncFrequency: 5s\ncgroupRoot: {}\n\
-             holdfast:\n  crashLoopBackOffInitial: 1s\n  crashLoopBackOffMax: 4s\n{extra}",
+             holdfast:\n  crashLoopBackOffInitial: 1s\n  crashLoopBackOffMax: 4s\n{eviction}{extra}",
             self.cgroup_root
         );
         std::fs::write(self.dir.join("config.yaml"), cfg).expect("config");

@@ -1,2 +1,3 @@
 pub mod agent;
+pub mod cni;
 pub mod tempdir;

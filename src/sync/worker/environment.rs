@@ -20,11 +20,13 @@ impl Worker {
         let deps = self.deps.clone();
         let pod = self.pod.clone();
         let container = c.clone();
+        let pod_ips = self.pod_ips();
         let resolved = blocking(move || {
             let inputs = EnvInputs {
                 objects: &deps.objects,
                 node_name: &deps.node_name,
                 host_ip: deps.host_ip.as_deref(),
+                pod_ips: &pod_ips,
                 allocatable: &deps.allocatable,
             };
             env::resolve(&pod, &container, &inputs)

@@ -46,6 +46,7 @@ impl Worker {
         self.refresh().await;
         self.stop_containers(grace).await;
         self.refresh().await;
+        let sandbox = self.sandbox_status();
         let inputs = StatusInputs {
             now: time::now(),
             backoff: &self.deps.backoff,
@@ -53,14 +54,15 @@ impl Worker {
             host_ip: self.deps.host_ip.as_deref(),
             previous: self.state.as_ref().map(|s| &s.status),
             terminal: true,
+            sandbox: Some(&sandbox),
         };
-        let status = status::pod_status(&self.pod, &self.records, &inputs);
+        let status = self.ended_status(status::pod_status(&self.pod, &self.records, &inputs));
         self.deps.reporter.status(&self.pod, &status, true);
         self.forget().await;
     }
 
     /// SIGTERM to every running container, up to `grace` seconds, then SIGKILL.
-    async fn stop_containers(&mut self, grace: i64) {
+    pub(super) async fn stop_containers(&mut self, grace: i64) {
         let grace = grace.max(0) as u64;
         log::info!("pod {}: stopping (grace period {grace}s)", self.name());
         let running: Vec<(String, ContainerId)> = self
@@ -109,6 +111,7 @@ impl Worker {
         for id in &all {
             self.remove_container(id).await;
         }
+        self.teardown_sandbox().await;
         // Records and state go together: a cut never leaves records of a pod whose
         // state is gone (or the other way round).
         let mut batch = crate::store::Batch::new();
@@ -131,6 +134,13 @@ impl Worker {
             }
         }
         log::info!("pod {}: stopped and removed", self.name());
+    }
+
+    /// Kills every running container now (an eviction) and records how they ended.
+    pub(super) async fn stop_for_good(&mut self) {
+        self.refresh().await;
+        self.stop_containers(0).await;
+        self.refresh().await;
     }
 
     async fn signal_all(&self, ids: &[ContainerId], signal: i32) {

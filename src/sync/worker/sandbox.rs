@@ -1,0 +1,308 @@
+//! The worker's side of a pod's sandbox (see `sync::sandbox`): set up before its
+//! containers start, kept up to date on resync (CNI CHECK, changed ConfigMaps and
+//! Secrets), torn down once its containers are gone; and a pod that ends without its
+//! containers having the last word — rejected at admission, or evicted.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Container, PodCondition, PodStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use tokio::time::Instant;
+
+use super::super::record::{ContainerRecord, Waiting};
+use super::super::sandbox::Ready;
+use super::super::status::SandboxStatus;
+use super::{blocking, Worker};
+use crate::runtime::BindMount;
+use crate::uplink::report::EventType;
+
+/// How soon a sandbox that failed to set up is tried again (a changed ConfigMap or
+/// Secret wakes the worker at once).
+const RETRY: Duration = Duration::from_secs(10);
+
+/// How a pod ended that the agent ended: its status reason and message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ended {
+    pub reason: String,
+    pub message: String,
+    /// Rejected at admission: nothing of it ever ran.
+    pub rejected: bool,
+}
+
+impl Ended {
+    /// What a stored status says, if the agent ended the pod (only it sets a pod-level
+    /// reason on a Failed pod).
+    pub fn from_status(status: &PodStatus) -> Option<Ended> {
+        if status.phase.as_deref() != Some("Failed") {
+            return None;
+        }
+        let reason = status.reason.clone()?;
+        Some(Ended {
+            reason,
+            message: status.message.clone().unwrap_or_default(),
+            rejected: status.container_statuses.as_ref().is_none_or(Vec::is_empty),
+        })
+    }
+}
+
+/// Event reasons are static: the ones the agent ends pods with.
+fn static_reason(reason: &str) -> &'static str {
+    match reason {
+        "OutOfcpu" => "OutOfcpu",
+        "OutOfmemory" => "OutOfmemory",
+        "OutOfpods" => "OutOfpods",
+        "SysctlForbidden" => "SysctlForbidden",
+        "Forbidden" => "Forbidden",
+        "Evicted" => "Evicted",
+        _ => "UnexpectedAdmissionError",
+    }
+}
+
+impl Worker {
+    /// Sets the sandbox up (or brings it up to date). False when the pod has none to
+    /// start containers in; the failure is said once and tried again soon.
+    pub(super) async fn ensure_sandbox(&mut self) -> bool {
+        let deps = self.deps.clone();
+        let pod = self.pod.clone();
+        let check = self.sandbox.is_some()
+            && self
+                .last_check
+                .is_none_or(|t| t.elapsed() >= self.deps.sync_frequency);
+        let result = blocking(move || deps.sandboxes.ensure(&deps, &pod, check)).await;
+        if check {
+            self.last_check = Some(Instant::now());
+        }
+        match result {
+            Ok(ready) => {
+                for (reason, message) in &ready.warnings {
+                    if !self.said.contains(message) {
+                        self.said.push(message.clone());
+                        self.deps.reporter.event(
+                            &self.pod,
+                            None,
+                            EventType::Warning,
+                            reason,
+                            message.clone(),
+                        );
+                    }
+                }
+                self.sandbox_error = None;
+                self.sandbox = Some(ready);
+                true
+            }
+            Err(e) => {
+                let message = e.to_string();
+                if self.sandbox_error.as_ref() != Some(&message) {
+                    log::warn!("pod {}: {message}", self.name());
+                    self.deps.reporter.event(
+                        &self.pod,
+                        None,
+                        EventType::Warning,
+                        e.reason(),
+                        message.clone(),
+                    );
+                    self.sandbox_error = Some(message);
+                }
+                self.wake_at(Instant::now() + RETRY);
+                // Containers already running keep what they have (a ConfigMap deleted
+                // under a running pod leaves its files as they were).
+                self.sandbox.is_some()
+            }
+        }
+    }
+
+    /// What the status says of the sandbox.
+    pub(super) fn sandbox_status(&self) -> SandboxStatus {
+        SandboxStatus {
+            ready: self.sandbox.is_some(),
+            pod_ips: self
+                .sandbox
+                .as_ref()
+                .map(|s| s.ips.clone())
+                .unwrap_or_default(),
+        }
+    }
+
+    /// The pod's own addresses, for `status.podIP` in the environment.
+    pub(super) fn pod_ips(&self) -> Vec<String> {
+        self.sandbox
+            .as_ref()
+            .map(|s| s.ips.clone())
+            .unwrap_or_default()
+    }
+
+    /// `c`'s volume mounts, or None with `rec` waiting in CreateContainerConfigError (a
+    /// volumeMount its pod's volumes cannot give, a subPath that leaves its volume),
+    /// said once per distinct failure.
+    pub(super) async fn mounts(
+        &self,
+        c: &Container,
+        env: &[(String, String)],
+        rec: &mut ContainerRecord,
+    ) -> Option<Vec<BindMount>> {
+        let Some(ready) = self.sandbox.clone() else {
+            return Some(Vec::new());
+        };
+        let dir = self.deps.sandboxes.pod_dir(&self.uid);
+        let container = c.clone();
+        let env = env.to_vec();
+        let resolved = blocking(move || {
+            crate::volume::container_mounts(&dir, &container, &ready.volumes, &env)
+        })
+        .await;
+        let message = match resolved {
+            Ok(m) => return Some(m),
+            Err(e) => e.to_string(),
+        };
+        let waiting = Waiting {
+            reason: "CreateContainerConfigError".into(),
+            message: Some(message.clone()),
+        };
+        if rec.waiting.as_ref() != Some(&waiting) {
+            log::warn!("pod {}: container {}: {message}", self.name(), c.name);
+            self.deps.reporter.event(
+                &self.pod,
+                Some(&c.name),
+                EventType::Warning,
+                "Failed",
+                format!("Error: {message}"),
+            );
+        }
+        rec.waiting = Some(waiting);
+        None
+    }
+
+    /// The sandbox for the runtime, if one is set up.
+    pub(super) fn runtime_sandbox(&self) -> Option<Ready> {
+        self.sandbox.clone()
+    }
+
+    /// Tears the sandbox down; the pod's containers are gone.
+    pub(super) async fn teardown_sandbox(&mut self) {
+        let deps = self.deps.clone();
+        let uid = self.uid.clone();
+        if let Err(e) = blocking(move || deps.sandboxes.teardown(&uid)).await {
+            // The next agent start (or `holdfast reset`) tries again.
+            log::warn!("pod {}: tear down its sandbox: {e}", self.name());
+        }
+        self.sandbox = None;
+    }
+
+    /// Ends the pod as the kubelet's eviction manager does: its containers killed at
+    /// once, phase Failed, reason Evicted, the manager's message, the Evicted event.
+    pub(super) async fn evict(&mut self, message: String) {
+        if self.ended.is_some() {
+            return;
+        }
+        log::warn!("pod {}: evicted: {message}", self.name());
+        self.deps.reporter.event(
+            &self.pod,
+            None,
+            EventType::Warning,
+            "Evicted",
+            message.clone(),
+        );
+        self.ended = Some(Ended {
+            reason: "Evicted".into(),
+            message,
+            rejected: false,
+        });
+        self.stop_for_good().await;
+        // As the kubelet does for a terminated pod: what it held goes (its volumes, a
+        // memory-backed one above all, and its network); its records stay.
+        self.teardown_sandbox().await;
+        self.persist().await;
+    }
+
+    /// Said once when the worker starts a pod that admission refused.
+    pub(super) fn reject(&mut self, reason: String, message: String) {
+        log::warn!("pod {}: rejected: {reason}: {message}", self.name());
+        self.deps.reporter.event(
+            &self.pod,
+            None,
+            EventType::Warning,
+            static_reason(&reason),
+            message.clone(),
+        );
+        self.ended = Some(Ended {
+            reason,
+            message: format!("Pod was rejected: {message}"),
+            rejected: true,
+        });
+    }
+
+    /// The status of a pod the agent ended: a rejected pod shows only why (as the
+    /// kubelet's `rejectPod` sets it); an evicted one its containers as they ended, and
+    /// the DisruptionTarget condition.
+    pub(super) fn ended_status(&self, computed: PodStatus) -> PodStatus {
+        let Some(end) = &self.ended else {
+            return computed;
+        };
+        if end.rejected {
+            return PodStatus {
+                phase: Some("Failed".into()),
+                reason: Some(end.reason.clone()),
+                message: Some(end.message.clone()),
+                qos_class: computed.qos_class,
+                ..PodStatus::default()
+            };
+        }
+        let mut s = computed;
+        s.phase = Some("Failed".into());
+        s.reason = Some(end.reason.clone());
+        s.message = Some(end.message.clone());
+        let before = self
+            .state
+            .as_ref()
+            .and_then(|st| st.status.conditions.as_ref())
+            .and_then(|cs| cs.iter().find(|c| c.type_ == "DisruptionTarget"))
+            .and_then(|c| c.last_transition_time.clone());
+        let mut conditions = s.conditions.take().unwrap_or_default();
+        conditions.retain(|c| c.type_ != "DisruptionTarget");
+        conditions.insert(
+            0,
+            PodCondition {
+                type_: "DisruptionTarget".into(),
+                status: "True".into(),
+                reason: Some("TerminationByKubelet".into()),
+                message: Some(end.message.clone()),
+                last_transition_time: Some(before.unwrap_or(Time(crate::time::now()))),
+                ..PodCondition::default()
+            },
+        );
+        s.conditions = Some(conditions);
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_ended_pod_is_read_back_from_its_status() {
+        let rejected = PodStatus {
+            phase: Some("Failed".into()),
+            reason: Some("OutOfcpu".into()),
+            message: Some("Pod was rejected: Node didn't have enough resource: cpu".into()),
+            ..PodStatus::default()
+        };
+        let e = Ended::from_status(&rejected).expect("ended");
+        assert!(e.rejected);
+        assert_eq!(e.reason, "OutOfcpu");
+        let evicted = PodStatus {
+            phase: Some("Failed".into()),
+            reason: Some("Evicted".into()),
+            container_statuses: Some(vec![Default::default()]),
+            ..PodStatus::default()
+        };
+        assert!(!Ended::from_status(&evicted).expect("ended").rejected);
+        let failed = PodStatus {
+            phase: Some("Failed".into()),
+            ..PodStatus::default()
+        };
+        assert!(Ended::from_status(&failed).is_none());
+        assert_eq!(static_reason("OutOfmemory"), "OutOfmemory");
+        assert_eq!(static_reason("whatever"), "UnexpectedAdmissionError");
+    }
+}

@@ -1,0 +1,396 @@
+use std::collections::BTreeMap;
+use std::os::unix::fs::MetadataExt;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use serde_json::json;
+
+use super::*;
+use crate::store::Store;
+use crate::sync::env::EnvInputs;
+use crate::testutil::TempDir;
+use crate::uplink::objects::{ObjectCache, TREE_CONFIG_MAPS, TREE_SECRETS};
+
+struct Rig {
+    tmp: TempDir,
+    _store: Store,
+    cache: ObjectCache,
+    allocatable: BTreeMap<String, Quantity>,
+}
+
+impl Rig {
+    fn new(objects: &[serde_json::Value]) -> Rig {
+        let tmp = TempDir::new("volume");
+        let store = Store::open(&tmp.0.join("db")).expect("store");
+        let cms = store.tree::<ConfigMap>(TREE_CONFIG_MAPS).expect("tree");
+        let secrets = store.tree::<Secret>(TREE_SECRETS).expect("tree");
+        for o in objects {
+            let key = format!("apps/{}", o["metadata"]["name"].as_str().unwrap_or(""));
+            if o["kind"] == "Secret" {
+                secrets
+                    .put(
+                        &key,
+                        &serde_json::from_value::<Secret>(o.clone()).expect("secret"),
+                    )
+                    .expect("put");
+            } else {
+                cms.put(
+                    &key,
+                    &serde_json::from_value::<ConfigMap>(o.clone()).expect("cm"),
+                )
+                .expect("put");
+            }
+        }
+        let cache = ObjectCache::open(&store).expect("cache");
+        Rig {
+            tmp,
+            _store: store,
+            cache,
+            allocatable: BTreeMap::new(),
+        }
+    }
+
+    fn setup(&self, pod: &Pod) -> Result<PodVolumes, VolumeError> {
+        let fs_group = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.security_context.as_ref())
+            .and_then(|s| s.fs_group)
+            .and_then(|g| u32::try_from(g).ok());
+        let sources = Sources {
+            objects: &self.cache,
+            env: EnvInputs {
+                objects: &self.cache,
+                node_name: "gw-1",
+                host_ip: Some("192.168.1.5"),
+                pod_ips: &[],
+                allocatable: &self.allocatable,
+            },
+            fs_group,
+        };
+        setup(pod, &self.pod_dir(), &sources)
+    }
+
+    fn pod_dir(&self) -> PathBuf {
+        self.tmp.0.join("pods/u1")
+    }
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        let _ = teardown(&self.pod_dir());
+    }
+}
+
+/// Mounting tmpfs and bind mounts needs root; without it these tests say so and pass.
+fn root() -> bool {
+    let root = nix::unistd::geteuid().is_root();
+    if !root {
+        eprintln!("skipped: needs root to mount");
+    }
+    root
+}
+
+fn pod(volumes: serde_json::Value, mounts: serde_json::Value) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": "web", "namespace": "apps", "uid": "u1",
+                     "labels": {"app": "web", "tier": "front"}},
+        "spec": {
+            "securityContext": {"fsGroup": 2345},
+            "containers": [{"name": "main", "image": "busybox", "volumeMounts": mounts,
+                            "resources": {"limits": {"memory": "64Mi"}}}],
+            "volumes": volumes
+        }
+    }))
+    .expect("pod")
+}
+
+fn read(p: &Path) -> String {
+    std::fs::read_to_string(p).unwrap_or_else(|e| panic!("read {}: {e}", p.display()))
+}
+
+#[test]
+fn config_map_secret_and_downward_api_files() {
+    if !root() {
+        return;
+    }
+    let rig = Rig::new(&[
+        json!({"kind": "ConfigMap", "metadata": {"name": "cfg"},
+               "data": {"greeting": "hello", "app.ini": "[a]\n"},
+               "binaryData": {"logo": "AAEC"}}),
+        json!({"kind": "Secret", "metadata": {"name": "creds"},
+               "data": {"password": "czNjcjN0", "user": "YWRtaW4="}}),
+    ]);
+    let p = pod(
+        json!([
+            {"name": "cfg", "configMap": {"name": "cfg", "items": [{"key": "greeting", "path": "conf/greeting"}]}},
+            {"name": "all", "configMap": {"name": "cfg"}},
+            {"name": "creds", "secret": {"secretName": "creds", "defaultMode": 0o400,
+                                         "items": [{"key": "password", "path": "pw", "mode": 0o600}]}},
+            {"name": "info", "downwardAPI": {"items": [
+                {"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}},
+                {"path": "name", "fieldRef": {"fieldPath": "metadata.name"}},
+                {"path": "mem", "resourceFieldRef": {"containerName": "main", "resource": "limits.memory", "divisor": "1Mi"}}
+            ]}}
+        ]),
+        json!([]),
+    );
+    let vols = rig.setup(&p).expect("setup");
+    let path = |name: &str| vols.volumes[name].path.clone();
+    assert_eq!(read(&path("cfg").join("conf/greeting")), "hello");
+    assert!(!path("cfg").join("app.ini").exists());
+    assert_eq!(read(&path("all").join("app.ini")), "[a]\n");
+    assert_eq!(
+        std::fs::read(path("all").join("logo")).expect("logo"),
+        [0, 1, 2]
+    );
+    assert_eq!(read(&path("creds").join("pw")), "s3cr3t");
+    // items' mode wins over defaultMode; fsGroup adds group read.
+    let meta = std::fs::metadata(path("creds").join("pw")).expect("meta");
+    assert_eq!(meta.mode() & 0o777, 0o640);
+    assert_eq!(meta.gid(), 2345);
+    assert_eq!(
+        read(&path("info").join("labels")),
+        "app=\"web\"\ntier=\"front\""
+    );
+    assert_eq!(read(&path("info").join("name")), "web");
+    assert_eq!(read(&path("info").join("mem")), "64");
+    for v in ["cfg", "creds", "info"] {
+        assert!(vols.volumes[v].read_only, "{v}");
+    }
+    // The secret is on tmpfs, never on the disk.
+    let mounts = crate::runtime::mounts_under(&rig.pod_dir()).expect("mountinfo");
+    assert!(mounts.contains(&path("creds")), "{mounts:?}");
+    assert!(!mounts.contains(&path("cfg")), "{mounts:?}");
+
+    teardown(&rig.pod_dir()).expect("teardown");
+    assert!(!volumes_dir(&rig.pod_dir()).exists());
+    assert!(crate::runtime::mounts_under(&rig.pod_dir())
+        .expect("mountinfo")
+        .is_empty());
+}
+
+#[test]
+fn missing_objects_and_keys_are_the_kubelets_errors_and_optional_is_fine() {
+    if !root() {
+        return;
+    }
+    let rig =
+        Rig::new(&[json!({"kind": "ConfigMap", "metadata": {"name": "cfg"}, "data": {"a": "1"}})]);
+    let err = rig
+        .setup(&pod(
+            json!([{"name": "v", "configMap": {"name": "nope"}}]),
+            json!([]),
+        ))
+        .expect_err("missing");
+    assert_eq!(err.to_string(), "configmap \"nope\" not found");
+    assert_eq!(err.volume(), Some("v"));
+    let err = rig
+        .setup(&pod(
+            json!([{"name": "v", "configMap": {"name": "cfg", "items": [{"key": "b", "path": "b"}]}}]),
+            json!([]),
+        ))
+        .expect_err("missing key");
+    assert_eq!(
+        err.to_string(),
+        "configmap references non-existent config key: b"
+    );
+    let err = rig
+        .setup(&pod(
+            json!([{"name": "v", "secret": {"secretName": "s"}}]),
+            json!([]),
+        ))
+        .expect_err("missing secret");
+    assert_eq!(err.to_string(), "secret \"s\" not found");
+    let vols = rig
+        .setup(&pod(
+            json!([{"name": "v", "secret": {"secretName": "s", "optional": true}}]),
+            json!([]),
+        ))
+        .expect("optional");
+    assert!(vols.volumes["v"].path.is_dir());
+    let err = rig
+        .setup(&pod(
+            json!([{"name": "v", "persistentVolumeClaim": {"claimName": "data"}}]),
+            json!([]),
+        ))
+        .expect_err("unsupported");
+    assert!(matches!(err, VolumeError::Unsupported { .. }), "{err}");
+}
+
+#[test]
+fn a_changed_config_map_lands_whole_in_the_volume() {
+    let rig = Rig::new(&[json!({"kind": "ConfigMap", "metadata": {"name": "cfg"},
+                                "data": {"a": "1", "b": "2"}})]);
+    let p = pod(
+        json!([{"name": "v", "configMap": {"name": "cfg"}}]),
+        json!([]),
+    );
+    let vols = rig.setup(&p).expect("setup");
+    let dir = vols.volumes["v"].path.clone();
+    let before = std::fs::read_link(dir.join("..data")).expect("..data");
+    // Nothing changed: nothing written.
+    rig.setup(&p).expect("setup again");
+    assert_eq!(
+        std::fs::read_link(dir.join("..data")).expect("..data"),
+        before
+    );
+
+    let cms = rig
+        ._store
+        .tree::<ConfigMap>(TREE_CONFIG_MAPS)
+        .expect("tree");
+    let cm: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "cfg", "namespace": "apps"},
+                                                      "data": {"a": "10", "c": "3"}}))
+        .expect("cm");
+    cms.put("apps/cfg", &cm).expect("put");
+    rig.setup(&p).expect("update");
+    let after = std::fs::read_link(dir.join("..data")).expect("..data");
+    assert_ne!(before, after);
+    assert_eq!(read(&dir.join("a")), "10");
+    assert_eq!(read(&dir.join("c")), "3");
+    assert!(!dir.join("b").exists());
+    assert!(!dir.join(&before).exists());
+}
+
+#[test]
+fn empty_dirs_and_sub_paths() {
+    if !root() {
+        return;
+    }
+    let rig = Rig::new(&[]);
+    let p = pod(
+        json!([
+            {"name": "scratch", "emptyDir": {}},
+            {"name": "ram", "emptyDir": {"medium": "Memory", "sizeLimit": "8Mi"}}
+        ]),
+        json!([
+            {"name": "scratch", "mountPath": "/data"},
+            {"name": "scratch", "mountPath": "/cache", "subPath": "cache/a", "readOnly": true},
+            {"name": "ram", "mountPath": "/ram"}
+        ]),
+    );
+    let vols = rig.setup(&p).expect("setup");
+    let scratch = vols.volumes["scratch"].path.clone();
+    let meta = std::fs::metadata(&scratch).expect("meta");
+    assert_eq!(meta.mode() & 0o777, 0o777);
+    assert_eq!(meta.gid(), 2345);
+    assert_ne!(meta.mode() & 0o2000, 0);
+    let ram = vols.volumes["ram"].path.clone();
+    let statfs = nix::sys::statfs::statfs(&ram).expect("statfs");
+    assert_eq!(statfs.filesystem_type(), nix::sys::statfs::TMPFS_MAGIC);
+    assert_eq!(
+        statfs.blocks() * statfs.block_size() as u64,
+        8 * 1024 * 1024
+    );
+
+    let container = &p.spec.as_ref().expect("spec").containers[0];
+    let mounts = container_mounts(&rig.pod_dir(), container, &vols, &[]).expect("mounts");
+    assert_eq!(mounts.len(), 3);
+    assert_eq!(mounts[0].source, scratch);
+    assert!(!mounts[0].read_only);
+    assert!(mounts[1].read_only);
+    // The subPath was made, and is mounted at its staging path.
+    assert!(scratch.join("cache/a").is_dir());
+    std::fs::write(scratch.join("cache/a/x"), b"through").expect("write");
+    assert_eq!(read(&mounts[1].source.join("x")), "through");
+
+    // A symlink planted in the volume cannot take a subPath out of it.
+    std::os::unix::fs::symlink("/etc", scratch.join("evil")).expect("symlink");
+    let mut escaping = container.clone();
+    escaping.volume_mounts = Some(vec![serde_json::from_value(
+        json!({"name": "scratch", "mountPath": "/x", "subPath": "evil"}),
+    )
+    .expect("mount")]);
+    let err = container_mounts(&rig.pod_dir(), &escaping, &vols, &[]).expect_err("escape");
+    assert!(err.is_container_config(), "{err}");
+    assert!(err.to_string().contains("not within volume path"), "{err}");
+    escaping.volume_mounts = Some(vec![serde_json::from_value(
+        json!({"name": "scratch", "mountPath": "/x", "subPath": "evil/new"}),
+    )
+    .expect("mount")]);
+    assert!(container_mounts(&rig.pod_dir(), &escaping, &vols, &[]).is_err());
+    assert!(!Path::new("/etc/new").exists());
+    escaping.volume_mounts = Some(vec![serde_json::from_value(
+        json!({"name": "scratch", "mountPath": "/x", "subPath": "../../etc"}),
+    )
+    .expect("mount")]);
+    assert!(container_mounts(&rig.pod_dir(), &escaping, &vols, &[]).is_err());
+    escaping.volume_mounts = Some(vec![serde_json::from_value(
+        json!({"name": "nope", "mountPath": "/x"}),
+    )
+    .expect("mount")]);
+    assert!(container_mounts(&rig.pod_dir(), &escaping, &vols, &[]).is_err());
+
+    // subPathExpr expands the container's environment.
+    escaping.volume_mounts = Some(vec![serde_json::from_value(
+        json!({"name": "scratch", "mountPath": "/x", "subPathExpr": "logs/$(POD_NAME)"}),
+    )
+    .expect("mount")]);
+    let m = container_mounts(
+        &rig.pod_dir(),
+        &escaping,
+        &vols,
+        &[("POD_NAME".into(), "web".into())],
+    )
+    .expect("expr");
+    assert_eq!(m.len(), 1);
+    assert!(scratch.join("logs/web").is_dir());
+
+    teardown(&rig.pod_dir()).expect("teardown");
+    assert!(crate::runtime::mounts_under(&rig.pod_dir())
+        .expect("mountinfo")
+        .is_empty());
+    assert!(!scratch.exists());
+    assert!(Path::new("/etc/passwd").exists());
+}
+
+#[test]
+fn projected_volumes_skip_what_they_cannot_provide_and_say_so() {
+    if !root() {
+        return;
+    }
+    let rig = Rig::new(&[
+        json!({"kind": "ConfigMap", "metadata": {"name": "kube-root-ca.crt"},
+                                "data": {"ca.crt": "PEM"}}),
+    ]);
+    let p = pod(
+        json!([{"name": "kube-api-access", "projected": {"defaultMode": 0o444, "sources": [
+            {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+            {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+            {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}}
+        ]}}]),
+        json!([]),
+    );
+    let vols = rig.setup(&p).expect("setup");
+    let dir = &vols.volumes["kube-api-access"].path;
+    assert_eq!(read(&dir.join("ca.crt")), "PEM");
+    assert_eq!(read(&dir.join("namespace")), "apps");
+    assert!(!dir.join("token").exists());
+    assert_eq!(vols.warnings.len(), 1);
+    assert!(
+        vols.warnings[0].contains("serviceAccountToken"),
+        "{:?}",
+        vols.warnings
+    );
+}
+
+#[test]
+fn static_pods_cannot_read_api_objects() {
+    let rig =
+        Rig::new(&[json!({"kind": "ConfigMap", "metadata": {"name": "cfg"}, "data": {"a": "1"}})]);
+    let mut p = pod(
+        json!([{"name": "v", "configMap": {"name": "cfg"}}]),
+        json!([]),
+    );
+    p.metadata.annotations = Some(
+        [(
+            "kubernetes.io/config.source".to_string(),
+            "file".to_string(),
+        )]
+        .into(),
+    );
+    let err = rig.setup(&p).expect_err("static");
+    assert!(matches!(err, VolumeError::StaticPod { .. }), "{err}");
+}
