@@ -23,6 +23,9 @@
 //! - [`time`]: wall-clock time as Kubernetes reports it; times taken before the clock
 //!   was set (a board without an RTC boots in 1970) are corrected or held back.
 //! - [`quantity`]: Kubernetes quantities (`64Mi`, `500m`).
+//! - [`server`]: the kubelet HTTP API (logs, exec, stats, metrics) for the apiserver,
+//!   metrics-server and Prometheus.
+//! - [`metrics`]: holdfast's own Prometheus series, recorded by any module.
 
 pub mod agent;
 pub mod backoff;
@@ -31,9 +34,11 @@ pub mod cli;
 pub mod config;
 pub mod control;
 pub mod image;
+pub mod metrics;
 pub mod node;
 pub mod quantity;
 pub mod runtime;
+pub mod server;
 pub mod source;
 pub mod store;
 pub mod sync;

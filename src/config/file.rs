@@ -56,6 +56,8 @@ pub struct FileConfig {
     pub max_pods: Option<u32>,
     /// `uplinkRetryMax`: the longest wait between two tries to reach the apiserver.
     pub uplink_retry_max: Option<Duration>,
+    /// The kubelet API's keys (`address`, `tlsCertFile`, `authentication`, ...).
+    pub server: super::server::ServerFileConfig,
 }
 
 /// Reads and parses the config file at `path`; returns what it sets and a warning for
@@ -155,7 +157,9 @@ pub(super) fn parse_mapping(
             "kubeReserved" => out.kube_reserved = reader.reserved(&key, value)?,
             "evictionHard" => out.eviction_hard = reader.eviction(&key, value)?,
             _ => {
-                if !reader.cluster_key(&key, value, &mut out)? {
+                if !reader.cluster_key(&key, value, &mut out)?
+                    && !reader.server_key(&key, value, base, &mut out)?
+                {
                     warnings.push(reader.unknown(&key));
                 }
             }

@@ -10,6 +10,7 @@ mod file;
 mod flags;
 mod maps;
 mod names;
+mod server;
 mod taints;
 
 use std::collections::BTreeMap;
@@ -32,6 +33,7 @@ pub use file::{parse_config, read_config_file, FileConfig};
 pub use flags::{parse_flags, RunFlags, USAGE};
 pub use maps::{check_eviction, check_label, check_reserved};
 pub use names::{check_dns1123_label, check_dns1123_subdomain};
+pub use server::{AuthorizationMode, ServerConfig, DEFAULT_HEALTHZ_PORT};
 pub use taints::{check_taint, parse_taint};
 
 const DEFAULT_ROOT_DIR: &str = "/var/lib/holdfast";
@@ -97,6 +99,8 @@ pub struct Config {
     /// `uplinkRetryMax` / `--uplink-retry-max`, default 5 min: the cap of the jittered
     /// exponential back-off while the apiserver cannot be reached.
     pub uplink_retry_max: Duration,
+    /// The kubelet API: listen addresses, certificates, authentication.
+    pub server: ServerConfig,
 }
 
 /// Restart back-off: `initial` doubling to `max`, forgotten after `reset` of clean running.
@@ -145,6 +149,7 @@ impl Config {
             port: DEFAULT_PORT,
             max_pods: DEFAULT_MAX_PODS,
             uplink_retry_max: DEFAULT_UPLINK_RETRY_MAX,
+            server: ServerConfig::default(),
         }
     }
 }
@@ -300,6 +305,7 @@ fn merge(
     if let Some(d) = flags.uplink_retry_max.or(file.uplink_retry_max) {
         config.uplink_retry_max = d;
     }
+    file.server.apply(&mut config.server);
     Ok(config)
 }
 

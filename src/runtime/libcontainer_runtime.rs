@@ -100,6 +100,20 @@ impl LibcontainerRuntime {
         self.root.join("run")
     }
 
+    /// The holdfast executable the shims run.
+    pub(super) fn shim_binary(&self) -> &Path {
+        &self.shim_binary
+    }
+
+    /// libcontainer's state root, which `shim exec` needs.
+    pub(super) fn state_root_path(&self) -> PathBuf {
+        self.state_root()
+    }
+
+    pub(super) fn check_exec_id(id: &ContainerId) -> Result<(), RuntimeError> {
+        Self::check_id(id)
+    }
+
     fn check_id(id: &ContainerId) -> Result<(), RuntimeError> {
         let ok = !id.0.is_empty()
             && id.0.len() <= 128

@@ -42,6 +42,8 @@ use std::path::PathBuf;
 pub mod adoption;
 mod cgroup;
 mod command;
+pub mod exec;
+mod exec_shim;
 mod exits;
 mod libcontainer_runtime;
 mod logs;
@@ -55,6 +57,7 @@ mod user;
 
 pub use command::expand;
 pub use libcontainer_runtime::{LibcontainerRuntime, DEFAULT_LOG_MAX_FILES, DEFAULT_LOG_MAX_SIZE};
+pub use logs::rotated_files as rotated_log_files;
 pub use reset::remove_all;
 pub use shim::shim_main;
 

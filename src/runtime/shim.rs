@@ -9,6 +9,8 @@
 //!   the CRI log, reaps it, writes `exit.json`, notifies `exits/<id>` and cleans up.
 //! - `shim delete <state root> <id>`: libcontainer's delete of a container whose shim
 //!   died, run for the agent, which must never call libcontainer itself.
+//! - `shim exec <state root> <id> <request>`: a command run in the container (see
+//!   [`super::exec`]).
 //!
 //! A shim never panics on bad input: every failure ends in `failed.json` or `shim.log`.
 
@@ -36,6 +38,9 @@ use crate::time;
 pub fn shim_main(args: &[String]) -> i32 {
     init_logging();
     let arg = |i: usize| args.get(i).map(String::as_str);
+    if let (Some("exec"), Some(root), Some(id), Some(request)) = (arg(0), arg(1), arg(2), arg(3)) {
+        return super::exec_shim::main(Path::new(root), id, request);
+    }
     match (arg(0), arg(1), arg(2)) {
         (Some("start"), Some(dir), None) => detach(Path::new(dir)),
         (Some("run"), Some(dir), None) => run(Path::new(dir)),
