@@ -44,6 +44,9 @@ impl CriLog {
         }
         let file = OpenOptions::new().create(true).append(true).open(path)?;
         let size = file.metadata()?.len();
+        if let Err(e) = prune_older_restarts(path) {
+            log::warn!("prune old logs beside {}: {e}", path.display());
+        }
         Ok(CriLog {
             path: path.to_owned(),
             max_size,
@@ -114,6 +117,31 @@ fn file_name(path: &Path) -> String {
     path.file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default()
+}
+
+/// Removes the logs of restarts before the previous one: beside `<n>.log` only
+/// `<n-1>.log` (and its rotated files) is kept, as the kubelet keeps one dead
+/// container per container, so `kubectl logs --previous` works and a crash loop does
+/// not fill the disk.
+pub fn prune_older_restarts(path: &Path) -> std::io::Result<()> {
+    let Some(n) = file_name(path)
+        .strip_suffix(".log")
+        .and_then(|s| s.parse::<u64>().ok())
+    else {
+        return Ok(());
+    };
+    let dir = path.parent().unwrap_or(Path::new("."));
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let restart = name
+            .split_once(".log")
+            .and_then(|(k, _)| k.parse::<u64>().ok());
+        if restart.is_some_and(|k| k + 1 < n) {
+            std::fs::remove_file(entry.path())?;
+        }
+    }
+    Ok(())
 }
 
 /// Rotated siblings of the live log `path`.
@@ -264,6 +292,11 @@ mod tests {
         assert_eq!(rotated.len(), 2, "{rotated:?}");
         assert!(std::fs::metadata(&path).expect("live").len() <= 200);
         assert!(dir.join("1.log").exists());
+        // Two restarts later, only the restart before the live one is kept.
+        std::fs::write(dir.join("0.log"), b"oldest\n").expect("write");
+        CriLog::open(&dir.join("3.log"), 200, 3).expect("open");
+        assert!(!dir.join("0.log").exists() && !dir.join("1.log").exists());
+        assert!(dir.join("2.log").exists());
         let last = records(&path);
         assert_eq!(
             last.last().map(|r| r.2.as_str()),

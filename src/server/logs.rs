@@ -22,8 +22,8 @@ use hyper::StatusCode;
 use tokio::sync::mpsc;
 
 use super::http::{error, Body, Resp};
-use super::routes::{segments, Query};
 use super::pods;
+use super::routes::{segments, Query};
 use crate::runtime::{ContainerId, ContainerState, LibcontainerRuntime, Runtime};
 use crate::time::Timestamp;
 

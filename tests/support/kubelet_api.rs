@@ -1,0 +1,168 @@
+//! A real agent with its kubelet API on 127.0.0.1 (ports picked free), a client CA,
+//! a client certificate from it and one from another CA, and `curl` to call it.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use super::agent::Agent;
+use super::pki::{Issued, Pki};
+
+pub struct Api {
+    pub agent: Agent,
+    pub port: u16,
+    pub healthz_port: u16,
+    pub read_only_port: u16,
+    pub ca: Pki,
+    pub client: Issued,
+    pub stranger: Issued,
+}
+
+/// A port free now on 127.0.0.1 (the kernel's pick; closed again before use).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+impl Api {
+    pub fn start(name: &str) -> Api {
+        let mut agent = Agent::new(name);
+        let ca = Pki::new(&agent.dir.join("ca"));
+        let other = Pki::new(&agent.dir.join("other-ca"));
+        let client = ca.client(
+            "apiserver-client",
+            "kube-apiserver-kubelet-client",
+            &["system:masters"],
+        );
+        let stranger = other.client("stranger", "mallory", &["system:masters"]);
+        let (port, healthz_port, read_only_port) = (free_port(), free_port(), free_port());
+        agent.write_config(&format!(
+            "address: 127.0.0.1\nport: {port}\nhealthzPort: {healthz_port}\nreadOnlyPort: {read_only_port}\n\
+             authentication:\n  x509:\n    clientCAFile: {}\n",
+            ca.ca.display()
+        ));
+        agent.start();
+        let api = Api {
+            agent,
+            port,
+            healthz_port,
+            read_only_port,
+            ca,
+            client,
+            stranger,
+        };
+        api.agent.wait_until(
+            "the kubelet API to listen",
+            std::time::Duration::from_secs(30),
+            |_| api.get("/healthz").0 == 200,
+        );
+        api
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("https://127.0.0.1:{}{path}", self.port)
+    }
+
+    /// GET with the valid client certificate: (status, body).
+    pub fn get(&self, path: &str) -> (u16, String) {
+        curl(&self.url(path), Some(&self.client), &[])
+    }
+
+    pub fn serving_cert(&self) -> PathBuf {
+        self.agent.root.join("pki/kubelet.crt")
+    }
+}
+
+/// `curl` (status, body); `-k`: the serving certificate is the agent's self-signed one.
+pub fn curl(url: &str, cert: Option<&Issued>, extra: &[&str]) -> (u16, String) {
+    let mut c = Command::new("curl");
+    c.args(["-sk", "--max-time", "60", "-w", "\n%{http_code}"]);
+    if let Some(i) = cert {
+        c.arg("--cert").arg(&i.cert).arg("--key").arg(&i.key);
+    }
+    c.args(extra).arg(url);
+    let out = c.output().expect("run curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+    (code.trim().parse().unwrap_or(0), body.to_owned())
+}
+
+/// The Debian python3 (with python3-prometheus-client and python3-websocket).
+pub const PYTHON: &str = "/usr/bin/python3";
+
+/// Parses Prometheus text with prometheus_client's parser; returns every sample as
+/// (name, labels, value), or panics with the parser's complaint.
+pub fn parse_prometheus(
+    text: &str,
+) -> Vec<(String, serde_json::Map<String, serde_json::Value>, f64)> {
+    let script = r#"
+import json, sys
+from prometheus_client.parser import text_string_to_metric_families
+out = []
+for fam in text_string_to_metric_families(sys.stdin.read()):
+    for s in fam.samples:
+        out.append([s.name, s.labels, s.value])
+print(json.dumps(out))
+"#;
+    let mut child = Command::new(PYTHON)
+        .args(["-c", script])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3");
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().expect("stdin");
+        stdin.write_all(text.as_bytes()).expect("write");
+    }
+    let out = child.wait_with_output().expect("python3");
+    assert!(
+        out.status.success(),
+        "prometheus_client rejected the text: {}\n{text}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Vec<(String, serde_json::Map<String, serde_json::Value>, f64)> =
+        serde_json::from_slice(&out.stdout).expect("parser output");
+    v
+}
+
+/// The value of a sample with these labels.
+pub fn sample(
+    samples: &[(String, serde_json::Map<String, serde_json::Value>, f64)],
+    name: &str,
+    labels: &[(&str, &str)],
+) -> Option<f64> {
+    samples
+        .iter()
+        .find(|(n, l, _)| {
+            n == name
+                && labels
+                    .iter()
+                    .all(|(k, v)| l.get(*k).and_then(|x| x.as_str()) == Some(*v))
+        })
+        .map(|(_, _, v)| *v)
+}
+
+/// The container's runtime id from a pod's status (`libcontainer://<id>`).
+pub fn container_id(pod: &serde_json::Value, name: &str) -> String {
+    super::agent::container(pod, name)["containerID"]
+        .as_str()
+        .and_then(|s| s.rsplit("://").next())
+        .unwrap_or("")
+        .to_owned()
+}
+
+/// A cgroup v1 or v2 file of a container.
+pub fn cgroup_file(cgroup_root: &str, id: &str, v1_controller: &str, file: &str) -> PathBuf {
+    let base = Path::new("/sys/fs/cgroup");
+    let rel = format!("{}/{id}", cgroup_root.trim_start_matches('/'));
+    if base.join("cgroup.controllers").exists() {
+        base.join(rel).join(file)
+    } else {
+        base.join(v1_controller).join(rel).join(file)
+    }
+}
