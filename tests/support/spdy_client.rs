@@ -183,14 +183,19 @@ pub fn exec(port: u16, path_and_query: &str, client: &Issued, stdin: Option<&[u8
             if kind == 2 {
                 // SYN_REPLY: its header block must inflate on the shared stream.
                 let mut out = Vec::with_capacity(4096);
+                let before = inflate.total_in();
                 let r = inflate.decompress_vec(&p[4..], &mut out, FlushDecompress::Sync);
                 if let Err(e) = r {
+                    // The zlib header asks for the dictionary; the rest follows it.
                     assert!(e.needs_dictionary().is_some(), "reply headers: {e}");
                     inflate.set_dictionary(DICTIONARY).expect("dict");
+                    let used = (inflate.total_in() - before) as usize;
                     inflate
-                        .decompress_vec(&p[4..], &mut out, FlushDecompress::Sync)
+                        .decompress_vec(&p[4 + used..], &mut out, FlushDecompress::Sync)
                         .expect("reply headers");
                 }
+                // An empty header block: a count of zero pairs.
+                assert_eq!(out.get(..4), Some(&[0u8, 0, 0, 0][..]), "reply headers");
                 replies += 1;
             } else if kind == 7 {
                 break;
