@@ -226,7 +226,7 @@ spec:
     );
     let hold_ws = c("container_memory_working_set_bytes", "hold").unwrap_or(0.0);
     assert!(
-        hold_ws >= 45e6 && hold_ws < 200e6,
+        (45e6..200e6).contains(&hold_ws),
         "hold working set {hold_ws}\n{text}"
     );
     assert!(c("container_start_time_seconds", "burn").unwrap_or(0.0) > 1.7e9);

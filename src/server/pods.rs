@@ -109,6 +109,7 @@ pub async fn find(
 }
 
 /// The container `name` of the pod, or the kubelet's 404.
+#[allow(clippy::result_large_err)] // the error is the response, built once per request
 pub fn container<'a>(state: &'a PodState, name: &str) -> Result<&'a Container, Resp> {
     state
         .pod

@@ -125,10 +125,8 @@ where
                         continue;
                     };
                     match ch {
-                        0 if stdin_open => {
-                            if input.send(In::Stdin(data.to_vec())).await.is_err() {
-                                break;
-                            }
+                        0 if stdin_open && input.send(In::Stdin(data.to_vec())).await.is_err() => {
+                            break;
                         }
                         4 => {
                             resize_buf.extend_from_slice(data);
