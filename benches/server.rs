@@ -183,7 +183,9 @@ spec:
     for t in threads {
         let _ = t.join();
     }
-    let per_stream = rss_streams.saturating_sub(rss_idle) as f64 / open.max(1) as f64;
+    // `open` counts every process with that command line, libcontainer's short-lived
+    // helpers among them; the streams are the execs started.
+    let per_stream = rss_streams.saturating_sub(rss_idle) as f64 / EXECS as f64;
 
     println!("kubelet API (holdfast {})", env!("CARGO_PKG_VERSION"));
     println!("| measure | value |");
@@ -196,7 +198,7 @@ spec:
         "| agent RSS before / peak / after follow | {rss_before} / {rss_peak} / {rss_after} KiB |"
     );
     println!("| /stats/summary, {STATS_PODS} pods | p50 {p50:.1} ms, p95 {p95:.1} ms |");
-    println!("| open exec streams | {open} |");
+    println!("| open exec streams | {EXECS} ({open} `shim exec` processes seen) |");
     println!("| agent RSS per open exec stream | {per_stream:.0} KiB |");
     println!("| `holdfast shim exec` RSS each | {shim_avg} KiB |");
     let json = serde_json::json!({

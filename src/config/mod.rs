@@ -296,7 +296,7 @@ fn merge(
     if let Some(n) = file.node_lease_duration_seconds {
         config.node_lease_duration_seconds = n;
     }
-    if let Some(n) = file.port {
+    if let Some(n) = flags.port.or(file.port) {
         config.port = n;
     }
     if let Some(n) = file.max_pods {

@@ -311,4 +311,13 @@ authorization:
             "authentication.x509.clientCAFile"
         );
     }
+
+    #[test]
+    fn port_flag() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let f = crate::config::parse_flags(&args(&["--port", "10260"])).expect("flags");
+        assert_eq!(f.port, Some(10260));
+        assert!(crate::config::parse_flags(&args(&["--port=0"])).is_err());
+        assert!(crate::config::parse_flags(&args(&["--port", "http"])).is_err());
+    }
 }
