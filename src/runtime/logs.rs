@@ -119,10 +119,12 @@ fn file_name(path: &Path) -> String {
         .unwrap_or_default()
 }
 
-/// Removes the logs of restarts before the previous one: beside `<n>.log` only
-/// `<n-1>.log` (and its rotated files) is kept, as the kubelet keeps one dead
-/// container per container, so `kubectl logs --previous` works and a crash loop does
-/// not fill the disk.
+/// How many earlier restarts keep their logs beside the current one. The kubelet keeps
+/// one (`kubectl logs --previous`); a gateway keeps a few more, since nobody may look
+/// until the site is visited, but a crash loop must not fill the disk.
+pub const KEPT_RESTARTS: u64 = 5;
+
+/// Removes the logs of restarts older than [`KEPT_RESTARTS`] before `<n>.log`.
 pub fn prune_older_restarts(path: &Path) -> std::io::Result<()> {
     let Some(n) = file_name(path)
         .strip_suffix(".log")
@@ -137,7 +139,7 @@ pub fn prune_older_restarts(path: &Path) -> std::io::Result<()> {
         let restart = name
             .split_once(".log")
             .and_then(|(k, _)| k.parse::<u64>().ok());
-        if restart.is_some_and(|k| k + 1 < n) {
+        if restart.is_some_and(|k| k + KEPT_RESTARTS < n) {
             std::fs::remove_file(entry.path())?;
         }
     }
@@ -292,9 +294,10 @@ mod tests {
         assert_eq!(rotated.len(), 2, "{rotated:?}");
         assert!(std::fs::metadata(&path).expect("live").len() <= 200);
         assert!(dir.join("1.log").exists());
-        // Two restarts later, only the restart before the live one is kept.
+        // Restarts later, only the last few restarts before the live one are kept.
         std::fs::write(dir.join("0.log"), b"oldest\n").expect("write");
-        CriLog::open(&dir.join("3.log"), 200, 3).expect("open");
+        let n = 2 + KEPT_RESTARTS;
+        CriLog::open(&dir.join(format!("{n}.log")), 200, 3).expect("open");
         assert!(!dir.join("0.log").exists() && !dir.join("1.log").exists());
         assert!(dir.join("2.log").exists());
         let last = records(&path);
