@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use super::agent::Agent;
+use super::agent::{free_port, Agent};
 use super::pki::{Issued, Pki};
 
 pub struct Api {
@@ -17,14 +17,6 @@ pub struct Api {
     pub ca: Pki,
     pub client: Issued,
     pub stranger: Issued,
-}
-
-/// A port free now on 127.0.0.1 (the kernel's pick; closed again before use).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
 }
 
 impl Api {
@@ -38,9 +30,9 @@ impl Api {
             &["system:masters"],
         );
         let stranger = other.client("stranger", "mallory", &["system:masters"]);
-        let (port, healthz_port, read_only_port) = (free_port(), free_port(), free_port());
+        let (port, healthz_port, read_only_port) = (agent.port, agent.healthz_port, free_port());
         agent.write_config(&format!(
-            "address: 127.0.0.1\nport: {port}\nhealthzPort: {healthz_port}\nreadOnlyPort: {read_only_port}\n\
+            "readOnlyPort: {read_only_port}\n\
              authentication:\n  x509:\n    clientCAFile: {}\n",
             ca.ca.display()
         ));
