@@ -202,13 +202,18 @@ impl LibcontainerRuntime {
         drop(p.input);
         let deadline = Instant::now() + timeout;
         let pid = nix::unistd::Pid::from_raw(p.child.id() as i32);
-        // A watchdog ends the exec at the deadline; reading ends with it.
+        // A watchdog ends the exec at the deadline: SIGTERM, on which the exec process
+        // kills the command and reports; SIGKILL if it does not within a second.
+        // Reading ends with it.
         let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
         let watchdog = std::thread::spawn(move || {
             let left = deadline.saturating_duration_since(Instant::now());
             let timed_out = done_rx.recv_timeout(left).is_err();
             if timed_out {
-                let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+                let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+                if done_rx.recv_timeout(Duration::from_secs(1)).is_err() {
+                    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+                }
             }
             timed_out
         });

@@ -3,16 +3,25 @@
 //! container with a tenant process, relays frames between its own stdin/stdout and
 //! the command's pipes or terminal, and ends with an exit frame. Its own stderr is
 //! the container's `exec.log`, for what goes wrong here.
+//!
+//! The command runs as the container's own process spec says (user, groups,
+//! environment, working directory, capabilities, rlimits), as containerd's exec does:
+//! the spec is copied from the container's `config.json` with the command put in.
+//! With a terminal, libcontainer makes it inside the container, makes it the
+//! command's controlling terminal (a new session, TIOCSCTTY) and sends its master
+//! over a console socket: a resize then reaches the command as SIGWINCH, and job
+//! control works.
 
 use std::fs::File;
 use std::io::{ErrorKind, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use libcontainer::container::builder::ContainerBuilder;
 use libcontainer::syscall::syscall::SyscallType;
-use nix::fcntl::{fcntl, FcntlArg, OFlag};
+use nix::fcntl::OFlag;
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
@@ -24,6 +33,9 @@ use crate::error::chain;
 const DRAIN: Duration = Duration::from_secs(1);
 
 pub fn main(state_root: &Path, id: &str, request: &str) -> i32 {
+    if let Err(e) = catch_sigterm() {
+        eprintln!("exec in {id}: catch SIGTERM: {e}");
+    }
     let mut out = std::io::stdout().lock();
     let exit = match serde_json::from_str::<ExecRequest>(request) {
         Ok(req) if !req.command.is_empty() => run(state_root, id, &req, &mut out),
@@ -59,62 +71,138 @@ fn run(state_root: &Path, id: &str, req: &ExecRequest, out: &mut impl Write) -> 
         exit_code: None,
         error: Some(error),
     };
-    let (mine, theirs) = match stdio(req) {
-        Ok(s) => s,
-        Err(e) => return fail(e),
+    let state_dir = state_root.join(id);
+    let me = std::process::id();
+    let process_path = state_dir.join(format!("exec-{me}.json"));
+    if let Err(e) = write_process(&state_dir, &process_path, req) {
+        return fail(e);
+    }
+    let console_name = format!("exec-{me}.sock");
+    let built = if req.tty {
+        match super::unix_socket::bind_in(&state_dir, &console_name) {
+            Ok(l) => build(
+                state_root,
+                id,
+                &process_path,
+                Stdio3::Console(state_dir.join(&console_name)),
+            )
+            .map(|pid| (pid, Some(l), None)),
+            Err(e) => Err(format!("console socket: {e}")),
+        }
+    } else {
+        match pipes(req) {
+            Ok((mine, theirs)) => build(state_root, id, &process_path, Stdio3::Fds(theirs))
+                .map(|pid| (pid, None, Some(mine))),
+            Err(e) => Err(e),
+        }
     };
-    let [tin, tout, terr] = theirs;
-    let built = ContainerBuilder::new(id.to_owned(), SyscallType::default())
-        .with_root_path(state_root)
-        .map(|b| {
-            b.with_stdin(tin)
-                .with_stdout(tout)
-                .with_stderr(terr)
-                .as_tenant()
-                .with_container_args(req.command.clone())
-                .with_detach(true)
-        })
-        .and_then(|b| b.build());
-    let pid = match built {
-        Ok(pid) => pid,
-        Err(e) => return fail(chain(&e)),
+    let _ = std::fs::remove_file(&process_path);
+    let (pid, console, mine) = match built {
+        Ok(b) => b,
+        Err(e) => {
+            let _ = std::fs::remove_file(state_dir.join(&console_name));
+            return fail(e);
+        }
     };
-    relay(pid, mine, out)
+    let io = match (console, mine) {
+        (_, Some(mine)) => mine,
+        (Some(l), None) => {
+            let master = super::unix_socket::receive_fd(&l, CONSOLE_TIMEOUT);
+            let _ = std::fs::remove_file(state_dir.join(&console_name));
+            match master
+                .map_err(|e| format!("receive the terminal: {e}"))
+                .and_then(|m| terminal(req, m))
+            {
+                Ok(io) => io,
+                Err(e) => {
+                    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+                    let _ = waitpid(pid, None);
+                    return fail(e);
+                }
+            }
+        }
+        (None, None) => return fail("no stdio for the command".into()),
+    };
+    relay(pid, io, out)
 }
 
-fn stdio(req: &ExecRequest) -> Result<(Stdio, [OwnedFd; 3]), String> {
+/// How long libcontainer has to send the terminal it made.
+const CONSOLE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The command's stdio as libcontainer gets it.
+enum Stdio3 {
+    Fds([OwnedFd; 3]),
+    Console(std::path::PathBuf),
+}
+
+fn build(state_root: &Path, id: &str, process: &Path, stdio: Stdio3) -> Result<Pid, String> {
+    ContainerBuilder::new(id.to_owned(), SyscallType::default())
+        .with_root_path(state_root)
+        .map(|b| {
+            let b = match stdio {
+                Stdio3::Fds([tin, tout, terr]) => {
+                    b.with_stdin(tin).with_stdout(tout).with_stderr(terr)
+                }
+                Stdio3::Console(path) => b.with_console_socket(Some(path)),
+            };
+            b.as_tenant().with_process(Some(process)).with_detach(true)
+        })
+        .and_then(|b| b.build())
+        .map_err(|e| chain(&e))
+}
+
+/// Writes the command's process spec to `path` (0600: the environment may hold
+/// Secret values): the container's own, with the command and terminal of `req`.
+fn write_process(state_dir: &Path, path: &Path, req: &ExecRequest) -> Result<(), String> {
+    let container = libcontainer::container::Container::load(state_dir.to_owned())
+        .map_err(|e| format!("load container: {}", chain(&e)))?;
+    let config = container.bundle().join("config.json");
+    let spec = oci_spec::runtime::Spec::load(&config)
+        .map_err(|e| format!("read {}: {e}", config.display()))?;
+    let mut process = spec
+        .process()
+        .clone()
+        .ok_or_else(|| format!("{} has no process", config.display()))?;
+    process.set_args(Some(req.command.clone()));
+    process.set_terminal(Some(req.tty));
+    process.set_console_size(None);
+    let json = serde_json::to_vec(&process).map_err(|e| format!("process spec: {e}"))?;
+    use std::os::unix::fs::OpenOptionsExt;
+    let _ = std::fs::remove_file(path);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .and_then(|mut f| f.write_all(&json))
+        .map_err(|e| format!("write {}: {e}", path.display()))
+}
+
+/// The relay's side of a terminal whose master libcontainer sent.
+fn terminal(req: &ExecRequest, master: OwnedFd) -> Result<Stdio, String> {
+    let dup = |fd: &OwnedFd| fd.try_clone().map_err(|e| format!("dup terminal: {e}"));
+    if let Some((w, h)) = req.size {
+        resize(&master, w, h);
+    }
+    let input = if req.stdin {
+        Some(File::from(dup(&master)?))
+    } else {
+        None
+    };
+    let tty = Some(dup(&master)?);
+    Ok(Stdio {
+        input,
+        outputs: vec![(File::from(master), false)],
+        tty,
+    })
+}
+
+fn pipes(req: &ExecRequest) -> Result<(Stdio, [OwnedFd; 3]), String> {
     let devnull = || {
         File::open("/dev/null")
             .map(OwnedFd::from)
             .map_err(|e| format!("open /dev/null: {e}"))
     };
-    let dup = |fd: &OwnedFd| fd.try_clone().map_err(|e| format!("dup terminal: {e}"));
-    if req.tty {
-        let size = req.size.map(|(w, h)| nix::pty::Winsize {
-            ws_col: w,
-            ws_row: h,
-            ws_xpixel: 0,
-            ws_ypixel: 0,
-        });
-        let pty = nix::pty::openpty(size.as_ref(), None).map_err(|e| format!("openpty: {e}"))?;
-        let master = pty.master;
-        set_cloexec(&master)?;
-        let input = if req.stdin {
-            Some(File::from(dup(&master)?))
-        } else {
-            None
-        };
-        let tty = Some(dup(&master)?);
-        let theirs = [dup(&pty.slave)?, dup(&pty.slave)?, pty.slave];
-        return Ok((
-            Stdio {
-                input,
-                outputs: vec![(File::from(master), false)],
-                tty,
-            },
-            theirs,
-        ));
-    }
     let pipe = || nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"));
     let (input, tin) = if req.stdin {
         let (r, w) = pipe()?;
@@ -134,15 +222,6 @@ fn stdio(req: &ExecRequest) -> Result<(Stdio, [OwnedFd; 3]), String> {
     ))
 }
 
-fn set_cloexec(fd: &OwnedFd) -> Result<(), String> {
-    fcntl(
-        fd.as_raw_fd(),
-        FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
-    )
-    .map(|_| ())
-    .map_err(|e| format!("fcntl: {e}"))
-}
-
 /// Relays until the command has exited and its output is read; returns its exit.
 fn relay(pid: Pid, mut io: Stdio, out: &mut impl Write) -> ExecExit {
     let mut stdin = std::io::stdin().lock();
@@ -152,7 +231,13 @@ fn relay(pid: Pid, mut io: Stdio, out: &mut impl Write) -> ExecExit {
     let mut drain_until: Option<Instant> = None;
     let mut buf = vec![0u8; 32 * 1024];
     let mut open: Vec<bool> = io.outputs.iter().map(|_| true).collect();
+    let mut killed = false;
     loop {
+        if !killed && status.is_none() && TERMINATED.load(Ordering::Relaxed) {
+            // The client went away: the command goes with it, as containerd does.
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+            killed = true;
+        }
         if status.is_none() {
             match waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
                 Ok(WaitStatus::Exited(_, code)) => status = Some(code),
@@ -280,10 +365,34 @@ fn relay(pid: Pid, mut io: Stdio, out: &mut impl Write) -> ExecExit {
     }
 }
 
+/// Set by SIGTERM: the agent asks for the command to end (its client is gone).
+static TERMINATED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_sigterm(_: std::ffi::c_int) {
+    TERMINATED.store(true, Ordering::Relaxed);
+}
+
+/// SIGTERM ends the command, through a handler (not SIG_IGN nor the default): the
+/// relay loop sees the flag within its poll interval, kills the command and still
+/// reports how it ended. A handler is reset when the command is executed.
+#[allow(unsafe_code)]
+fn catch_sigterm() -> nix::Result<()> {
+    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
+    let action = SigAction::new(
+        SigHandler::Handler(on_sigterm),
+        SaFlags::SA_RESTART,
+        SigSet::empty(),
+    );
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe; the
+    // process is single-threaded.
+    unsafe { sigaction(Signal::SIGTERM, &action) }.map(|_| ())
+}
+
 nix::ioctl_write_ptr_bad!(set_winsize, nix::libc::TIOCSWINSZ, nix::pty::Winsize);
 
+/// Sets the terminal's size; the kernel sends SIGWINCH to its foreground process group.
 #[allow(unsafe_code)]
-fn resize(tty: &OwnedFd, cols: u16, rows: u16) {
+pub(super) fn resize(tty: &OwnedFd, cols: u16, rows: u16) {
     let size = nix::pty::Winsize {
         ws_row: rows,
         ws_col: cols,

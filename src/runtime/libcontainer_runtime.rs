@@ -221,6 +221,9 @@ impl LibcontainerRuntime {
             exits_dir: self.exits_dir(),
             oom_score_adj: spec::is_best_effort(req.container).then_some(1000),
             boot_id: self.boot_id.clone(),
+            stdin: req.container.stdin.unwrap_or(false),
+            stdin_once: req.container.stdin_once.unwrap_or(false),
+            tty: req.container.tty.unwrap_or(false),
         };
         records::write(dir, records::SHIM_CONFIG, &shim)
     }

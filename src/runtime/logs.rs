@@ -174,6 +174,10 @@ impl LineBuffer {
         }
     }
 
+    pub fn stream(&self) -> Stream {
+        self.stream
+    }
+
     /// Writes every complete line in `pending + data`; keeps the rest unless it
     /// reaches [`MAX_RECORD`].
     pub fn feed(&mut self, log: &mut CriLog, data: &[u8]) -> std::io::Result<()> {

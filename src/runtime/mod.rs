@@ -40,6 +40,7 @@
 use std::path::PathBuf;
 
 pub mod adoption;
+pub mod attach;
 mod cgroup;
 mod command;
 pub mod exec;
@@ -53,6 +54,7 @@ mod rootfs;
 mod shim;
 pub mod spec;
 mod supervise;
+mod unix_socket;
 mod user;
 
 pub use command::expand;
