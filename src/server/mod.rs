@@ -26,6 +26,7 @@ mod http;
 mod logs;
 mod metrics;
 mod pods;
+mod portforward;
 mod routes;
 pub mod sampler;
 mod spdy;

@@ -24,16 +24,16 @@ use super::streams::{sizes, In, Opts, Out, Start};
 pub const DICTIONARY: &[u8] = include_bytes!("spdy3.dict");
 const PROTOCOL: &str = "v4.channel.k8s.io";
 const VERSION: u16 = 3;
-const SYN_STREAM: u16 = 1;
-const SYN_REPLY: u16 = 2;
-const RST_STREAM: u16 = 3;
-const PING: u16 = 6;
-const GOAWAY: u16 = 7;
-const FLAG_FIN: u8 = 1;
+pub const SYN_STREAM: u16 = 1;
+pub const SYN_REPLY: u16 = 2;
+pub const RST_STREAM: u16 = 3;
+pub const PING: u16 = 6;
+pub const GOAWAY: u16 = 7;
+pub const FLAG_FIN: u8 = 1;
 /// The largest frame accepted (header blocks and stdin chunks are far smaller).
 const MAX_FRAME: usize = 1 << 20;
 /// How long the client has to open its streams (the kubelet's default).
-const STREAM_WAIT: Duration = Duration::from_secs(30);
+pub const STREAM_WAIT: Duration = Duration::from_secs(30);
 
 pub fn is_upgrade(req: &Request<Incoming>) -> bool {
     req.headers()
@@ -43,6 +43,19 @@ pub fn is_upgrade(req: &Request<Incoming>) -> bool {
 }
 
 pub fn upgrade(req: Request<Incoming>, opts: Opts, start: Start) -> Resp {
+    accept(req, &[PROTOCOL], move |io, _| session(io, opts, start))
+}
+
+/// The upgraded connection a session gets.
+pub type Upgraded = TokioIo<hyper::upgrade::Upgraded>;
+
+/// Answers an upgrade to SPDY/3.1 with the first of `protocols` the client offers in
+/// `X-Stream-Protocol-Version` (403 if none), then runs `serve` on the connection.
+pub fn accept<F, Fut>(req: Request<Incoming>, protocols: &'static [&'static str], serve: F) -> Resp
+where
+    F: FnOnce(Upgraded, &'static str) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = std::io::Result<()>> + Send + 'static,
+{
     let offered: Vec<String> = req
         .headers()
         .get_all("X-Stream-Protocol-Version")
@@ -50,14 +63,18 @@ pub fn upgrade(req: Request<Incoming>, opts: Opts, start: Start) -> Resp {
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(',').map(|s| s.trim().to_owned()))
         .collect();
-    if !offered.iter().any(|o| o == PROTOCOL) {
+    let Some(protocol) = protocols
+        .iter()
+        .copied()
+        .find(|p| offered.iter().any(|o| o == p))
+    else {
         return error(
             StatusCode::FORBIDDEN,
             &format!(
-                "unable to upgrade: unable to negotiate protocol: client supports {offered:?}, server supports [\"{PROTOCOL}\"]"
+                "unable to upgrade: unable to negotiate protocol: client supports {offered:?}, server supports {protocols:?}"
             ),
         );
-    }
+    };
     let mut resp = hyper::Response::new(Body::Full(None));
     *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
     let h = resp.headers_mut();
@@ -71,12 +88,12 @@ pub fn upgrade(req: Request<Incoming>, opts: Opts, start: Start) -> Resp {
     );
     h.insert(
         "X-Stream-Protocol-Version",
-        hyper::header::HeaderValue::from_static(PROTOCOL),
+        hyper::header::HeaderValue::from_static(protocol),
     );
     tokio::spawn(async move {
         match hyper::upgrade::on(req).await {
             Ok(upgraded) => {
-                if let Err(e) = session(TokioIo::new(upgraded), opts, start).await {
+                if let Err(e) = serve(TokioIo::new(upgraded), protocol).await {
                     log::debug!("kubelet API: spdy stream: {e}");
                 }
             }

@@ -1,15 +1,22 @@
-//! `/exec`, `/attach` and `/portForward`: checks the request, upgrades the connection
-//! to the protocol the client asks for ([`super::websocket`] or [`super::spdy`]) and
-//! joins it to the command run by the runtime's exec process.
+//! `/exec` and `/attach` (`/portForward` is [`super::portforward`]'s): checks the
+//! request, upgrades the connection to the protocol the client asks for
+//! ([`super::websocket`] or [`super::spdy`]) and joins it to the command run by the
+//! runtime's exec process, or to the container's stdio through its shim's attach
+//! socket. Both speak the runtime's exec frames.
 //!
-//! Between the protocol side and the exec side run two bounded channels: input
+//! Between the protocol side and the other side run two bounded channels: input
 //! ([`In`]: stdin, end of stdin, terminal size) and output ([`Out`]), plus the final
-//! status. The exec process's pipes are blocking, so each direction has a thread of
-//! its own; a client that stops reading stops the command's output (its pipe fills),
-//! never the agent.
+//! status. The exec process's pipes and the attach socket are blocking, so each
+//! direction has a thread of its own; a client that stops reading stops the command's
+//! output (its pipe fills) or is detached by the shim, never holding up the agent or
+//! the container. A client that goes away ends its exec (the process is killed) or
+//! its attach (the container runs on).
 
-use std::io::Read;
-use std::sync::Arc;
+use std::io::{Read, Write};
+use std::net::Shutdown;
+use std::os::unix::net::UnixStream;
+use std::process::Child;
+use std::sync::{Arc, Mutex};
 
 use hyper::body::Incoming;
 use hyper::{Request, StatusCode};
@@ -19,7 +26,9 @@ use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
 use super::http::{error, Resp};
 use super::routes::{segments, Query};
 use super::{pods, ApiDeps};
+use crate::runtime::attach;
 use crate::runtime::exec::{ExecExit, ExecRequest, Frame};
+use crate::runtime::{ContainerId, RuntimeError};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -69,19 +78,10 @@ pub async fn handle(
     q: &Query,
     deps: Arc<ApiDeps>,
 ) -> Resp {
-    let seg = segments(path);
-    if kind == Kind::PortForward || kind == Kind::Attach {
-        // Known routes whose streams holdfast does not serve yet: say so plainly.
-        let what = if kind == Kind::Attach {
-            "attach"
-        } else {
-            "port-forward"
-        };
-        return error(
-            StatusCode::NOT_IMPLEMENTED,
-            &format!("{what} is not supported by holdfast yet; use exec"),
-        );
+    if kind == Kind::PortForward {
+        return super::portforward::handle(req, path, q, deps).await;
     }
+    let seg = segments(path);
     let (ns, pod, uid, container) = match seg.as_slice() {
         [ns, pod, c] => (ns, pod, None, c),
         [ns, pod, uid, c] => (ns, pod, Some(uid.as_str()), c),
@@ -92,20 +92,27 @@ pub async fn handle(
             )
         }
     };
-    let opts = match parse_opts(q) {
+    let mut opts = match parse_opts(q) {
         Ok(o) => o,
         Err(m) => return error(StatusCode::BAD_REQUEST, &m),
     };
     let command = q.all("command");
-    if command.is_empty() {
+    if kind == Kind::Exec && command.is_empty() {
         return error(StatusCode::BAD_REQUEST, "you must specify a command");
     }
     let state = match pods::find(&deps, ns, pod, uid).await {
         Ok(s) => s,
         Err(r) => return r,
     };
-    if let Err(r) = pods::container(&state, container) {
-        return r;
+    let spec = match pods::container(&state, container) {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    if kind == Kind::Attach {
+        // Whether the container has a terminal was settled when it started; the
+        // kubelet, too, takes it from the spec and not from the request.
+        opts.tty = spec.tty.unwrap_or(false);
+        opts.stderr &= !opts.tty;
     }
     let running = state
         .status
@@ -122,16 +129,21 @@ pub async fn handle(
     let Ok(permit) = deps.streams.clone().try_acquire_owned() else {
         return error(StatusCode::TOO_MANY_REQUESTS, "too many open streams");
     };
-    let exec = ExecRequest {
-        command,
-        tty: opts.tty,
-        stdin: opts.stdin,
-        size: None,
+    let target = match kind {
+        Kind::Attach => Target::Attach {
+            container: container.clone(),
+        },
+        _ => Target::Exec(ExecRequest {
+            command,
+            tty: opts.tty,
+            stdin: opts.stdin,
+            size: None,
+        }),
     };
     let start = Start {
         deps: deps.clone(),
         id,
-        exec,
+        target,
         permit,
     };
     if super::websocket::is_upgrade(&req) {
@@ -163,70 +175,183 @@ fn parse_opts(q: &Query) -> Result<Opts, String> {
     })
 }
 
+/// What the streams join: a command run for this request, or the container's own
+/// stdio through its shim.
+pub enum Target {
+    Exec(ExecRequest),
+    Attach { container: String },
+}
+
 /// What is needed to start the command once the protocol is up.
 pub struct Start {
     deps: Arc<ApiDeps>,
     id: crate::runtime::ContainerId,
-    exec: ExecRequest,
+    target: Target,
     permit: OwnedSemaphorePermit,
 }
 
+/// The process or socket on the other side, and how to end it early: the exec process
+/// is killed, an attach socket shut down (the container runs on).
+enum Other {
+    Exec(Arc<Mutex<ExecChild>>),
+    Attach(UnixStream),
+}
+
+struct ExecChild {
+    child: Child,
+    waited: bool,
+}
+
+impl Other {
+    fn try_clone(&self) -> Option<Other> {
+        match self {
+            Other::Exec(c) => Some(Other::Exec(c.clone())),
+            Other::Attach(s) => s.try_clone().ok().map(Other::Attach),
+        }
+    }
+
+    /// Ends it early: the client is gone. The exec process gets SIGTERM, on which it
+    /// kills the command and reports how it ended.
+    fn stop(&self) {
+        match self {
+            Other::Exec(c) => {
+                if let Ok(c) = c.lock() {
+                    // Never a signal to a pid already reaped (and maybe reused).
+                    if !c.waited {
+                        let pid = nix::unistd::Pid::from_raw(c.child.id() as i32);
+                        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+                    }
+                }
+            }
+            Other::Attach(s) => {
+                let _ = s.shutdown(Shutdown::Both);
+            }
+        }
+    }
+
+    /// After the last frame, or once the client is gone (the output pipe closed by
+    /// then, so the exec process cannot block writing): the exec process is reaped,
+    /// killed if it has not ended within [`REAP_WAIT`].
+    fn finish(&self) {
+        self.stop();
+        let Other::Exec(c) = self else { return };
+        let Ok(mut c) = c.lock() else { return };
+        if c.waited {
+            return;
+        }
+        let deadline = std::time::Instant::now() + REAP_WAIT;
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(_)) = c.child.try_wait() {
+                c.waited = true;
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let _ = c.child.kill();
+        let _ = c.child.wait();
+        c.waited = true;
+    }
+}
+
+/// How long an exec process has to end after SIGTERM.
+const REAP_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+type Pipes = (Box<dyn Write + Send>, Box<dyn Read + Send>, Other);
+
+fn connect(deps: &ApiDeps, id: &ContainerId, target: &Target) -> Result<Pipes, String> {
+    match target {
+        Target::Exec(req) => {
+            let p = deps.runtime.exec(id, req).map_err(|e| e.to_string())?;
+            let child = Arc::new(Mutex::new(ExecChild {
+                child: p.child,
+                waited: false,
+            }));
+            Ok((Box::new(p.input), Box::new(p.output), Other::Exec(child)))
+        }
+        Target::Attach { container } => {
+            let sock = deps.runtime.attach(id).map_err(|e| match e {
+                RuntimeError::NotRunning { .. } => {
+                    format!("container {container} is not running or cannot be attached to")
+                }
+                e => e.to_string(),
+            })?;
+            let input = sock.try_clone().map_err(|e| format!("attach: {e}"))?;
+            let output = sock.try_clone().map_err(|e| format!("attach: {e}"))?;
+            Ok((Box::new(input), Box::new(output), Other::Attach(sock)))
+        }
+    }
+}
+
 impl Start {
-    /// Starts the command; returns the protocol side's ends. The permit is held until
-    /// the command has ended and its output is read.
+    /// Starts the command or attaches; returns the protocol side's ends. The permit is
+    /// held until the other side has ended and its output is read.
     pub async fn run(self, opts: Opts) -> Ends {
         let (in_tx, in_rx) = mpsc::channel::<In>(QUEUE);
         let (out_tx, out_rx) = mpsc::channel::<Out>(QUEUE);
         let (st_tx, st_rx) = oneshot::channel();
-        let rt = self.deps.runtime.clone();
-        let (id, req, permit) = (self.id, self.exec, self.permit);
-        let command = req.command.clone();
-        let spawned = tokio::task::spawn_blocking(move || rt.exec(&id, &req)).await;
-        let process = match spawned {
+        let ends = Ends {
+            input: in_tx,
+            output: out_rx,
+            status: st_rx,
+        };
+        let Start {
+            deps,
+            id,
+            target,
+            permit,
+        } = self;
+        let what = match &target {
+            Target::Exec(req) => format!("error executing command {:?}", req.command),
+            Target::Attach { container } => format!("container {container} exited"),
+        };
+        let connected = tokio::task::spawn_blocking(move || connect(&deps, &id, &target)).await;
+        let (mut input, mut output, other) = match connected {
             Ok(Ok(p)) => p,
             Ok(Err(e)) => {
-                let _ = st_tx.send(internal(&e.to_string()));
-                return Ends {
-                    input: in_tx,
-                    output: out_rx,
-                    status: st_rx,
-                };
+                let _ = st_tx.send(internal(&e));
+                return ends;
             }
             Err(e) => {
                 let _ = st_tx.send(internal(&e.to_string()));
-                return Ends {
-                    input: in_tx,
-                    output: out_rx,
-                    status: st_rx,
-                };
+                return ends;
             }
         };
-        let crate::runtime::exec::ExecProcess {
-            mut child,
-            mut input,
-            mut output,
-        } = process;
-        // Input: frames to the exec process until the client's side closes.
+        let Some(other_in) = other.try_clone() else {
+            other.finish();
+            let _ = st_tx.send(internal("cannot share the stream's socket"));
+            return ends;
+        };
+        // Input: frames to the other side until the client's side closes.
         let mut in_rx = in_rx;
         let writer = std::thread::Builder::new()
-            .name("api-exec-in".into())
+            .name("api-stream-in".into())
             .spawn(move || {
                 while let Some(msg) = in_rx.blocking_recv() {
-                    let frame = match msg {
-                        In::Stdin(d) => Frame::Stdin(d),
-                        In::StdinEof => Frame::StdinEof,
-                        In::Resize(w, h) => Frame::Resize(w, h),
+                    let ok = match msg {
+                        // Pieces an attached shim takes (it bounds what it buffers).
+                        In::Stdin(d) => d.chunks(attach::MAX_INPUT).all(|c| {
+                            crate::runtime::exec::send(&mut input, &Frame::Stdin(c.to_vec()))
+                        }),
+                        // Only a client that had stdin ends it: with stdinOnce that
+                        // closes the container's stdin for good.
+                        In::StdinEof if !opts.stdin => true,
+                        In::StdinEof => crate::runtime::exec::send(&mut input, &Frame::StdinEof),
+                        In::Resize(w, h) => {
+                            crate::runtime::exec::send(&mut input, &Frame::Resize(w, h))
+                        }
                     };
-                    if !crate::runtime::exec::send(&mut input, &frame) {
+                    if !ok {
                         return;
                     }
                 }
+                // The protocol side let go before the end: the client is gone.
+                other_in.stop();
             });
         if let Err(e) = writer {
-            log::warn!("kubelet API: exec input thread: {e}");
+            log::warn!("kubelet API: stream input thread: {e}");
         }
         let reader = std::thread::Builder::new()
-            .name("api-exec-out".into())
+            .name("api-stream-out".into())
             .spawn(move || {
                 let _permit = permit;
                 let mut buf = Vec::new();
@@ -250,33 +375,29 @@ impl Start {
                             _ => continue,
                         };
                         if out_tx.blocking_send(msg).is_err() {
-                            // The client is gone: end the command.
-                            let _ = child.kill();
+                            // The client is gone.
                             break 'read;
                         }
                     }
                 }
-                let _ = child.kill();
-                let _ = child.wait();
+                drop(output);
+                other.finish();
                 let status = match exit {
-                    Some(e) => status_of(&command, &e),
-                    None => internal("the exec process ended without a status"),
+                    Some(e) => status_of(&what, &e),
+                    None => internal("the stream ended without a status"),
                 };
                 let _ = st_tx.send(status);
             });
         if let Err(e) = reader {
-            log::warn!("kubelet API: exec output thread: {e}");
+            log::warn!("kubelet API: stream output thread: {e}");
         }
-        Ends {
-            input: in_tx,
-            output: out_rx,
-            status: st_rx,
-        }
+        ends
     }
 }
 
-/// The error stream's status as the kubelet writes it (v4 protocols).
-pub fn status_of(command: &[String], exit: &ExecExit) -> Status {
+/// The error stream's status as the kubelet writes it (v4 protocols); `what` says what
+/// ended (`error executing command [...]`).
+pub fn status_of(what: &str, exit: &ExecExit) -> Status {
     match (exit.exit_code, &exit.error) {
         (Some(0), _) => Status {
             status: Some("Success".into()),
@@ -286,7 +407,7 @@ pub fn status_of(command: &[String], exit: &ExecExit) -> Status {
             status: Some("Failure".into()),
             reason: Some("NonZeroExitCode".into()),
             message: Some(format!(
-                "command terminated with non-zero exit code: error executing command {command:?}, exit code {code}"
+                "command terminated with non-zero exit code: {what}, exit code {code}"
             )),
             details: Some(StatusDetails {
                 causes: Some(vec![StatusCause {
@@ -298,10 +419,7 @@ pub fn status_of(command: &[String], exit: &ExecExit) -> Status {
             }),
             ..Default::default()
         },
-        (None, e) => internal(&format!(
-            "error executing command in container: {}",
-            e.as_deref().unwrap_or("unknown error")
-        )),
+        (None, e) => internal(e.as_deref().unwrap_or("unknown error")),
     }
 }
 
@@ -353,7 +471,7 @@ mod tests {
     #[test]
     fn status_carries_the_exit_code_as_kubectl_reads_it() {
         let s = status_of(
-            &["sh".into()],
+            "error executing command [\"sh\"]",
             &ExecExit {
                 exit_code: Some(3),
                 error: None,
@@ -365,7 +483,7 @@ mod tests {
         assert_eq!(v["details"]["causes"][0]["reason"], "ExitCode");
         assert_eq!(v["details"]["causes"][0]["message"], "3");
         let ok = serde_json::to_value(status_of(
-            &[],
+            "",
             &ExecExit {
                 exit_code: Some(0),
                 error: None,

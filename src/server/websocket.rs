@@ -36,20 +36,47 @@ pub fn accept_key(key: &str) -> String {
 }
 
 pub fn upgrade(req: Request<Incoming>, opts: Opts, start: Start) -> Resp {
+    accept(req, &PROTOCOLS, false, move |io, protocol| {
+        session(io, opts, start, protocol == PROTOCOLS[0])
+    })
+}
+
+/// Answers a WebSocket upgrade with the first of `protocols` the client offers in
+/// `Sec-WebSocket-Protocol` (400 if none; with `allow_none` a client that offers none
+/// gets the first), then runs `serve` on the connection.
+pub fn accept<F, Fut>(
+    req: Request<Incoming>,
+    protocols: &'static [&'static str],
+    allow_none: bool,
+    serve: F,
+) -> Resp
+where
+    F: FnOnce(super::spdy::Upgraded, &'static str) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = std::io::Result<()>> + Send + 'static,
+{
     let offered: Vec<String> = req
         .headers()
         .get_all(hyper::header::SEC_WEBSOCKET_PROTOCOL)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(',').map(|s| s.trim().to_owned()))
+        .filter(|s| !s.is_empty())
         .collect();
-    let Some(protocol) = PROTOCOLS.iter().find(|p| offered.iter().any(|o| o == *p)) else {
-        return error(
-            StatusCode::BAD_REQUEST,
-            &format!(
-                "unable to negotiate a websocket protocol: client offers {offered:?}, holdfast supports {PROTOCOLS:?}"
-            ),
-        );
+    let chosen = protocols
+        .iter()
+        .copied()
+        .find(|p| offered.iter().any(|o| o == p));
+    let (protocol, echo) = match chosen {
+        Some(p) => (p, true),
+        None if allow_none && offered.is_empty() => (protocols[0], false),
+        None => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                &format!(
+                    "unable to negotiate a websocket protocol: client offers {offered:?}, holdfast supports {protocols:?}"
+                ),
+            )
+        }
     };
     let Some(key) = req
         .headers()
@@ -59,7 +86,6 @@ pub fn upgrade(req: Request<Incoming>, opts: Opts, start: Start) -> Resp {
         return error(StatusCode::BAD_REQUEST, "missing Sec-WebSocket-Key");
     };
     let accept = accept_key(key);
-    let v5 = *protocol == PROTOCOLS[0];
     let mut resp = hyper::Response::new(Body::Full(None));
     *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
     let h = resp.headers_mut();
@@ -74,15 +100,17 @@ pub fn upgrade(req: Request<Incoming>, opts: Opts, start: Start) -> Resp {
     if let Ok(v) = hyper::header::HeaderValue::from_str(&accept) {
         h.insert(hyper::header::SEC_WEBSOCKET_ACCEPT, v);
     }
-    h.insert(
-        hyper::header::SEC_WEBSOCKET_PROTOCOL,
-        hyper::header::HeaderValue::from_static(protocol),
-    );
+    // A client that offered no protocol must not be answered one (RFC 6455 4.1).
+    if echo {
+        h.insert(
+            hyper::header::SEC_WEBSOCKET_PROTOCOL,
+            hyper::header::HeaderValue::from_static(protocol),
+        );
+    }
     tokio::spawn(async move {
         match hyper::upgrade::on(req).await {
             Ok(upgraded) => {
-                let io = TokioIo::new(upgraded);
-                if let Err(e) = session(io, opts, start, v5).await {
+                if let Err(e) = serve(TokioIo::new(upgraded), protocol).await {
                     log::debug!("kubelet API: websocket stream: {e}");
                 }
             }
@@ -171,7 +199,7 @@ where
     Ok(())
 }
 
-fn channel_frame(ch: u8, data: &[u8]) -> Vec<u8> {
+pub fn channel_frame(ch: u8, data: &[u8]) -> Vec<u8> {
     let mut p = Vec::with_capacity(data.len() + 1);
     p.push(ch);
     p.extend_from_slice(data);
@@ -198,7 +226,7 @@ pub fn frame(opcode: u8, payload: &[u8]) -> Vec<u8> {
 
 /// One whole message (fragments joined), unmasked: (opcode, payload).
 /// `partial` keeps a fragmented message across a control frame in its middle.
-async fn read_message<R: AsyncRead + Unpin>(
+pub async fn read_message<R: AsyncRead + Unpin>(
     rd: &mut R,
     partial: &mut (Option<u8>, Vec<u8>),
 ) -> std::io::Result<(u8, Vec<u8>)> {

@@ -158,3 +158,73 @@ pub fn cgroup_file(cgroup_root: &str, id: &str, v1_controller: &str, file: &str)
         base.join(v1_controller).join(rel).join(file)
     }
 }
+
+/// A WebSocket session with the kubelet API through Python's websocket-client:
+/// connects to `path` (with the valid client certificate), offering `protocol` (none
+/// if empty), and plays `actions` (JSON list):
+/// `["send", channel, text]` (text as latin-1 bytes), `["resize", width, height]`,
+/// `["until", channel, text]` (read until the channel holds text), `["frames", n]`
+/// (read n messages), `["drain"]` (read until the server closes).
+/// Returns `{"protocol", "channels": {"<n>": text}, "frames": [[channel, hex]],
+/// "closed"}`.
+pub fn ws_session(
+    api: &Api,
+    path: &str,
+    protocol: &str,
+    actions: serde_json::Value,
+) -> serde_json::Value {
+    let script = r#"
+import json, ssl, sys, websocket
+url, cert, key, proto, actions = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], json.loads(sys.argv[5])
+ws = websocket.create_connection(url, sslopt={"cert_reqs": ssl.CERT_NONE, "certfile": cert, "keyfile": key},
+                                 subprotocols=[proto] if proto else None, timeout=30)
+chans, frames, closed = {}, [], False
+def recv():
+    global closed
+    if closed:
+        return False
+    op, data = ws.recv_data(control_frame=False)
+    if op == websocket.ABNF.OPCODE_CLOSE or not data:
+        closed = True
+        return False
+    chans[data[0]] = chans.get(data[0], b"") + data[1:]
+    frames.append([data[0], data[1:].hex()])
+    return True
+for a in actions:
+    if a[0] == "send":
+        ws.send_binary(bytes([a[1]]) + a[2].encode("latin-1"))
+    elif a[0] == "resize":
+        ws.send_binary(b"\x04" + json.dumps({"Width": a[1], "Height": a[2]}).encode())
+    elif a[0] == "until":
+        while a[2].encode("latin-1") not in chans.get(a[1], b"") and recv():
+            pass
+    elif a[0] == "frames":
+        for _ in range(a[1]):
+            recv()
+    elif a[0] == "drain":
+        while recv():
+            pass
+print(json.dumps({"protocol": ws.getsubprotocol(), "closed": closed, "frames": frames,
+                  "channels": {str(k): v.decode("latin-1") for k, v in chans.items()}}))
+"#;
+    let url = format!("wss://127.0.0.1:{}{path}", api.port);
+    let out = Command::new(PYTHON)
+        .args(["-c", script, &url])
+        .arg(&api.client.cert)
+        .arg(&api.client.key)
+        .arg(protocol)
+        .arg(actions.to_string())
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "websocket session on {path}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("client output")
+}
+
+/// The status JSON a stream ended with (the error channel's text).
+pub fn status(text: &str) -> serde_json::Value {
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("status {text:?}: {e}"))
+}
