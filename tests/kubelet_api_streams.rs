@@ -211,6 +211,28 @@ spec:
         "^C did not interrupt the shell: {st}"
     );
 
+    // A command that writes much before it reads its input: neither side waits for
+    // the other (input is queued while its output is relayed).
+    let cmd = "command=sh&command=-c&command=head%20-c%20300000%20%2Fdev%2Fzero%20%7C%20tr%20%27%5C0%27%20o%3B%20wc%20-c";
+    let r = ws_session(
+        &api,
+        &format!("/exec/default/shell-node-1/main?{cmd}&stdin=true&stdout=true"),
+        "v5.channel.k8s.io",
+        json!([
+            ["send", 0, "x".repeat(1000), 300],
+            ["send", 255, "\u{0}"],
+            ["drain"]
+        ]),
+    );
+    let out = r["channels"]["1"].as_str().unwrap_or("");
+    assert_eq!(out.matches('o').count(), 300_000);
+    assert_eq!(
+        out.trim_start_matches('o').trim(),
+        "300000",
+        "{}",
+        &out[out.len().saturating_sub(100)..]
+    );
+
     // A client that goes away ends its exec, and the command in the container with it
     // (with a terminal and without).
     for tty in ["true", "false"] {

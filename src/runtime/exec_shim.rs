@@ -222,15 +222,83 @@ fn pipes(req: &ExecRequest) -> Result<(Stdio, [OwnedFd; 3]), String> {
     ))
 }
 
+/// Input not yet taken by the command; while this much waits, no more is read from
+/// the agent (which then waits in its turn).
+const PENDING_INPUT: usize = 64 * 1024;
+
+/// The command's input side: written without blocking, so that a command that stops
+/// reading its input while its output fills up cannot stall the relay (the relay
+/// would stop reading that output, and both would wait for ever).
+struct Input {
+    file: Option<File>,
+    pending: Vec<u8>,
+    /// End the input once `pending` is written.
+    end: bool,
+    tty: bool,
+}
+
+impl Input {
+    fn new(file: Option<File>, tty: bool) -> Input {
+        if let Some(f) = &file {
+            use nix::fcntl::{fcntl, FcntlArg};
+            let flags = fcntl(f.as_raw_fd(), FcntlArg::F_GETFL)
+                .map(OFlag::from_bits_truncate)
+                .unwrap_or(OFlag::empty());
+            let _ = fcntl(f.as_raw_fd(), FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK));
+        }
+        Input {
+            file,
+            pending: Vec::new(),
+            end: false,
+            tty,
+        }
+    }
+
+    fn flush(&mut self) {
+        let Some(f) = self.file.as_mut() else {
+            self.pending.clear();
+            return;
+        };
+        while !self.pending.is_empty() {
+            match f.write(&self.pending) {
+                Ok(n) => {
+                    self.pending.drain(..n);
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+                Err(_) => {
+                    self.file = None;
+                    self.pending.clear();
+                    return;
+                }
+            }
+        }
+        if self.end {
+            if let Some(mut f) = self.file.take() {
+                // A terminal has no end of input; ^D asks the reader to see one.
+                if self.tty {
+                    let _ = f.write(&[4]);
+                }
+            }
+        }
+    }
+}
+
 /// Relays until the command has exited and its output is read; returns its exit.
-fn relay(pid: Pid, mut io: Stdio, out: &mut impl Write) -> ExecExit {
+fn relay(pid: Pid, io: Stdio, out: &mut impl Write) -> ExecExit {
+    let Stdio {
+        input,
+        mut outputs,
+        tty,
+    } = io;
+    let mut input = Input::new(input, tty.is_some());
     let mut stdin = std::io::stdin().lock();
     let mut frames = Vec::new();
     let mut control_open = true;
     let mut status = None;
     let mut drain_until: Option<Instant> = None;
     let mut buf = vec![0u8; 32 * 1024];
-    let mut open: Vec<bool> = io.outputs.iter().map(|_| true).collect();
+    let mut open: Vec<bool> = outputs.iter().map(|_| true).collect();
     let mut killed = false;
     loop {
         if !killed && status.is_none() && TERMINATED.load(Ordering::Relaxed) {
@@ -253,7 +321,8 @@ fn relay(pid: Pid, mut io: Stdio, out: &mut impl Write) -> ExecExit {
             if status.is_some() {
                 drain_until = Some(Instant::now() + DRAIN);
                 // Nobody reads input any more.
-                io.input = None;
+                input.file = None;
+                input.pending.clear();
             }
         }
         let outputs_open = open.iter().any(|o| *o);
@@ -264,14 +333,22 @@ fn relay(pid: Pid, mut io: Stdio, out: &mut impl Write) -> ExecExit {
             };
         }
         let mut fds: Vec<PollFd<'_>> = Vec::new();
-        let control_at = if control_open && status.is_none() {
+        let control_at = if control_open && status.is_none() && input.pending.len() < PENDING_INPUT
+        {
             fds.push(PollFd::new(stdin.as_fd(), PollFlags::POLLIN));
             Some(0)
         } else {
             None
         };
+        let input_at = match input.file.as_ref().filter(|_| !input.pending.is_empty()) {
+            Some(f) => {
+                fds.push(PollFd::new(f.as_fd(), PollFlags::POLLOUT));
+                Some(fds.len() - 1)
+            }
+            None => None,
+        };
         let first_output = fds.len();
-        for (i, (f, _)) in io.outputs.iter().enumerate() {
+        for (i, (f, _)) in outputs.iter().enumerate() {
             if open[i] {
                 fds.push(PollFd::new(f.as_fd(), PollFlags::POLLIN));
             }
@@ -291,7 +368,7 @@ fn relay(pid: Pid, mut io: Stdio, out: &mut impl Write) -> ExecExit {
         };
         drop(fds);
         let mut k = first_output;
-        for (i, (f, is_err)) in io.outputs.iter_mut().enumerate() {
+        for (i, (f, is_err)) in outputs.iter_mut().enumerate() {
             if !open[i] {
                 continue;
             }
@@ -301,7 +378,6 @@ fn relay(pid: Pid, mut io: Stdio, out: &mut impl Write) -> ExecExit {
                 continue;
             }
             match f.read(&mut buf) {
-                // EIO: the terminal's other side is closed (the command exited).
                 Ok(0) => open[i] = false,
                 Ok(n) => {
                     let frame = if *is_err {
@@ -319,46 +395,41 @@ fn relay(pid: Pid, mut io: Stdio, out: &mut impl Write) -> ExecExit {
                         control_open = false;
                     }
                 }
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                // A terminal's master shares the input's non-blocking mode.
+                Err(e)
+                    if e.kind() == ErrorKind::Interrupted || e.kind() == ErrorKind::WouldBlock => {}
+                // EIO: the terminal's other side is closed (the command exited).
                 Err(_) => open[i] = false,
             }
+        }
+        if input_at.is_some_and(|at| ready.get(at).copied().unwrap_or(false)) {
+            input.flush();
         }
         if control_at.is_some() && ready.first().copied().unwrap_or(false) {
             match stdin.read(&mut buf) {
                 Ok(0) | Err(_) => {
                     control_open = false;
-                    io.input = None;
+                    input.end = true;
+                    input.flush();
                 }
                 Ok(n) => {
                     frames.extend_from_slice(&buf[..n]);
                     while let Ok(Some((frame, used))) = Frame::decode(&frames) {
                         frames.drain(..used);
                         match frame {
-                            Frame::Stdin(d) => {
-                                if let Some(i) = io.input.as_mut() {
-                                    if i.write_all(&d).is_err() {
-                                        io.input = None;
-                                    }
-                                }
+                            Frame::Stdin(d) if input.file.is_some() && !input.end => {
+                                input.pending.extend_from_slice(&d);
                             }
-                            Frame::StdinEof => {
-                                if io.tty.is_some() {
-                                    // A terminal has no end of input; ^D asks the
-                                    // reader to see one.
-                                    if let Some(i) = io.input.as_mut() {
-                                        let _ = i.write_all(&[4]);
-                                    }
-                                }
-                                io.input = None;
-                            }
+                            Frame::StdinEof => input.end = true,
                             Frame::Resize(w, h) => {
-                                if let Some(t) = &io.tty {
+                                if let Some(t) = &tty {
                                     resize(t, w, h);
                                 }
                             }
                             _ => {}
                         }
                     }
+                    input.flush();
                 }
             }
         }

@@ -162,7 +162,8 @@ pub fn cgroup_file(cgroup_root: &str, id: &str, v1_controller: &str, file: &str)
 /// A WebSocket session with the kubelet API through Python's websocket-client:
 /// connects to `path` (with the valid client certificate), offering `protocol` (none
 /// if empty), and plays `actions` (JSON list):
-/// `["send", channel, text]` (text as latin-1 bytes), `["resize", width, height]`,
+/// `["send", channel, text, times]` (text as latin-1 bytes; times optional),
+/// `["resize", width, height]`,
 /// `["until", channel, text]` (read until the channel holds text), `["frames", n]`
 /// (read n messages), `["drain"]` (read until the server closes).
 /// Returns `{"protocol", "channels": {"<n>": text}, "frames": [[channel, hex]],
@@ -192,7 +193,8 @@ def recv():
     return True
 for a in actions:
     if a[0] == "send":
-        ws.send_binary(bytes([a[1]]) + a[2].encode("latin-1"))
+        for _ in range(a[3] if len(a) > 3 else 1):
+            ws.send_binary(bytes([a[1]]) + a[2].encode("latin-1"))
     elif a[0] == "resize":
         ws.send_binary(b"\x04" + json.dumps({"Width": a[1], "Height": a[2]}).encode())
     elif a[0] == "until":
