@@ -5,8 +5,10 @@
 //!   the agent's session, starts `shim run` and exits at once, so the agent reaps it and
 //!   `shim run` is orphaned: nothing the agent does, even dying to SIGKILL, reaches it.
 //! - `shim run <container dir>`: mounts the rootfs, creates and starts the container
-//!   (its init is this process's child), writes `started.json`, copies its output into
-//!   the CRI log, reaps it, writes `exit.json`, notifies `exits/<id>` and cleans up.
+//!   (its init is this process's child; with `tty` its terminal's master comes over a
+//!   console socket), writes `started.json`, copies its output into the CRI log and to
+//!   clients attached on `attach.sock` ([`super::attach`]), reaps it, writes
+//!   `exit.json`, notifies `exits/<id>` and cleans up.
 //! - `shim delete <state root> <id>`: libcontainer's delete of a container whose shim
 //!   died, run for the agent, which must never call libcontainer itself.
 //! - `shim exec <state root> <id> <request>`: a command run in the container (see

@@ -18,8 +18,9 @@
 //!
 //! Files: [`tls`] (serving certificate, client authentication), [`http`] (bodies,
 //! responses, connections), [`routes`], [`pods`], [`logs`], [`stats`] with
-//! [`cgroups`] and [`sampler`], [`metrics`], and the streams: [`streams`] (exec,
-//! attach, port-forward over either protocol), [`websocket`], [`spdy`].
+//! [`cgroups`] and [`sampler`], [`metrics`], and the streams: [`streams`] (exec and
+//! attach over either protocol), [`portforward`] (TCP into the pod's network
+//! namespace), [`websocket`], [`spdy`].
 
 pub mod cgroups;
 mod http;
