@@ -5,6 +5,9 @@
 //! - `/stats/summary` latency with 50 running pods (p50, p95 of 40 requests).
 //! - Memory per open exec stream: 16 SPDY execs of `sleep` held open at once; the
 //!   agent's RSS growth per stream and each `holdfast shim exec` process's RSS.
+//! - Memory per open attach stream: as many SPDY attaches as a container takes (8)
+//!   held open to a `cat` with stdin, each seeing a line typed by one of them; the
+//!   agent's and the container's shim's RSS growth per stream.
 //!
 //! Prints a table and writes `target/bench/server.json`.
 
@@ -21,10 +24,12 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use kubelet_api::Api;
+use spdy_client::{Event, Session};
 
 const LOG_BYTES: u64 = 64 << 20;
 const STATS_PODS: usize = 50;
 const EXECS: usize = 16;
+const ATTACHES: usize = holdfast::runtime::attach::MAX_CLIENTS;
 
 fn rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -187,6 +192,59 @@ spec:
     // helpers among them; the streams are the execs started.
     let per_stream = rss_streams.saturating_sub(rss_idle) as f64 / EXECS as f64;
 
+    // 4. Open attach streams.
+    api.agent.write_manifest(
+        "attach.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: a}\nspec:\n  containers:\n  - name: main\n    image: docker.io/library/busybox:demo\n    stdin: true\n    command: [\"cat\"]\n",
+    );
+    let p = api
+        .agent
+        .wait_pod("a", "running", Duration::from_secs(60), |p| {
+            !agent::container(p, "main")["state"]["running"].is_null()
+        });
+    let id = kubelet_api::container_id(&p, "main");
+    let shim = pids_named("shim run")
+        .into_iter()
+        .find(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&id))
+        })
+        .expect("the container's shim");
+    std::thread::sleep(Duration::from_millis(500));
+    let (agent_idle, shim_idle) = (rss_kib(agent_pid), rss_kib(shim));
+    let mut sessions = Vec::new();
+    for _ in 0..ATTACHES {
+        let mut s = Session::open(
+            port,
+            "/attach/default/a-node-1/main?stdin=1&stdout=1",
+            &api.client,
+            &["v4.channel.k8s.io"],
+        );
+        s.stream(&[("streamtype", "error")]);
+        let stdin = s.stream(&[("streamtype", "stdin")]);
+        let stdout = s.stream(&[("streamtype", "stdout")]);
+        sessions.push((s, stdin, stdout));
+    }
+    // Every client is attached once a line typed by the last reaches them all.
+    std::thread::sleep(Duration::from_millis(500));
+    if let Some((s, stdin, _)) = sessions.last_mut() {
+        s.send(*stdin, b"ping\n", false);
+    }
+    for (s, _, stdout) in sessions.iter_mut() {
+        let mut seen = Vec::new();
+        while !seen.ends_with(b"ping\n") {
+            match s.next() {
+                Some(Event::Data { stream, data, .. }) if stream == *stdout => seen.extend(data),
+                Some(_) => {}
+                None => panic!("attach ended"),
+            }
+        }
+    }
+    let (agent_attached, shim_attached) = (rss_kib(agent_pid), rss_kib(shim));
+    drop(sessions);
+    let attach_agent = agent_attached.saturating_sub(agent_idle) as f64 / ATTACHES as f64;
+    let attach_shim = shim_attached.saturating_sub(shim_idle) as f64 / ATTACHES as f64;
+
     println!("kubelet API (holdfast {})", env!("CARGO_PKG_VERSION"));
     println!("| measure | value |");
     println!("| --- | --- |");
@@ -201,11 +259,17 @@ spec:
     println!("| open exec streams | {EXECS} ({open} `shim exec` processes seen) |");
     println!("| agent RSS per open exec stream | {per_stream:.0} KiB |");
     println!("| `holdfast shim exec` RSS each | {shim_avg} KiB |");
+    println!("| open attach streams | {ATTACHES} on one container |");
+    println!(
+        "| RSS per open attach stream | agent {attach_agent:.0} KiB, shim {attach_shim:.0} KiB (shim {shim_idle} KiB before) |"
+    );
     let json = serde_json::json!({
         "follow_mb_per_s": mbps, "follow_bytes": bytes,
         "agent_rss_kib": {"before": rss_before, "peak": rss_peak, "after": rss_after},
         "summary_ms": {"p50": p50, "p95": p95, "pods": STATS_PODS},
         "exec": {"open": open, "agent_rss_per_stream_kib": per_stream, "shim_exec_rss_kib": shim_avg},
+        "attach": {"open": ATTACHES, "agent_rss_per_stream_kib": attach_agent,
+                   "shim_rss_per_stream_kib": attach_shim, "shim_rss_idle_kib": shim_idle},
     });
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench");
     let _ = std::fs::create_dir_all(&dir);

@@ -6,21 +6,20 @@
 //!
 //! Between the protocol side and the other side run two bounded channels: input
 //! ([`In`]: stdin, end of stdin, terminal size) and output ([`Out`]), plus the final
-//! status. The exec process's pipes and the attach socket are blocking, so each
-//! direction has a thread of its own; a client that stops reading stops the command's
-//! output (its pipe fills) or is detached by the shim, never holding up the agent or
-//! the container. A client that goes away ends its exec (the process is killed) or
-//! its attach (the container runs on).
+//! status. Each direction is a task on the agent's runtime over the exec process's
+//! pipes or the attach socket, made non-blocking (no thread per stream); a client that
+//! stops reading stops the command's output (its pipe fills) or is detached by the
+//! shim, never holding up the agent or the container. A client that goes away ends
+//! its exec (the command is killed) or its attach (the container runs on).
 
-use std::io::{Read, Write};
-use std::net::Shutdown;
-use std::os::unix::net::UnixStream;
+use std::os::fd::OwnedFd;
 use std::process::Child;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use hyper::body::Incoming;
 use hyper::{Request, StatusCode};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Status, StatusCause, StatusDetails};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
 
 use super::http::{error, Resp};
@@ -190,83 +189,27 @@ pub struct Start {
     permit: OwnedSemaphorePermit,
 }
 
-/// The process or socket on the other side, and how to end it early: the exec process
-/// is killed, an attach socket shut down (the container runs on).
-enum Other {
-    Exec(Arc<Mutex<ExecChild>>),
-    Attach(UnixStream),
-}
+/// The other side's two directions, as async halves on the agent's runtime: no
+/// thread per stream.
+type Half<T> = Box<T>;
+type Reader = Half<dyn AsyncRead + Send + Unpin>;
+type Writer = Half<dyn AsyncWrite + Send + Unpin>;
 
-struct ExecChild {
-    child: Child,
-    waited: bool,
-}
-
-impl Other {
-    fn try_clone(&self) -> Option<Other> {
-        match self {
-            Other::Exec(c) => Some(Other::Exec(c.clone())),
-            Other::Attach(s) => s.try_clone().ok().map(Other::Attach),
-        }
-    }
-
-    /// Ends it early: the client is gone. The exec process gets SIGTERM, on which it
-    /// kills the command and reports how it ended.
-    fn stop(&self) {
-        match self {
-            Other::Exec(c) => {
-                if let Ok(c) = c.lock() {
-                    // Never a signal to a pid already reaped (and maybe reused).
-                    if !c.waited {
-                        let pid = nix::unistd::Pid::from_raw(c.child.id() as i32);
-                        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-                    }
-                }
-            }
-            Other::Attach(s) => {
-                let _ = s.shutdown(Shutdown::Both);
-            }
-        }
-    }
-
-    /// After the last frame, or once the client is gone (the output pipe closed by
-    /// then, so the exec process cannot block writing): the exec process is reaped,
-    /// killed if it has not ended within [`REAP_WAIT`].
-    fn finish(&self) {
-        self.stop();
-        let Other::Exec(c) = self else { return };
-        let Ok(mut c) = c.lock() else { return };
-        if c.waited {
-            return;
-        }
-        let deadline = std::time::Instant::now() + REAP_WAIT;
-        while std::time::Instant::now() < deadline {
-            if let Ok(Some(_)) = c.child.try_wait() {
-                c.waited = true;
-                return;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-        let _ = c.child.kill();
-        let _ = c.child.wait();
-        c.waited = true;
-    }
-}
-
-/// How long an exec process has to end after SIGTERM.
-const REAP_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
-
-type Pipes = (Box<dyn Write + Send>, Box<dyn Read + Send>, Other);
-
-fn connect(deps: &ApiDeps, id: &ContainerId, target: &Target) -> Result<Pipes, String> {
+/// Connects to the other side (blocking: run off the async threads); returns its input
+/// and output and, for an exec, its process.
+fn connect(
+    deps: &ApiDeps,
+    id: &ContainerId,
+    target: &Target,
+) -> Result<(OwnedFd, OwnedFd, Option<Child>), String> {
     match target {
         Target::Exec(req) => {
             let p = deps.runtime.exec(id, req).map_err(|e| e.to_string())?;
-            let child = Arc::new(Mutex::new(ExecChild {
-                child: p.child,
-                waited: false,
-            }));
-            Ok((Box::new(p.input), Box::new(p.output), Other::Exec(child)))
+            Ok((
+                OwnedFd::from(p.input),
+                OwnedFd::from(p.output),
+                Some(p.child),
+            ))
         }
         Target::Attach { container } => {
             let sock = deps.runtime.attach(id).map_err(|e| match e {
@@ -275,11 +218,24 @@ fn connect(deps: &ApiDeps, id: &ContainerId, target: &Target) -> Result<Pipes, S
                 }
                 e => e.to_string(),
             })?;
-            let input = sock.try_clone().map_err(|e| format!("attach: {e}"))?;
-            let output = sock.try_clone().map_err(|e| format!("attach: {e}"))?;
-            Ok((Box::new(input), Box::new(output), Other::Attach(sock)))
+            let other = sock.try_clone().map_err(|e| format!("attach: {e}"))?;
+            Ok((OwnedFd::from(sock), OwnedFd::from(other), None))
         }
     }
+}
+
+/// The halves for tokio: pipes of the exec process, or the attach socket.
+fn halves(input: OwnedFd, output: OwnedFd, exec: bool) -> std::io::Result<(Writer, Reader)> {
+    if exec {
+        let w = tokio::net::unix::pipe::Sender::from_owned_fd(input)?;
+        let r = tokio::net::unix::pipe::Receiver::from_owned_fd(output)?;
+        return Ok((Box::new(w), Box::new(r)));
+    }
+    let sock = std::os::unix::net::UnixStream::from(input);
+    drop(output);
+    sock.set_nonblocking(true)?;
+    let (r, w) = tokio::net::UnixStream::from_std(sock)?.into_split();
+    Ok((Box::new(w), Box::new(r)))
 }
 
 impl Start {
@@ -304,9 +260,10 @@ impl Start {
             Target::Exec(req) => format!("error executing command {:?}", req.command),
             Target::Attach { container } => format!("container {container} exited"),
         };
+        let exec = matches!(target, Target::Exec(_));
         let connected = tokio::task::spawn_blocking(move || connect(&deps, &id, &target)).await;
-        let (mut input, mut output, other) = match connected {
-            Ok(Ok(p)) => p,
+        let (input, output, child) = match connected {
+            Ok(Ok(c)) => c,
             Ok(Err(e)) => {
                 let _ = st_tx.send(internal(&e));
                 return ends;
@@ -316,84 +273,142 @@ impl Start {
                 return ends;
             }
         };
-        let Some(other_in) = other.try_clone() else {
-            other.finish();
-            let _ = st_tx.send(internal("cannot share the stream's socket"));
-            return ends;
+        let (writer, reader) = match halves(input, output, exec) {
+            Ok(h) => h,
+            Err(e) => {
+                if let Some(c) = child {
+                    reap(c).await;
+                }
+                let _ = st_tx.send(internal(&format!("stream: {e}")));
+                return ends;
+            }
         };
-        // Input: frames to the other side until the client's side closes.
-        let mut in_rx = in_rx;
-        let writer = std::thread::Builder::new()
-            .name("api-stream-in".into())
-            .spawn(move || {
-                while let Some(msg) = in_rx.blocking_recv() {
-                    let ok = match msg {
-                        // Pieces an attached shim takes (it bounds what it buffers).
-                        In::Stdin(d) => d.chunks(attach::MAX_INPUT).all(|c| {
-                            crate::runtime::exec::send(&mut input, &Frame::Stdin(c.to_vec()))
-                        }),
-                        // Only a client that had stdin ends it: with stdinOnce that
-                        // closes the container's stdin for good.
-                        In::StdinEof if !opts.stdin => true,
-                        In::StdinEof => crate::runtime::exec::send(&mut input, &Frame::StdinEof),
-                        In::Resize(w, h) => {
-                            crate::runtime::exec::send(&mut input, &Frame::Resize(w, h))
-                        }
-                    };
-                    if !ok {
-                        return;
-                    }
-                }
-                // The protocol side let go before the end: the client is gone.
-                other_in.stop();
-            });
-        if let Err(e) = writer {
-            log::warn!("kubelet API: stream input thread: {e}");
-        }
-        let reader = std::thread::Builder::new()
-            .name("api-stream-out".into())
-            .spawn(move || {
-                let _permit = permit;
-                let mut buf = Vec::new();
-                let mut chunk = vec![0u8; 32 * 1024];
-                let mut exit = None;
-                'read: loop {
-                    let n = match output.read(&mut chunk) {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => n,
-                    };
-                    buf.extend_from_slice(&chunk[..n]);
-                    while let Ok(Some((frame, used))) = Frame::decode(&buf) {
-                        buf.drain(..used);
-                        let msg = match frame {
-                            Frame::Stdout(d) if opts.stdout => Out::Stdout(d),
-                            Frame::Stderr(d) if opts.stderr => Out::Stderr(d),
-                            Frame::Exit(e) => {
-                                exit = Some(e);
-                                break 'read;
-                            }
-                            _ => continue,
-                        };
-                        if out_tx.blocking_send(msg).is_err() {
-                            // The client is gone.
-                            break 'read;
-                        }
-                    }
-                }
-                drop(output);
-                other.finish();
-                let status = match exit {
-                    Some(e) => status_of(&what, &e),
-                    None => internal("the stream ended without a status"),
-                };
-                let _ = st_tx.send(status);
-            });
-        if let Err(e) = reader {
-            log::warn!("kubelet API: stream output thread: {e}");
-        }
+        // Dropped by the input task once the client's side has let go.
+        let (gone_tx, gone_rx) = oneshot::channel::<()>();
+        tokio::spawn(forward_input(in_rx, writer, opts, gone_tx));
+        tokio::spawn(async move {
+            let _permit = permit;
+            let exit = forward_output(reader, &out_tx, opts, gone_rx, child.as_ref()).await;
+            if let Some(c) = child {
+                reap(c).await;
+            }
+            let status = match exit {
+                Some(e) => status_of(&what, &e),
+                None => internal("the stream ended without a status"),
+            };
+            let _ = st_tx.send(status);
+        });
         ends
     }
 }
+
+/// Input: frames to the other side until the client's side lets go; then `gone` is
+/// dropped. A failed write (the other side ended) only stops the writing: the client
+/// may still read the end of the output.
+async fn forward_input(
+    mut in_rx: mpsc::Receiver<In>,
+    mut writer: Writer,
+    opts: Opts,
+    gone: oneshot::Sender<()>,
+) {
+    let mut open = true;
+    while let Some(msg) = in_rx.recv().await {
+        if !open {
+            continue;
+        }
+        let mut frames = Vec::new();
+        match msg {
+            // Pieces an attached shim takes (it bounds what it buffers).
+            In::Stdin(d) => frames.extend(
+                d.chunks(attach::MAX_INPUT)
+                    .map(|c| Frame::Stdin(c.to_vec())),
+            ),
+            // Only a client that had stdin ends it: with stdinOnce that closes the
+            // container's stdin for good.
+            In::StdinEof if !opts.stdin => {}
+            In::StdinEof => frames.push(Frame::StdinEof),
+            In::Resize(w, h) => frames.push(Frame::Resize(w, h)),
+        }
+        for f in frames {
+            if writer.write_all(&f.encode()).await.is_err() {
+                open = false;
+                break;
+            }
+        }
+    }
+    drop(gone);
+}
+
+/// Output: frames from the other side to the client until the last one (the exit).
+/// When the client is gone an exec process gets SIGTERM (it kills the command and
+/// still reports) and an attach ends at once (the container runs on).
+async fn forward_output(
+    mut reader: Reader,
+    out_tx: &mpsc::Sender<Out>,
+    opts: Opts,
+    mut gone: oneshot::Receiver<()>,
+    child: Option<&Child>,
+) -> Option<ExecExit> {
+    let mut buf = Vec::new();
+    let mut chunk = vec![0u8; 32 * 1024];
+    let mut client_gone = false;
+    let end = |client_gone: &mut bool| -> bool {
+        if !*client_gone {
+            *client_gone = true;
+            if let Some(c) = child {
+                let pid = nix::unistd::Pid::from_raw(c.id() as i32);
+                // Not reaped yet (only `run` reaps, after this returns): the pid is
+                // still the exec process's.
+                let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+            }
+        }
+        child.is_some()
+    };
+    loop {
+        let n = tokio::select! {
+            r = reader.read(&mut chunk) => match r {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => n,
+            },
+            _ = &mut gone, if !client_gone => {
+                if !end(&mut client_gone) {
+                    return None;
+                }
+                continue;
+            }
+        };
+        buf.extend_from_slice(&chunk[..n]);
+        while let Ok(Some((frame, used))) = Frame::decode(&buf) {
+            buf.drain(..used);
+            let msg = match frame {
+                Frame::Stdout(d) if opts.stdout => Out::Stdout(d),
+                Frame::Stderr(d) if opts.stderr => Out::Stderr(d),
+                Frame::Exit(e) => return Some(e),
+                _ => continue,
+            };
+            if !client_gone && out_tx.send(msg).await.is_err() && !end(&mut client_gone) {
+                return None;
+            }
+        }
+    }
+}
+
+/// Reaps an exec process, killing it if it has not ended within [`REAP_WAIT`].
+async fn reap(mut child: Child) {
+    let deadline = tokio::time::Instant::now() + REAP_WAIT;
+    while tokio::time::Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let _ = child.kill();
+    // After SIGKILL the wait is short, but it blocks: not on the async threads.
+    let _ = tokio::task::spawn_blocking(move || child.wait()).await;
+}
+
+/// How long an exec process has to end after its last frame or SIGTERM.
+const REAP_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The error stream's status as the kubelet writes it (v4 protocols); `what` says what
 /// ended (`error executing command [...]`).

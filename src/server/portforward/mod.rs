@@ -249,7 +249,7 @@ pub async fn forward(
 ) {
     let failed = |e: String| {
         format!(
-            "error forwarding port {port} to pod {}, uid {:?}: {e}",
+            "error forwarding port {port} to pod {}, uid {}: {e}",
             target.pod, target.uid
         )
     };
