@@ -181,8 +181,19 @@ impl Attach {
             let sock = match l.accept() {
                 Ok((s, _)) => s,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                // WouldBlock: all taken; anything else (EMFILE): try on the next wake.
-                Err(_) => return,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+                // EMFILE and the like: the listener would stay readable and the loop
+                // spin; attach is refused from now on, the container runs on.
+                Err(e) => {
+                    log::error!(
+                        "shim {}: accept on {}: {e}; attach is refused",
+                        self.id,
+                        SOCKET
+                    );
+                    self.listener = None;
+                    let _ = std::fs::remove_file(&self.socket);
+                    return;
+                }
             };
             let _ = sock.set_nonblocking(true);
             let client = Client {

@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use flate2::{Compress, Compression, Decompress, FlushCompress, FlushDecompress, Status};
+use flate2::{Decompress, FlushDecompress, Status};
 use hyper::body::Incoming;
 use hyper::{Request, StatusCode};
 use hyper_util::rt::TokioIo;
@@ -166,24 +166,41 @@ pub fn data(stream: u32, flags: u8, payload: &[u8]) -> Vec<u8> {
     f
 }
 
-/// The header-block compression of one direction.
+/// The header blocks of one session: the client's decompressed, ours written.
+///
+/// Ours are zlib with stored (uncompressed) deflate blocks, written here: a
+/// SPDY/3 peer inflates them like any other (with the dictionary's id in the zlib
+/// header, as the spec asks), and the session keeps no deflate state, which zlib
+/// would make 256 KiB per session for the few bytes of an empty SYN_REPLY.
 pub struct Headers {
     inflate: Decompress,
-    deflate: Compress,
     dictionary_set: bool,
+    /// Whether our zlib header went out (it starts the session's one stream).
+    header_sent: bool,
 }
 
 impl Default for Headers {
     fn default() -> Self {
-        let mut deflate = Compress::new(Compression::default(), true);
-        // A fresh compressor takes a dictionary; this cannot fail.
-        let _ = deflate.set_dictionary(DICTIONARY);
         Headers {
             inflate: Decompress::new(true),
-            deflate,
             dictionary_set: false,
+            header_sent: false,
         }
     }
+}
+
+/// Adler-32 (RFC 1950), the dictionary's id in a zlib header.
+fn adler32(data: &[u8]) -> u32 {
+    let (mut a, mut b) = (1u32, 0u32);
+    for chunk in data.chunks(5552) {
+        for &x in chunk {
+            a += u32::from(x);
+            b += a;
+        }
+        a %= 65521;
+        b %= 65521;
+    }
+    (b << 16) | a
 }
 
 impl Headers {
@@ -227,7 +244,8 @@ impl Headers {
         parse_block(&out)
     }
 
-    /// Encodes (name, value) pairs as a compressed header block.
+    /// Encodes (name, value) pairs as a header block: the next piece of the session's
+    /// zlib stream, stored blocks ending on a byte boundary as a sync flush does.
     pub fn encode(&mut self, pairs: &[(&str, &str)]) -> Vec<u8> {
         let mut raw = Vec::new();
         raw.extend_from_slice(&(pairs.len() as u32).to_be_bytes());
@@ -237,20 +255,25 @@ impl Headers {
             raw.extend_from_slice(&(v.len() as u32).to_be_bytes());
             raw.extend_from_slice(v.as_bytes());
         }
-        let mut out = Vec::with_capacity(raw.len() + 64);
-        let mut input = &raw[..];
-        loop {
-            if out.capacity() - out.len() < 64 {
-                out.reserve(256);
-            }
-            let before = self.deflate.total_in();
-            let _ = self
-                .deflate
-                .compress_vec(input, &mut out, FlushCompress::Sync);
-            input = &input[(self.deflate.total_in() - before) as usize..];
-            if input.is_empty() && out.len() < out.capacity() {
-                break;
-            }
+        let mut out = Vec::with_capacity(raw.len() + 16);
+        if !self.header_sent {
+            // CMF: deflate, 32 KiB window; FLG: FDICT, and a check making the pair a
+            // multiple of 31; then the dictionary's id.
+            let cmf: u16 = 0x78;
+            let flg = 0x20u16;
+            let check = 31 - ((cmf << 8) | flg) % 31;
+            out.push(cmf as u8);
+            out.push((flg | check % 31) as u8);
+            out.extend_from_slice(&adler32(DICTIONARY).to_be_bytes());
+            self.header_sent = true;
+        }
+        // Not the last block, stored: a 0 byte (BFINAL 0, BTYPE 00, padding), LEN, NLEN.
+        for piece in raw.chunks(usize::from(u16::MAX)) {
+            let len = piece.len() as u16;
+            out.push(0);
+            out.extend_from_slice(&len.to_le_bytes());
+            out.extend_from_slice(&(!len).to_le_bytes());
+            out.extend_from_slice(piece);
         }
         out
     }
@@ -484,6 +507,7 @@ fn on_control(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use flate2::{Compress, Compression, FlushCompress};
 
     #[test]
     fn dictionary_is_the_spdy3_one() {
@@ -494,13 +518,31 @@ mod tests {
 
     #[test]
     fn header_blocks_round_trip_across_frames() {
-        // One side's compressor, the other side's decompressor, several blocks on the
-        // same zlib stream as SPDY sends them.
-        let mut client = Headers::default();
-        let mut server = Headers::default();
+        // Blocks a peer compresses with zlib and the dictionary, several on the same
+        // stream as SPDY sends them, decode here; the blocks written here inflate
+        // with zlib and the dictionary.
+        let mut peer_deflate = Compress::new(Compression::default(), true);
+        peer_deflate.set_dictionary(DICTIONARY).expect("dictionary");
+        let mut peer_inflate = Decompress::new(true);
+        let mut ours = Headers::default();
         for t in ["error", "stdin", "stdout"] {
-            let block = client.encode(&[("streamtype", t), ("port", "8080")]);
-            let pairs = server.decode(&block).expect("decode");
+            let raw = [
+                &2u32.to_be_bytes()[..],
+                &10u32.to_be_bytes(),
+                b"streamtype",
+                &(t.len() as u32).to_be_bytes(),
+                t.as_bytes(),
+                &4u32.to_be_bytes(),
+                b"port",
+                &4u32.to_be_bytes(),
+                b"8080",
+            ]
+            .concat();
+            let mut block = Vec::with_capacity(256);
+            peer_deflate
+                .compress_vec(&raw, &mut block, FlushCompress::Sync)
+                .expect("deflate");
+            let pairs = ours.decode(&block).expect("decode");
             assert_eq!(
                 pairs,
                 vec![
@@ -508,7 +550,27 @@ mod tests {
                     ("port".to_string(), "8080".to_string())
                 ]
             );
+
+            let block = ours.encode(&[("status", t)]);
+            let mut out = Vec::with_capacity(256);
+            let before = peer_inflate.total_in();
+            if let Err(e) = peer_inflate.decompress_vec(&block, &mut out, FlushDecompress::Sync) {
+                assert!(e.needs_dictionary().is_some(), "{e}");
+                peer_inflate
+                    .set_dictionary(DICTIONARY)
+                    .expect("our dictionary id");
+                let used = (peer_inflate.total_in() - before) as usize;
+                peer_inflate
+                    .decompress_vec(&block[used..], &mut out, FlushDecompress::Sync)
+                    .expect("inflate");
+            }
+            assert_eq!(
+                parse_block(&out),
+                Ok(vec![("status".to_string(), t.to_string())])
+            );
         }
+        // RFC 1950's example.
+        assert_eq!(adler32(b"Wikipedia"), 0x11E6_0398);
     }
 
     #[tokio::test]
