@@ -263,7 +263,7 @@ impl Headers {
             let flg = 0x20u16;
             let check = 31 - ((cmf << 8) | flg) % 31;
             out.push(cmf as u8);
-            out.push((flg | check % 31) as u8);
+            out.push((flg | (check % 31)) as u8);
             out.extend_from_slice(&adler32(DICTIONARY).to_be_bytes());
             self.header_sent = true;
         }
