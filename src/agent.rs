@@ -179,6 +179,15 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         Err(e) => log::warn!("control socket: {e}; `holdfast pods` will not reach this agent"),
     }
 
+    crate::server::start(
+        &config,
+        &root,
+        &runtime,
+        &podstates,
+        uplink.as_ref().map(|u| u.view.clone()),
+    )
+    .await;
+
     // Standalone, the cache is empty and static pods may not use it; a cluster node
     // reads what the uplink keeps, which is there after a reboot with no uplink.
     let objects = match uplink.as_ref() {

@@ -33,6 +33,9 @@
 //!   and admission against the node's allocatable.
 //! - [`volume`]: a pod's volumes (emptyDir, hostPath, configMap, secret, downwardAPI,
 //!   projected) and each container's mounts of them.
+//! - [`server`]: the kubelet HTTP API (logs, exec, stats, metrics) for the apiserver,
+//!   metrics-server and Prometheus.
+//! - [`metrics`]: holdfast's own Prometheus series, recorded by any module.
 
 pub mod agent;
 pub mod backoff;
@@ -42,11 +45,13 @@ pub mod config;
 pub mod control;
 pub mod eviction;
 pub mod image;
+pub mod metrics;
 pub mod network;
 pub mod node;
 pub mod quantity;
 pub mod resources;
 pub mod runtime;
+pub mod server;
 pub mod source;
 pub mod store;
 pub mod sync;

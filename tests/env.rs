@@ -34,10 +34,11 @@ fn agent(name: &str, api: &ApiServerDouble, sync_frequency: &str) -> Agent {
         "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
          fileCheckFrequency: 2s\nsyncFrequency: {sync_frequency}\ncgroupRoot: {}\n\
          nodeStatusUpdateFrequency: 1s\nnodeStatusReportFrequency: 3s\n\
+         address: 127.0.0.1\nport: {}\nhealthzPort: {}\n\
          holdfast:\n  crashLoopBackOffInitial: 1s\n  crashLoopBackOffMax: 4s\n\
          # The machine's own disk or memory pressure is not what these tests are about.\n  \
          evictionMonitoringPeriod: 24h\n",
-        a.cgroup_root
+        a.cgroup_root, a.port, a.healthz_port
     );
     std::fs::write(a.dir.join("config.yaml"), config).expect("config");
     let kubeconfig = api.kubeconfig(&a.dir, Identity::Node(NODE));

@@ -250,6 +250,8 @@ pub(super) fn fill_from_profile(file: FileConfig, profile: FileConfig) -> FileCo
         uplink_retry_max,
         images,
         pods,
+        // A profile describes a board, not who may call its kubelet API.
+        server: _,
     } = profile;
     system_reserved.extend(file.system_reserved);
     kube_reserved.extend(file.kube_reserved);
@@ -285,6 +287,7 @@ pub(super) fn fill_from_profile(file: FileConfig, profile: FileConfig) -> FileCo
             .node_lease_duration_seconds
             .or(node_lease_duration_seconds),
         port: file.port.or(port),
+        server: file.server,
         max_pods: file.max_pods.or(max_pods),
         uplink_retry_max: file.uplink_retry_max.or(uplink_retry_max),
         images: file.images.or(images),

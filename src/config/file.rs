@@ -60,6 +60,8 @@ pub struct FileConfig {
     pub images: super::images::FileImages,
     /// Pods' sandboxes: networking, resources, security, eviction.
     pub pods: super::pods::PodKeys,
+    /// The kubelet API's keys (`address`, `tlsCertFile`, `authentication`, ...).
+    pub server: super::server::ServerFileConfig,
 }
 
 /// Reads and parses the config file at `path`; returns what it sets and a warning for
@@ -162,6 +164,7 @@ pub(super) fn parse_mapping(
                 if !reader.cluster_key(&key, value, &mut out)?
                     && !reader.image_key(&key, value, &mut out)?
                     && !reader.pod_key(&key, value, &mut out.pods)?
+                    && !reader.server_key(&key, value, base, &mut out)?
                 {
                     warnings.push(reader.unknown(&key));
                 }
@@ -191,6 +194,25 @@ impl Reader<'_> {
             path: self.path.to_path_buf(),
             key: format!("{}{key}", self.prefix),
             reason,
+        }
+    }
+
+    /// `value` as a mapping, or an error naming `key`.
+    pub(super) fn mapping<'v>(
+        &self,
+        key: &str,
+        value: &'v Value,
+    ) -> Result<&'v Mapping, ConfigError> {
+        match value {
+            Value::Mapping(m) => Ok(m),
+            other => Err(self.err(
+                key,
+                format!(
+                    "expected a mapping, got {} {}",
+                    type_name(other),
+                    short(other)
+                ),
+            )),
         }
     }
 

@@ -35,6 +35,8 @@ pub struct RunFlags {
     pub register_with_taints: Option<Vec<Taint>>,
     /// `--uplink-retry-max`: wins over the file's `uplinkRetryMax`.
     pub uplink_retry_max: Option<std::time::Duration>,
+    /// `--port`: the kubelet API's HTTPS port; wins over the file's `port`.
+    pub port: Option<u16>,
 }
 
 pub const USAGE: &str = "usage: holdfast run [flags]
@@ -57,6 +59,7 @@ flags:
                               PreferNoSchedule or NoExecute
   --uplink-retry-max D        longest wait between tries to reach the apiserver
                               while it is unreachable (default 5m)
+  --port N                    the kubelet API's HTTPS port (default 10250)
   --v N, -v N                 log verbosity (0 info, 2 debug, 4 trace)";
 
 /// Parses the arguments that follow `run`. Both `--flag value` and `--flag=value`.
@@ -87,6 +90,7 @@ pub fn parse_flags(args: &[String]) -> Result<RunFlags, ConfigError> {
             "--node-ip" => "--node-ip",
             "--register-with-taints" => "--register-with-taints",
             "--uplink-retry-max" => "--uplink-retry-max",
+            "--port" => "--port",
             _ if name.starts_with('-') => {
                 return Err(ConfigError::Flag {
                     flag: name.to_string(),
@@ -136,6 +140,13 @@ pub fn parse_flags(args: &[String]) -> Result<RunFlags, ConfigError> {
                     });
                 }
                 flags.uplink_retry_max = Some(d);
+            }
+            "--port" => {
+                let p = value.parse::<u16>().ok().filter(|p| *p > 0);
+                flags.port = Some(p.ok_or_else(|| ConfigError::Flag {
+                    flag: canonical.into(),
+                    reason: format!("expected a port from 1 to 65535, got {value:?}"),
+                })?);
             }
             "--node-labels" => pairs(canonical, &value, '=', check_label, &mut flags.node_labels)?,
             "--system-reserved" => pairs(

@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde_yaml::{Mapping, Value};
+use serde_yaml::Value;
 
 use super::file::{short, type_name, FileConfig, Reader};
 use super::ConfigError;
@@ -272,20 +272,6 @@ impl Reader<'_> {
             return Err(self.err(key, "expected a path, got an empty string".into()));
         }
         Ok(PathBuf::from(s))
-    }
-
-    fn mapping<'v>(&self, key: &str, value: &'v Value) -> Result<&'v Mapping, ConfigError> {
-        match value {
-            Value::Mapping(m) => Ok(m),
-            other => Err(self.err(
-                key,
-                format!(
-                    "expected a mapping, got {} {}",
-                    type_name(other),
-                    short(other)
-                ),
-            )),
-        }
     }
 
     fn registries(

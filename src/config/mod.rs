@@ -12,6 +12,7 @@ mod images;
 mod maps;
 mod names;
 mod pods;
+mod server;
 mod taints;
 
 use std::collections::BTreeMap;
@@ -36,6 +37,7 @@ pub use images::{FileImages, ImageConfig};
 pub use maps::{check_eviction, check_label, check_reserved};
 pub use names::{check_dns1123_label, check_dns1123_subdomain};
 pub use pods::{PodKeys, PodSettings};
+pub use server::{AuthorizationMode, ServerConfig, DEFAULT_HEALTHZ_PORT};
 pub use taints::{check_taint, parse_taint};
 
 const DEFAULT_ROOT_DIR: &str = "/var/lib/holdfast";
@@ -105,6 +107,8 @@ pub struct Config {
     pub images: ImageConfig,
     /// Pods' sandboxes: networking, resources, security, eviction.
     pub pods: PodSettings,
+    /// The kubelet API: listen addresses, certificates, authentication.
+    pub server: ServerConfig,
 }
 
 /// Restart back-off: `initial` doubling to `max`, forgotten after `reset` of clean running.
@@ -160,6 +164,7 @@ impl Config {
                 std::env::current_dir().ok().as_deref(),
             ),
             pods: PodSettings::default(),
+            server: ServerConfig::default(),
         }
     }
 }
@@ -306,7 +311,7 @@ fn merge(
     if let Some(n) = file.node_lease_duration_seconds {
         config.node_lease_duration_seconds = n;
     }
-    if let Some(n) = file.port {
+    if let Some(n) = flags.port.or(file.port) {
         config.port = n;
     }
     if let Some(n) = file.max_pods {
@@ -322,6 +327,7 @@ fn merge(
         std::env::current_dir().ok().as_deref(),
     );
     config.pods = file.pods.settings();
+    file.server.apply(&mut config.server);
     Ok(config)
 }
 

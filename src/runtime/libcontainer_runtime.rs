@@ -100,6 +100,20 @@ impl LibcontainerRuntime {
         self.root.join("run")
     }
 
+    /// The holdfast executable the shims run.
+    pub(super) fn shim_binary(&self) -> &Path {
+        &self.shim_binary
+    }
+
+    /// libcontainer's state root, which `shim exec` needs.
+    pub(super) fn state_root_path(&self) -> PathBuf {
+        self.state_root()
+    }
+
+    pub(super) fn check_exec_id(id: &ContainerId) -> Result<(), RuntimeError> {
+        Self::check_id(id)
+    }
+
     fn check_id(id: &ContainerId) -> Result<(), RuntimeError> {
         let ok = !id.0.is_empty()
             && id.0.len() <= 128
@@ -217,6 +231,9 @@ impl LibcontainerRuntime {
             exits_dir: self.exits_dir(),
             oom_score_adj: spec::is_best_effort(req.container).then_some(1000),
             boot_id: self.boot_id.clone(),
+            stdin: req.container.stdin.unwrap_or(false),
+            stdin_once: req.container.stdin_once.unwrap_or(false),
+            tty: req.container.tty.unwrap_or(false),
         };
         records::write(dir, records::SHIM_CONFIG, &shim)
     }

@@ -44,6 +44,9 @@ impl CriLog {
         }
         let file = OpenOptions::new().create(true).append(true).open(path)?;
         let size = file.metadata()?.len();
+        if let Err(e) = prune_older_restarts(path) {
+            log::warn!("prune old logs beside {}: {e}", path.display());
+        }
         Ok(CriLog {
             path: path.to_owned(),
             max_size,
@@ -116,6 +119,33 @@ fn file_name(path: &Path) -> String {
         .unwrap_or_default()
 }
 
+/// How many earlier restarts keep their logs beside the current one. The kubelet keeps
+/// one (`kubectl logs --previous`); a gateway keeps a few more, since nobody may look
+/// until the site is visited, but a crash loop must not fill the disk.
+pub const KEPT_RESTARTS: u64 = 5;
+
+/// Removes the logs of restarts older than [`KEPT_RESTARTS`] before `<n>.log`.
+pub fn prune_older_restarts(path: &Path) -> std::io::Result<()> {
+    let Some(n) = file_name(path)
+        .strip_suffix(".log")
+        .and_then(|s| s.parse::<u64>().ok())
+    else {
+        return Ok(());
+    };
+    let dir = path.parent().unwrap_or(Path::new("."));
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let restart = name
+            .split_once(".log")
+            .and_then(|(k, _)| k.parse::<u64>().ok());
+        if restart.is_some_and(|k| k + KEPT_RESTARTS < n) {
+            std::fs::remove_file(entry.path())?;
+        }
+    }
+    Ok(())
+}
+
 /// Rotated siblings of the live log `path`.
 pub fn rotated_files(path: &Path) -> std::io::Result<Vec<PathBuf>> {
     let prefix = format!("{}.", file_name(path));
@@ -142,6 +172,10 @@ impl LineBuffer {
             stream,
             pending: Vec::new(),
         }
+    }
+
+    pub fn stream(&self) -> Stream {
+        self.stream
     }
 
     /// Writes every complete line in `pending + data`; keeps the rest unless it
@@ -264,6 +298,12 @@ mod tests {
         assert_eq!(rotated.len(), 2, "{rotated:?}");
         assert!(std::fs::metadata(&path).expect("live").len() <= 200);
         assert!(dir.join("1.log").exists());
+        // Restarts later, only the last few restarts before the live one are kept.
+        std::fs::write(dir.join("0.log"), b"oldest\n").expect("write");
+        let n = 2 + KEPT_RESTARTS;
+        CriLog::open(&dir.join(format!("{n}.log")), 200, 3).expect("open");
+        assert!(!dir.join("0.log").exists() && !dir.join("1.log").exists());
+        assert!(dir.join("2.log").exists());
         let last = records(&path);
         assert_eq!(
             last.last().map(|r| r.2.as_str()),

@@ -9,7 +9,8 @@
 //!
 //! On disk, under `<root-dir>`:
 //! - `containers/<id>/`: `shim.json` (what to run), `bundle/` (OCI bundle, rootfs is an
-//!   overlay mount), `upper/`, `work/`, `started.json`, `exit.json`.
+//!   overlay mount), `upper/`, `work/`, `started.json`, `exit.json`, and while it runs
+//!   `attach.sock` (see [`attach`]).
 //! - `exits/<id>`: an empty file the shim creates after `exit.json`, to wake the agent.
 //! - `run/`: libcontainer's state root.
 //!
@@ -22,7 +23,8 @@
 //! - The shim (see [`shim`]) mounts the rootfs — an overlay of the image layers, the
 //!   upper and work directories in the container directory — creates the container
 //!   with libcontainer (not `as_sibling`, so the init is the shim's child), copies the
-//!   container's stdout and stderr into the CRI log (rotating it), reaps the init, reads
+//!   container's stdout and stderr (or its terminal, with `tty`) into the CRI log
+//!   (rotating it) and to attached clients, reaps the init, reads
 //!   the cgroup's OOM counter, writes `exit.json`, creates `exits/<id>`, then has
 //!   libcontainer delete the container (its cgroup and state) and unmounts the rootfs.
 //! - The agent signals the init directly (`kill`), after checking by its start time in
@@ -40,8 +42,11 @@
 use std::path::PathBuf;
 
 pub mod adoption;
+pub mod attach;
 mod cgroup;
 mod command;
+pub mod exec;
+mod exec_shim;
 mod exits;
 mod libcontainer_runtime;
 mod logs;
@@ -54,10 +59,12 @@ pub mod security;
 mod shim;
 pub mod spec;
 mod supervise;
+mod unix_socket;
 mod user;
 
 pub use command::expand;
 pub use libcontainer_runtime::{LibcontainerRuntime, DEFAULT_LOG_MAX_FILES, DEFAULT_LOG_MAX_SIZE};
+pub use logs::rotated_files as rotated_log_files;
 pub use reset::remove_all;
 pub use rootfs::{mounts_under, unmount_all_under};
 pub use sandbox::{BindMount, NamespaceKind, PodSandbox};

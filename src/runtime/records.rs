@@ -39,6 +39,15 @@ pub struct ShimConfig {
     /// outlive its container to record its exit).
     pub oom_score_adj: Option<i32>,
     pub boot_id: String,
+    /// The container's `stdin`, `stdinOnce` and `tty`: whether the shim keeps a stdin
+    /// for attached clients, closes it after the first one, and gives the container a
+    /// terminal. Absent in records of older shims: false.
+    #[serde(default)]
+    pub stdin: bool,
+    #[serde(default)]
+    pub stdin_once: bool,
+    #[serde(default)]
+    pub tty: bool,
 }
 
 /// A process as the kernel knows it: pid plus start time (clock ticks since boot), which

@@ -5,15 +5,20 @@
 //!   the agent's session, starts `shim run` and exits at once, so the agent reaps it and
 //!   `shim run` is orphaned: nothing the agent does, even dying to SIGKILL, reaches it.
 //! - `shim run <container dir>`: mounts the rootfs, creates and starts the container
-//!   (its init is this process's child), writes `started.json`, copies its output into
-//!   the CRI log, reaps it, writes `exit.json`, notifies `exits/<id>` and cleans up.
+//!   (its init is this process's child; with `tty` its terminal's master comes over a
+//!   console socket), writes `started.json`, copies its output into the CRI log and to
+//!   clients attached on `attach.sock` ([`super::attach`]), reaps it, writes
+//!   `exit.json`, notifies `exits/<id>` and cleans up.
 //! - `shim delete <state root> <id>`: libcontainer's delete of a container whose shim
 //!   died, run for the agent, which must never call libcontainer itself.
+//! - `shim exec <state root> <id> <request>`: a command run in the container (see
+//!   [`super::exec`]).
 //!
 //! A shim never panics on bad input: every failure ends in `failed.json` or `shim.log`.
 
 use std::ffi::c_int;
 use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 
 use libcontainer::container::builder::ContainerBuilder;
@@ -27,7 +32,7 @@ use nix::unistd::Pid;
 use super::records::{
     self, FailedRecord, FailureKind, ProcessRef, ShimConfig, ShimPid, StartedRecord,
 };
-use super::{rootfs, supervise};
+use super::{attach, rootfs, supervise, unix_socket};
 use crate::error::chain;
 use crate::time;
 
@@ -36,6 +41,9 @@ use crate::time;
 pub fn shim_main(args: &[String]) -> i32 {
     init_logging();
     let arg = |i: usize| args.get(i).map(String::as_str);
+    if let (Some("exec"), Some(root), Some(id), Some(request)) = (arg(0), arg(1), arg(2), arg(3)) {
+        return super::exec_shim::main(Path::new(root), id, request);
+    }
     match (arg(0), arg(1), arg(2)) {
         (Some("start"), Some(dir), None) => detach(Path::new(dir)),
         (Some("run"), Some(dir), None) => run(Path::new(dir)),
@@ -85,14 +93,31 @@ fn detach(dir: &Path) -> i32 {
     }
 }
 
+/// Where the container's output comes from.
+pub enum ContainerOutput {
+    /// stdout and stderr pipes.
+    Pipes { stdout: OwnedFd, stderr: OwnedFd },
+    /// The master of its terminal (`tty: true`): one stream, input and output.
+    Tty(OwnedFd),
+}
+
 /// The container as the shim holds it while it runs.
 pub struct Running {
     pub config: ShimConfig,
     pub init: Pid,
     pub started_at: time::Timestamp,
-    pub stdout: OwnedFd,
-    pub stderr: OwnedFd,
+    pub output: ContainerOutput,
+    /// The write end of its stdin pipe (`stdin: true` without a terminal).
+    pub stdin: Option<OwnedFd>,
+    /// `attach.sock`, None if it could not be made (attach is then refused).
+    pub attach: Option<UnixListener>,
 }
+
+/// libcontainer's console socket in the container dir: the container's init sends the
+/// master of the terminal it makes over it.
+const CONSOLE_SOCKET: &str = "console.sock";
+/// How long the init has to send its terminal.
+const CONSOLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 fn run(dir: &Path) -> i32 {
     let config: ShimConfig = match records::read(dir, records::SHIM_CONFIG) {
@@ -163,9 +188,36 @@ fn create_and_start(config: &ShimConfig) -> Result<Running, Failure> {
     let rootfs_dir = config.bundle.join("rootfs");
     rootfs::mount(&config.layers, &upper, &work, &rootfs_dir).map_err(create)?;
 
+    // Bound before the container exists, so that once the agent sees it running an
+    // attach finds the socket.
+    let attach = match unix_socket::bind_in(&config.container_dir, attach::SOCKET) {
+        Ok(l) => Some(l),
+        Err(e) => {
+            log::warn!("shim {}: attach socket: {e}; attach is refused", config.id);
+            None
+        }
+    };
     let pipe = || nix::unistd::pipe2(OFlag::O_CLOEXEC);
-    let (out_r, out_w) = pipe().map_err(|e| create(format!("create stdout pipe: {e}")))?;
-    let (err_r, err_w) = pipe().map_err(|e| create(format!("create stderr pipe: {e}")))?;
+    // With a terminal the init's stdio is the terminal: libcontainer makes it inside
+    // the container and sends us its master over the console socket.
+    let (theirs, ours) = if config.tty {
+        let l = unix_socket::bind_in(&config.container_dir, CONSOLE_SOCKET)
+            .map_err(|e| create(format!("console socket: {e}")))?;
+        (
+            Stdio::Console(config.container_dir.join(CONSOLE_SOCKET)),
+            Ours::Console(l),
+        )
+    } else {
+        let (out_r, out_w) = pipe().map_err(|e| create(format!("create stdout pipe: {e}")))?;
+        let (err_r, err_w) = pipe().map_err(|e| create(format!("create stderr pipe: {e}")))?;
+        (Stdio::Pipes(out_w, err_w), Ours::Pipes(out_r, err_r))
+    };
+    let (stdin_r, stdin_w) = if config.stdin && !config.tty {
+        let (r, w) = pipe().map_err(|e| create(format!("create stdin pipe: {e}")))?;
+        (Some(r), Some(w))
+    } else {
+        (None, None)
+    };
 
     // The init must be our child, so not `as_sibling`: with it, libcontainer's
     // intermediate process (and so the init, cloned with CLONE_PARENT) would become
@@ -173,9 +225,15 @@ fn create_and_start(config: &ShimConfig) -> Result<Running, Failure> {
     let built = ContainerBuilder::new(config.id.clone(), SyscallType::default())
         .with_root_path(&config.state_root)
         .map(|b| {
-            b.with_stdout(out_w)
-                .with_stderr(err_w)
-                .as_init(&config.bundle)
+            let b = match stdin_r {
+                Some(r) => b.with_stdin(r),
+                None => b,
+            };
+            let b = match theirs {
+                Stdio::Pipes(out_w, err_w) => b.with_stdout(out_w).with_stderr(err_w),
+                Stdio::Console(path) => b.with_console_socket(Some(path)),
+            };
+            b.as_init(&config.bundle)
                 .with_systemd(false)
                 .with_detach(true)
                 .as_sibling(false)
@@ -204,6 +262,21 @@ fn create_and_start(config: &ShimConfig) -> Result<Running, Failure> {
             log::warn!("shim {}: set oom_score_adj of {init}: {e}", config.id);
         }
     }
+    let output = match ours {
+        Ours::Pipes(stdout, stderr) => ContainerOutput::Pipes { stdout, stderr },
+        Ours::Console(l) => {
+            let master = unix_socket::receive_fd(&l, CONSOLE_TIMEOUT);
+            let _ = std::fs::remove_file(config.container_dir.join(CONSOLE_SOCKET));
+            match master {
+                Ok(m) => ContainerOutput::Tty(m),
+                Err(e) => {
+                    let _ = signal::kill(init, Signal::SIGKILL);
+                    let _ = waitpid(init, None);
+                    return Err(create(format!("receive the container's terminal: {e}")));
+                }
+            }
+        }
+    };
     if let Err(e) = container.start() {
         let message = chain(&e);
         let _ = signal::kill(init, Signal::SIGKILL);
@@ -229,9 +302,22 @@ fn create_and_start(config: &ShimConfig) -> Result<Running, Failure> {
         config: config.clone(),
         init,
         started_at,
-        stdout: out_r,
-        stderr: err_r,
+        output,
+        stdin: stdin_w,
+        attach,
     })
+}
+
+/// The container's side of its stdio, handed to libcontainer.
+enum Stdio {
+    Pipes(OwnedFd, OwnedFd),
+    Console(PathBuf),
+}
+
+/// The shim's side.
+enum Ours {
+    Pipes(OwnedFd, OwnedFd),
+    Console(UnixListener),
 }
 
 fn is_exec_failure(message: &str) -> bool {
@@ -287,8 +373,10 @@ extern "C" fn ignore_signal(_: c_int) {}
 /// The shim is detached, but a stray SIGTERM/SIGINT/SIGHUP (a session teardown, a
 /// careless `kill`) must not cost a container its exit record: catch them with a
 /// handler that does nothing. Not SIG_IGN: that survives execve into the container's
-/// process, a handler does not. SIGPIPE and SIGCHLD go back to their defaults for the
-/// same reason (Rust's runtime ignores SIGPIPE; the agent may have touched SIGCHLD).
+/// process, a handler does not. SIGPIPE gets the same handler (Rust's runtime ignores
+/// it, which the container would inherit): writing to a container's stdin it has
+/// closed must fail with EPIPE, not kill the shim. SIGCHLD goes back to its default
+/// (the agent may have touched it).
 #[allow(unsafe_code)]
 fn set_signal_dispositions() -> nix::Result<()> {
     let noop = SigAction::new(
@@ -297,14 +385,17 @@ fn set_signal_dispositions() -> nix::Result<()> {
         SigSet::empty(),
     );
     let default = SigAction::new(SigHandler::SigDfl, SaFlags::empty(), SigSet::empty());
-    for sig in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
+    for sig in [
+        Signal::SIGTERM,
+        Signal::SIGINT,
+        Signal::SIGHUP,
+        Signal::SIGPIPE,
+    ] {
         // SAFETY: the handler does nothing, so it is async-signal-safe, and the process
         // is single-threaded here.
         unsafe { signal::sigaction(sig, &noop) }?;
     }
-    for sig in [Signal::SIGPIPE, Signal::SIGCHLD] {
-        // SAFETY: restoring a default disposition installs no code at all.
-        unsafe { signal::sigaction(sig, &default) }?;
-    }
+    // SAFETY: restoring a default disposition installs no code at all.
+    unsafe { signal::sigaction(Signal::SIGCHLD, &default) }?;
     Ok(())
 }

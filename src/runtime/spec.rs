@@ -120,7 +120,8 @@ pub fn build(input: &SpecInput<'_>) -> Result<Spec, RuntimeError> {
         .map_err(oci)?;
     let nofile = NOFILE.min(input.nofile_hard_limit);
     let process = ProcessBuilder::default()
-        .terminal(false)
+        // A terminal comes through the shim's console socket (see `shim`).
+        .terminal(container.tty.unwrap_or(false))
         .user(
             UserBuilder::default()
                 .uid(input.user.0)

@@ -1,5 +1,7 @@
 //! The shim's life while its container runs: copy the container's stdout and stderr
-//! into the CRI log, reap the init when it exits, and record how it ended.
+//! (or its terminal) into the CRI log and to attached clients ([`super::attach`]),
+//! feed their input to its stdin, reap the init when it exits, and record how it
+//! ended. One thread, one `poll` over every descriptor.
 //!
 //! No SIGCHLD handling: blocking it (for a signalfd) would be inherited by the
 //! container's processes. Instead `poll` on the output pipes wakes on output and on
@@ -9,15 +11,17 @@
 
 use std::fs::File;
 use std::io::{ErrorKind, Read};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 
+use super::attach::Attach;
+use super::exec::ExecExit;
 use super::logs::{CriLog, LineBuffer, Stream};
 use super::records;
-use super::shim::{cleanup, notify_exit, Running};
+use super::shim::{cleanup, notify_exit, ContainerOutput, Running};
 use super::ExitInfo;
 use crate::time;
 
@@ -36,8 +40,9 @@ pub fn run(running: Running) {
         config,
         init,
         started_at,
-        stdout,
-        stderr,
+        output: container_output,
+        stdin,
+        attach: listener,
     } = running;
     // The exit record must be written even if the disk is full by then.
     if let Err(e) = records::reserve(&config.container_dir, records::EXIT) {
@@ -58,18 +63,36 @@ pub fn run(running: Running) {
         log,
         failing: false,
     };
-    let mut pipes = [
-        Pipe {
-            file: File::from(stdout),
-            buffer: LineBuffer::new(Stream::Stdout),
-            open: true,
-        },
-        Pipe {
-            file: File::from(stderr),
-            buffer: LineBuffer::new(Stream::Stderr),
-            open: true,
-        },
-    ];
+    let pipe = |fd: OwnedFd, stream| Pipe {
+        file: File::from(fd),
+        buffer: LineBuffer::new(stream),
+        open: true,
+    };
+    let (mut pipes, tty, stdin) = match container_output {
+        ContainerOutput::Pipes { stdout, stderr } => (
+            vec![pipe(stdout, Stream::Stdout), pipe(stderr, Stream::Stderr)],
+            None,
+            stdin,
+        ),
+        ContainerOutput::Tty(master) => {
+            let tty = master.try_clone().ok();
+            // A terminal takes input only if the spec asks for stdin.
+            let input = if config.stdin {
+                master.try_clone().ok()
+            } else {
+                None
+            };
+            (vec![pipe(master, Stream::Stdout)], tty, input)
+        }
+    };
+    let mut attach = Attach::new(
+        &config.id,
+        &config.container_dir,
+        listener,
+        stdin,
+        config.stdin_once,
+        tty,
+    );
 
     let status = loop {
         if pipes.iter().all(|p| !p.open) {
@@ -78,6 +101,7 @@ pub fn run(running: Running) {
         pump(
             &mut pipes,
             &mut output,
+            &mut attach,
             PollTimeout::from(POLL_INTERVAL_MS),
             &config.id,
         );
@@ -98,6 +122,7 @@ pub fn run(running: Running) {
         pump(
             &mut pipes,
             &mut output,
+            &mut attach,
             PollTimeout::from(100u16),
             &config.id,
         );
@@ -128,6 +153,10 @@ pub fn run(running: Running) {
         log::error!("shim {}: {e}", config.id);
     }
     notify_exit(&config);
+    attach.finish(ExecExit {
+        exit_code: Some(exit_code),
+        error: None,
+    });
     cleanup(&config);
 }
 
@@ -148,26 +177,35 @@ struct Output {
     failing: bool,
 }
 
-/// Waits up to `timeout` for output and copies whatever is there.
-fn pump(pipes: &mut [Pipe; 2], out: &mut Output, timeout: PollTimeout, id: &str) {
-    let ready: Vec<bool> = {
+/// Waits up to `timeout` for output or attached clients and deals with whatever is
+/// there.
+fn pump(pipes: &mut [Pipe], out: &mut Output, attach: &mut Attach, timeout: PollTimeout, id: &str) {
+    attach.sweep();
+    let (ready, slots, attach_events) = {
         let mut fds: Vec<PollFd<'_>> = pipes
             .iter()
             .filter(|p| p.open)
             .map(|p| PollFd::new(p.file.as_fd(), PollFlags::POLLIN))
             .collect();
+        let n = fds.len();
+        let slots = attach.poll_fds(&mut fds);
         match nix::poll::poll(&mut fds, timeout) {
             Ok(0) | Err(nix::errno::Errno::EINTR) => return,
-            Ok(_) => fds
-                .iter()
-                .map(|f| f.revents().is_some_and(|r| !r.is_empty()))
-                .collect(),
+            Ok(_) => {
+                let events: Vec<PollFlags> = fds
+                    .iter()
+                    .map(|f| f.revents().unwrap_or(PollFlags::empty()))
+                    .collect();
+                let ready: Vec<bool> = events[..n].iter().map(|r| !r.is_empty()).collect();
+                (ready, slots, events[n..].to_vec())
+            }
             Err(e) => {
                 log::error!("shim {id}: poll: {e}");
                 return;
             }
         }
     };
+    attach.on_ready(&slots, &attach_events);
     let mut ready = ready.into_iter();
     let mut buf = vec![0u8; 64 * 1024];
     for p in pipes.iter_mut().filter(|p| p.open) {
@@ -177,6 +215,7 @@ fn pump(pipes: &mut [Pipe; 2], out: &mut Output, timeout: PollTimeout, id: &str)
         match p.file.read(&mut buf) {
             Ok(0) => p.open = false,
             Ok(n) => {
+                attach.output(p.buffer.stream(), &buf[..n]);
                 if let Some(log) = out.log.as_mut() {
                     // Keep reading even when writing fails: a full pipe would block
                     // the container.
@@ -194,6 +233,8 @@ fn pump(pipes: &mut [Pipe; 2], out: &mut Output, timeout: PollTimeout, id: &str)
                 }
             }
             Err(e) if e.kind() == ErrorKind::Interrupted || e.kind() == ErrorKind::WouldBlock => {}
+            // A terminal's master reads EIO once the container's side is closed.
+            Err(e) if e.raw_os_error() == Some(nix::libc::EIO) => p.open = false,
             Err(e) => {
                 log::error!("shim {id}: read output: {e}");
                 p.open = false;

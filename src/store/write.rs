@@ -178,6 +178,11 @@ impl Store {
 
 /// Applies `ops` to sled as one transaction (a single op needs none).
 fn commit(db: &sled::Db, ops: &[Op]) -> Result<(), StoreError> {
+    crate::metrics::STORE_BYTES_WRITTEN.add(
+        ops.iter()
+            .map(|o| (o.key.len() + o.value.as_ref().map_or(0, Vec::len)) as u64)
+            .sum(),
+    );
     let db_err = |op: &'static str, o: &Op| {
         let (tree, key) = (o.tree, o.key.clone());
         move |source| StoreError::Db {

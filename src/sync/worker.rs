@@ -196,6 +196,12 @@ impl Worker {
 
     /// Brings the pod's containers toward its spec, then records and reports the result.
     async fn sync(&mut self) {
+        let began = std::time::Instant::now();
+        self.sync_once().await;
+        crate::metrics::SYNC_DURATION.observe(began.elapsed());
+    }
+
+    async fn sync_once(&mut self) {
         self.wake = None;
         self.refresh().await;
         // A pod the agent ended runs nothing more; one without a sandbox cannot start

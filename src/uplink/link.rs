@@ -121,6 +121,7 @@ impl Link {
         let mut st = self.lock();
         go_down(&mut st, now, wall);
         st.failures = st.failures.saturating_add(1);
+        crate::metrics::UPLINK_RETRIES.inc();
         let delay = self
             .inner
             .backoff

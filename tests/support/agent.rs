@@ -57,7 +57,20 @@ pub struct Agent {
     pub extra_args: Vec<String>,
     /// More environment for `holdfast run` (its shims inherit it too).
     pub extra_env: Vec<(String, String)>,
+    /// The kubelet API's HTTPS port (`port`) and `healthzPort`, both on 127.0.0.1:
+    /// free ports picked for this agent, so that agents running side by side (test
+    /// threads, test files) do not fight over 10250 and 10248.
+    pub port: u16,
+    pub healthz_port: u16,
     child: Option<Child>,
+}
+
+/// A port free now on 127.0.0.1 (the kernel's pick; closed again before use).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
 }
 
 impl Agent {
@@ -80,6 +93,8 @@ impl Agent {
             node_name: "node-1".into(),
             extra_args: Vec::new(),
             extra_env: Vec::new(),
+            port: free_port(),
+            healthz_port: free_port(),
             child: None,
         };
         agent.write_config("");
@@ -88,7 +103,9 @@ impl Agent {
     }
 
     /// Writes the config file; `extra` is appended under the `holdfast:` section's
-    /// siblings (top-level KubeletConfiguration keys).
+    /// siblings (top-level KubeletConfiguration keys). The kubelet API listens on the
+    /// agent's own ports on 127.0.0.1 (`extra` must not set `address`, `port` or
+    /// `healthzPort`).
     pub fn write_config(&self, extra: &str) {
         // Tests share the machine's disk and memory: its pressure is no test's business
         // unless the test makes it itself (then it sets its own period).
@@ -100,8 +117,9 @@ impl Agent {
         let cfg = format!(
             "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
              fileCheckFrequency: 2s\nsyncFrequency: 5s\ncgroupRoot: {}\n\
+             address: 127.0.0.1\nport: {}\nhealthzPort: {}\n\
              holdfast:\n  crashLoopBackOffInitial: 1s\n  crashLoopBackOffMax: 4s\n{eviction}{extra}",
-            self.cgroup_root
+            self.cgroup_root, self.port, self.healthz_port
         );
         std::fs::write(self.dir.join("config.yaml"), cfg).expect("config");
     }

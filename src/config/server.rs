@@ -1,0 +1,316 @@
+//! The config keys of the kubelet HTTP API, spelled as KubeletConfiguration spells them:
+//! where it listens (`address`, `port`, `readOnlyPort`, `healthzBindAddress`,
+//! `healthzPort`), its serving certificate (`tlsCertFile`, `tlsPrivateKeyFile`) and who
+//! may call it (`authentication.x509.clientCAFile`, `authentication.anonymous.enabled`,
+//! `authorization.mode`).
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+use serde_yaml::Value;
+
+use super::file::{short, FileConfig, Reader};
+use super::ConfigError;
+
+/// `healthzPort` when the file leaves it out: the kubelet's.
+pub const DEFAULT_HEALTHZ_PORT: u16 = 10248;
+
+/// How requests that authenticated are authorized.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AuthorizationMode {
+    /// Every authenticated request is allowed (anonymous ones too, if enabled).
+    #[default]
+    AlwaysAllow,
+    /// Asked for in the file; holdfast cannot ask the apiserver (SubjectAccessReview),
+    /// so it allows every client with a certificate from the client CA and refuses
+    /// anonymous requests (403), which is what the apiserver would answer for them.
+    Webhook,
+}
+
+/// The kubelet API's settings, after the file is read.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerConfig {
+    /// `address`, default 0.0.0.0: where the HTTPS port and the read-only port listen.
+    pub address: IpAddr,
+    /// `readOnlyPort`: plain HTTP without authentication, default 0 (off).
+    pub read_only_port: u16,
+    /// `healthzBindAddress`, default 127.0.0.1.
+    pub healthz_bind_address: IpAddr,
+    /// `healthzPort`, default 10248; 0 turns it off.
+    pub healthz_port: u16,
+    /// `tlsCertFile` and `tlsPrivateKeyFile`; without them a self-signed certificate
+    /// is made at first start and kept under the root dir.
+    pub tls_cert_file: Option<PathBuf>,
+    pub tls_private_key_file: Option<PathBuf>,
+    /// `authentication.x509.clientCAFile`: without it no client certificate is valid.
+    pub client_ca_file: Option<PathBuf>,
+    /// `authentication.anonymous.enabled`, default false.
+    pub anonymous: bool,
+    /// `authorization.mode`, default AlwaysAllow.
+    pub authorization: AuthorizationMode,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            address: IpAddr::from([0, 0, 0, 0]),
+            read_only_port: 0,
+            healthz_bind_address: IpAddr::from([127, 0, 0, 1]),
+            healthz_port: DEFAULT_HEALTHZ_PORT,
+            tls_cert_file: None,
+            tls_private_key_file: None,
+            client_ca_file: None,
+            anonymous: false,
+            authorization: AuthorizationMode::AlwaysAllow,
+        }
+    }
+}
+
+/// What the file says of these keys; `None` where it says nothing.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ServerFileConfig {
+    pub address: Option<IpAddr>,
+    pub read_only_port: Option<u16>,
+    pub healthz_bind_address: Option<IpAddr>,
+    pub healthz_port: Option<u16>,
+    pub tls_cert_file: Option<PathBuf>,
+    pub tls_private_key_file: Option<PathBuf>,
+    pub client_ca_file: Option<PathBuf>,
+    pub anonymous: Option<bool>,
+    pub authorization: Option<AuthorizationMode>,
+}
+
+impl ServerFileConfig {
+    /// Fills `config` with what the file set.
+    pub fn apply(&self, config: &mut ServerConfig) {
+        if let Some(a) = self.address {
+            config.address = a;
+        }
+        if let Some(p) = self.read_only_port {
+            config.read_only_port = p;
+        }
+        if let Some(a) = self.healthz_bind_address {
+            config.healthz_bind_address = a;
+        }
+        if let Some(p) = self.healthz_port {
+            config.healthz_port = p;
+        }
+        if self.tls_cert_file.is_some() {
+            config.tls_cert_file = self.tls_cert_file.clone();
+            config.tls_private_key_file = self.tls_private_key_file.clone();
+        }
+        if self.client_ca_file.is_some() {
+            config.client_ca_file = self.client_ca_file.clone();
+        }
+        if let Some(a) = self.anonymous {
+            config.anonymous = a;
+        }
+        if let Some(m) = self.authorization {
+            config.authorization = m;
+        }
+    }
+}
+
+impl Reader<'_> {
+    /// Reads `key` into `out` if it is one of the kubelet API's keys; false if not.
+    pub(super) fn server_key(
+        &self,
+        key: &str,
+        value: &Value,
+        base: &Path,
+        out: &mut FileConfig,
+    ) -> Result<bool, ConfigError> {
+        let s = &mut out.server;
+        match key {
+            "address" => s.address = Some(self.ip(key, value)?),
+            "healthzBindAddress" => s.healthz_bind_address = Some(self.ip(key, value)?),
+            "readOnlyPort" => s.read_only_port = Some(self.port(key, value)?),
+            "healthzPort" => s.healthz_port = Some(self.port(key, value)?),
+            "tlsCertFile" => s.tls_cert_file = Some(base.join(self.file_path(key, value)?)),
+            "tlsPrivateKeyFile" => {
+                s.tls_private_key_file = Some(base.join(self.file_path(key, value)?))
+            }
+            "authentication" => {
+                let m = self.mapping(key, value)?;
+                for (k, v) in m {
+                    let k = self.sub_key(key, k)?;
+                    match k.as_str() {
+                        "authentication.x509" => {
+                            for (k2, v2) in self.mapping(&k, v)? {
+                                let k2 = self.sub_key(&k, k2)?;
+                                match k2.as_str() {
+                                    "authentication.x509.clientCAFile" => {
+                                        s.client_ca_file =
+                                            Some(base.join(self.file_path(&k2, v2)?));
+                                    }
+                                    _ => return Err(self.err(&k2, "unknown key".into())),
+                                }
+                            }
+                        }
+                        "authentication.anonymous" => {
+                            for (k2, v2) in self.mapping(&k, v)? {
+                                let k2 = self.sub_key(&k, k2)?;
+                                match (k2.as_str(), v2) {
+                                    ("authentication.anonymous.enabled", Value::Bool(b)) => {
+                                        s.anonymous = Some(*b)
+                                    }
+                                    ("authentication.anonymous.enabled", other) => {
+                                        return Err(self.err(
+                                            &k2,
+                                            format!("expected true or false, got {}", short(other)),
+                                        ))
+                                    }
+                                    _ => return Err(self.err(&k2, "unknown key".into())),
+                                }
+                            }
+                        }
+                        // Token review needs the apiserver for every request.
+                        "authentication.webhook" => {}
+                        _ => return Err(self.err(&k, "unknown key".into())),
+                    }
+                }
+            }
+            "authorization" => {
+                for (k, v) in self.mapping(key, value)? {
+                    let k = self.sub_key(key, k)?;
+                    match k.as_str() {
+                        "authorization.mode" => {
+                            s.authorization = Some(match self.string(&k, v)?.as_str() {
+                                "AlwaysAllow" => AuthorizationMode::AlwaysAllow,
+                                "Webhook" => AuthorizationMode::Webhook,
+                                other => {
+                                    return Err(self.err(
+                                        &k,
+                                        format!("expected AlwaysAllow or Webhook, got {other:?}"),
+                                    ))
+                                }
+                            })
+                        }
+                        "authorization.webhook" => {}
+                        _ => return Err(self.err(&k, "unknown key".into())),
+                    }
+                }
+            }
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    fn sub_key(&self, parent: &str, key: &Value) -> Result<String, ConfigError> {
+        match key {
+            Value::String(s) => Ok(format!("{parent}.{s}")),
+            other => Err(self.err(
+                parent,
+                format!("keys must be strings, found {}", short(other)),
+            )),
+        }
+    }
+
+    fn ip(&self, key: &str, value: &Value) -> Result<IpAddr, ConfigError> {
+        let s = self.string(key, value)?;
+        s.parse()
+            .map_err(|_| self.err(key, format!("expected an IP address, got {s:?}")))
+    }
+
+    fn port(&self, key: &str, value: &Value) -> Result<u16, ConfigError> {
+        match value {
+            Value::Number(n) => n
+                .as_u64()
+                .and_then(|n| u16::try_from(n).ok())
+                .ok_or_else(|| self.err(key, format!("expected a port from 0 to 65535, got {n}"))),
+            other => Err(self.err(
+                key,
+                format!("expected a port from 0 to 65535, got {}", short(other)),
+            )),
+        }
+    }
+
+    fn file_path(&self, key: &str, value: &Value) -> Result<PathBuf, ConfigError> {
+        let s = self.string(key, value)?;
+        if s.is_empty() {
+            return Err(self.err(key, "expected a path, got an empty string".into()));
+        }
+        Ok(PathBuf::from(s))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::file::parse_config;
+    use super::*;
+
+    fn parse(text: &str) -> Result<FileConfig, ConfigError> {
+        parse_config(Path::new("/etc/holdfast/config.yaml"), text).map(|(c, w)| {
+            assert!(w.is_empty(), "{w:?}");
+            c
+        })
+    }
+
+    #[test]
+    fn every_key() {
+        let cfg = parse(
+            "address: 127.0.0.1
+readOnlyPort: 10255
+healthzBindAddress: 0.0.0.0
+healthzPort: 0
+tlsCertFile: pki/kubelet.crt
+tlsPrivateKeyFile: /etc/pki/kubelet.key
+authentication:
+  x509: {clientCAFile: /etc/kubernetes/pki/ca.crt}
+  anonymous: {enabled: true}
+  webhook: {enabled: true}
+authorization:
+  mode: Webhook
+",
+        )
+        .expect("parse");
+        let mut s = ServerConfig::default();
+        cfg.server.apply(&mut s);
+        assert_eq!(
+            s,
+            ServerConfig {
+                address: "127.0.0.1".parse().expect("ip"),
+                read_only_port: 10255,
+                healthz_bind_address: "0.0.0.0".parse().expect("ip"),
+                healthz_port: 0,
+                tls_cert_file: Some("/etc/holdfast/pki/kubelet.crt".into()),
+                tls_private_key_file: Some("/etc/pki/kubelet.key".into()),
+                client_ca_file: Some("/etc/kubernetes/pki/ca.crt".into()),
+                anonymous: true,
+                authorization: AuthorizationMode::Webhook,
+            }
+        );
+    }
+
+    #[test]
+    fn defaults_and_errors_name_the_key() {
+        let s = ServerConfig::default();
+        assert_eq!(s.healthz_port, 10248);
+        assert_eq!(s.read_only_port, 0);
+        assert!(!s.anonymous);
+        let key = |text: &str| match parse(text) {
+            Err(ConfigError::Key { key, .. }) => key,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(key("address: here\n"), "address");
+        assert_eq!(key("readOnlyPort: 70000\n"), "readOnlyPort");
+        assert_eq!(key("authorization: {mode: RBAC}\n"), "authorization.mode");
+        assert_eq!(
+            key("authentication: {anonymous: {enabled: yes please}}\n"),
+            "authentication.anonymous.enabled"
+        );
+        assert_eq!(
+            key("authentication: {x509: {clientCAFile: 3}}\n"),
+            "authentication.x509.clientCAFile"
+        );
+    }
+
+    #[test]
+    fn port_flag() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let f = crate::config::parse_flags(&args(&["--port", "10260"])).expect("flags");
+        assert_eq!(f.port, Some(10260));
+        assert!(crate::config::parse_flags(&args(&["--port=0"])).is_err());
+        assert!(crate::config::parse_flags(&args(&["--port", "http"])).is_err());
+    }
+}

@@ -1,0 +1,222 @@
+//! metrics: holdfast's own Prometheus series, recorded by whichever module does the work
+//! and rendered by the kubelet API's `/metrics` (see `server::metrics`).
+//!
+//! A series is a `static` of atomics: recording is one relaxed atomic add, nothing is
+//! allocated, no lock is taken, and a series nobody records into costs its few bytes.
+//! Series computed from state at scrape time (pods by phase, restarts, outbox depth)
+//! are not kept here; `server::metrics` reads them from their owners. Owns nothing
+//! else and touches no IO.
+//!
+//! Recording, from any thread:
+//! ```
+//! use std::time::Instant;
+//! let t = Instant::now();
+//! holdfast::metrics::IMAGE_PULL_BYTES.add(4096);
+//! holdfast::metrics::IMAGE_PULL_DURATION.observe(t.elapsed());
+//! ```
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// A monotonically increasing count.
+pub struct Counter {
+    name: &'static str,
+    help: &'static str,
+    value: AtomicU64,
+}
+
+impl Counter {
+    pub const fn new(name: &'static str, help: &'static str) -> Self {
+        Counter {
+            name,
+            help,
+            value: AtomicU64::new(0),
+        }
+    }
+
+    pub fn inc(&self) {
+        self.add(1);
+    }
+
+    pub fn add(&self, n: u64) {
+        self.value.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> u64 {
+        self.value.load(Ordering::Relaxed)
+    }
+
+    pub fn render(&self, out: &mut String) {
+        header(out, self.name, self.help, "counter");
+        let _ = writeln!(out, "{} {}", self.name, self.get());
+    }
+}
+
+/// Upper bounds (seconds) of a histogram's buckets; `+Inf` is implied.
+pub type Buckets = &'static [f64];
+
+/// Sync, store and HTTP latencies: 1 ms to 10 s.
+pub const LATENCY_BUCKETS: Buckets = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+/// Image pulls: 100 ms to 10 min.
+pub const PULL_BUCKETS: Buckets = &[
+    0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+];
+
+/// The most buckets a histogram may have (a constant, so the counts are a fixed array).
+const MAX_BUCKETS: usize = 16;
+
+/// A distribution of durations over fixed buckets.
+pub struct Histogram {
+    name: &'static str,
+    help: &'static str,
+    bounds: Buckets,
+    /// Per bucket (not cumulative; summed when rendered), then the overflow bucket.
+    counts: [AtomicU64; MAX_BUCKETS + 1],
+    sum_micros: AtomicU64,
+}
+
+impl Histogram {
+    /// `bounds` must be ascending and at most 16 long (longer lists are cut).
+    pub const fn new(name: &'static str, help: &'static str, bounds: Buckets) -> Self {
+        Histogram {
+            name,
+            help,
+            bounds,
+            counts: [const { AtomicU64::new(0) }; MAX_BUCKETS + 1],
+            sum_micros: AtomicU64::new(0),
+        }
+    }
+
+    pub fn observe(&self, d: Duration) {
+        let secs = d.as_secs_f64();
+        let bounds = &self.bounds[..self.bounds.len().min(MAX_BUCKETS)];
+        let at = bounds
+            .iter()
+            .position(|b| secs <= *b)
+            .unwrap_or(MAX_BUCKETS);
+        self.counts[at].fetch_add(1, Ordering::Relaxed);
+        let micros = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        self.sum_micros.fetch_add(micros, Ordering::Relaxed);
+    }
+
+    /// How many observations so far.
+    pub fn count(&self) -> u64 {
+        self.counts.iter().map(|c| c.load(Ordering::Relaxed)).sum()
+    }
+
+    pub fn render(&self, out: &mut String) {
+        header(out, self.name, self.help, "histogram");
+        let bounds = &self.bounds[..self.bounds.len().min(MAX_BUCKETS)];
+        let mut cumulative = 0u64;
+        for (i, b) in bounds.iter().enumerate() {
+            cumulative += self.counts[i].load(Ordering::Relaxed);
+            let _ = writeln!(out, "{}_bucket{{le=\"{b}\"}} {cumulative}", self.name);
+        }
+        cumulative += self.counts[MAX_BUCKETS].load(Ordering::Relaxed);
+        let _ = writeln!(out, "{}_bucket{{le=\"+Inf\"}} {cumulative}", self.name);
+        let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
+        let _ = writeln!(out, "{}_sum {sum}", self.name);
+        let _ = writeln!(out, "{}_count {cumulative}", self.name);
+    }
+}
+
+/// `# HELP` and `# TYPE` lines of one metric family.
+pub fn header(out: &mut String, name: &str, help: &str, kind: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+/// A label value as the text format wants it: `\`, `"` and newlines escaped.
+pub fn escape(value: &str) -> String {
+    let mut s = String::with_capacity(value.len());
+    for c in value.chars() {
+        match c {
+            '\\' => s.push_str("\\\\"),
+            '"' => s.push_str("\\\""),
+            '\n' => s.push_str("\\n"),
+            c => s.push(c),
+        }
+    }
+    s
+}
+
+/// How long one pod worker's sync took (sync loop latency).
+pub static SYNC_DURATION: Histogram = Histogram::new(
+    "holdfast_pod_sync_duration_seconds",
+    "Time one pod worker took to bring its pod toward its spec and record the result",
+    LATENCY_BUCKETS,
+);
+/// Probes of the apiserver that failed while the link was down (each one a retry).
+pub static UPLINK_RETRIES: Counter = Counter::new(
+    "holdfast_uplink_retries_total",
+    "Failed tries to reach the apiserver while the link was down",
+);
+/// Bytes of keys and values handed to the store to write.
+pub static STORE_BYTES_WRITTEN: Counter = Counter::new(
+    "holdfast_store_written_bytes_total",
+    "Bytes of records written to the store (keys and values)",
+);
+/// Bytes of image blobs fetched from registries.
+pub static IMAGE_PULL_BYTES: Counter = Counter::new(
+    "holdfast_image_pull_bytes_total",
+    "Bytes of image blobs fetched from registries",
+);
+/// How long each image pull took.
+pub static IMAGE_PULL_DURATION: Histogram = Histogram::new(
+    "holdfast_image_pull_duration_seconds",
+    "Time each image pull took, manifest to unpacked layers",
+    PULL_BUCKETS,
+);
+/// Requests the kubelet API answered, any route.
+pub static API_REQUESTS: Counter = Counter::new(
+    "holdfast_api_requests_total",
+    "Requests the kubelet API answered",
+);
+
+/// Renders every series kept here.
+pub fn render_all(out: &mut String) {
+    SYNC_DURATION.render(out);
+    UPLINK_RETRIES.render(out);
+    STORE_BYTES_WRITTEN.render(out);
+    IMAGE_PULL_BYTES.render(out);
+    IMAGE_PULL_DURATION.render(out);
+    API_REQUESTS.render(out);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_are_cumulative() {
+        static H: Histogram = Histogram::new("t_seconds", "test", &[0.1, 1.0]);
+        H.observe(Duration::from_millis(50));
+        H.observe(Duration::from_millis(500));
+        H.observe(Duration::from_secs(5));
+        let mut out = String::new();
+        H.render(&mut out);
+        assert!(out.contains("t_seconds_bucket{le=\"0.1\"} 1\n"), "{out}");
+        assert!(out.contains("t_seconds_bucket{le=\"1\"} 2\n"), "{out}");
+        assert!(out.contains("t_seconds_bucket{le=\"+Inf\"} 3\n"), "{out}");
+        assert!(out.contains("t_seconds_count 3\n"), "{out}");
+        assert!(out.contains("t_seconds_sum 5.55\n"), "{out}");
+        assert_eq!(H.count(), 3);
+    }
+
+    #[test]
+    fn counters_and_escaping() {
+        static C: Counter = Counter::new("c_total", "test");
+        C.inc();
+        C.add(41);
+        let mut out = String::new();
+        C.render(&mut out);
+        assert_eq!(
+            out,
+            "# HELP c_total test\n# TYPE c_total counter\nc_total 42\n"
+        );
+        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+}

@@ -1,0 +1,249 @@
+//! server: the kubelet HTTP API, on the agent's tokio runtime. The apiserver reaches it
+//! for `kubectl logs`, `exec`, `attach` and `port-forward`, metrics-server for
+//! `kubectl top`, Prometheus for `/metrics`.
+//!
+//! It reads what others own and changes none of it: pod states from the store (tree
+//! `podstates`, written by the sync loop), CRI log files (written by the shims),
+//! cgroup files, and the uplink's view. Containers are reached only through the
+//! runtime's exec process and the shim's attach socket, never libcontainer. Every
+//! file, cgroup or process operation runs on a blocking thread; a client that reads
+//! slowly holds only its own bounded buffer.
+//!
+//! Listeners (see [`listen`]):
+//! - `address:port` (10250): TLS; every route but `/healthz` needs a client
+//!   certificate signed by `authentication.x509.clientCAFile` (401 otherwise).
+//! - `address:readOnlyPort` (off by default): plain HTTP, only `/healthz`, `/pods`,
+//!   `/stats/summary`, `/metrics` and `/metrics/resource`, as the kubelet serves there.
+//! - `healthzBindAddress:healthzPort` (127.0.0.1:10248): plain `/healthz`.
+//!
+//! Files: [`tls`] (serving certificate, client authentication), [`http`] (bodies,
+//! responses, connections), [`routes`], [`pods`], [`logs`], [`stats`] with
+//! [`cgroups`] and [`sampler`], [`metrics`], and the streams: [`streams`] (exec and
+//! attach over either protocol), [`portforward`] (TCP into the pod's network
+//! namespace), [`websocket`], [`spdy`].
+
+pub mod cgroups;
+mod http;
+mod logs;
+mod metrics;
+mod pods;
+mod portforward;
+mod routes;
+pub mod sampler;
+mod spdy;
+mod stats;
+mod streams;
+pub mod tls;
+mod websocket;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+
+use crate::config::ServerConfig;
+use crate::runtime::LibcontainerRuntime;
+use crate::store::Tree;
+use crate::sync::PodState;
+
+pub use http::Identity;
+
+/// How many long-lived streams (log follows, exec, attach, port-forward) may be open at
+/// once; one more is refused with 429 (as the kubelet's streaming server does when
+/// full). Each holds a thread or a process and a few bounded buffers.
+pub const MAX_STREAMS: usize = 32;
+
+/// What the API reads. Cheap to clone (handles).
+#[derive(Clone)]
+pub struct ApiDeps {
+    pub node_name: String,
+    /// `port`: the HTTPS port.
+    pub port: u16,
+    pub root_dir: PathBuf,
+    pub podstates: Tree<PodState>,
+    pub runtime: Arc<LibcontainerRuntime>,
+    pub uplink: Option<crate::uplink::start::UplinkView>,
+    /// What `/configz` shows: the running configuration.
+    pub configz: Arc<serde_json::Value>,
+    pub settings: ServerConfig,
+    /// CPU samples for usageNanoCores.
+    pub sampler: Arc<sampler::Sampler>,
+    pub streams: Arc<Semaphore>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("listen on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("serving certificate {path}: {reason}")]
+    Certificate { path: PathBuf, reason: String },
+    #[error("client CA file {path}: {reason}")]
+    ClientCa { path: PathBuf, reason: String },
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("tls: {0}")]
+    Tls(String),
+}
+
+impl ServerError {
+    /// A port in use may free up (an old agent still stopping); a bad certificate will
+    /// not fix itself.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, ServerError::Listen { .. })
+    }
+}
+
+/// Which routes a listener serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Port {
+    /// The authenticated HTTPS port: everything.
+    Secure,
+    /// `readOnlyPort`: no authentication, read-only routes.
+    ReadOnly,
+    /// `healthzPort`: `/healthz` only.
+    Healthz,
+}
+
+/// Starts the listeners the settings ask for, each in its own task; a listener whose
+/// port is taken is retried with back-off, so the pods run whatever happens here.
+/// Fails only for what retrying cannot fix (a certificate or CA that cannot be used).
+pub async fn listen(deps: ApiDeps) -> Result<(), ServerError> {
+    let s = deps.settings.clone();
+    let tls = {
+        let (root, node, settings) = (deps.root_dir.clone(), deps.node_name.clone(), s.clone());
+        tokio::task::spawn_blocking(move || tls::server_config(&root, &node, &settings))
+            .await
+            .map_err(|e| ServerError::Tls(e.to_string()))??
+    };
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls.config);
+    let verifier = tls.clients;
+    let secure = SocketAddr::new(s.address, deps.port);
+    spawn_listener(
+        secure,
+        Port::Secure,
+        deps.clone(),
+        Some((acceptor, verifier)),
+    );
+    if s.read_only_port != 0 {
+        let addr = SocketAddr::new(s.address, s.read_only_port);
+        spawn_listener(addr, Port::ReadOnly, deps.clone(), None);
+    }
+    if s.healthz_port != 0 {
+        let addr = SocketAddr::new(s.healthz_bind_address, s.healthz_port);
+        spawn_listener(addr, Port::Healthz, deps, None);
+    }
+    Ok(())
+}
+
+fn spawn_listener(
+    addr: SocketAddr,
+    port: Port,
+    deps: ApiDeps,
+    tls: Option<(tokio_rustls::TlsAcceptor, Arc<tls::ClientAuth>)>,
+) {
+    tokio::spawn(async move {
+        let mut delay = std::time::Duration::from_secs(1);
+        let listener = loop {
+            match TcpListener::bind(addr).await {
+                Ok(l) => break l,
+                Err(source) => {
+                    let e = ServerError::Listen { addr, source };
+                    log::error!("kubelet API: {e}; trying again in {delay:?}");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(std::time::Duration::from_secs(60));
+                }
+            }
+        };
+        log::info!("kubelet API ({port:?}) listening on {addr}");
+        let deps = Arc::new(deps);
+        loop {
+            let (stream, peer) = match listener.accept().await {
+                Ok(s) => s,
+                Err(e) => {
+                    // EMFILE and the like: pause rather than spin.
+                    log::warn!("kubelet API: accept on {addr}: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                    continue;
+                }
+            };
+            let _ = stream.set_nodelay(true);
+            let deps = deps.clone();
+            let tls = tls.clone();
+            tokio::spawn(async move {
+                http::serve_connection(stream, peer, port, deps, tls).await;
+            });
+        }
+    });
+}
+
+/// Starts the kubelet API for `holdfast run`. A failure here is logged and the agent
+/// runs its pods without the API: a bad certificate must not take the site down.
+pub async fn start(
+    config: &crate::config::Config,
+    root: &std::path::Path,
+    runtime: &Arc<LibcontainerRuntime>,
+    podstates: &Tree<PodState>,
+    uplink: Option<crate::uplink::start::UplinkView>,
+) {
+    let deps = ApiDeps {
+        node_name: config.node_name.clone(),
+        port: config.port,
+        root_dir: root.to_owned(),
+        podstates: podstates.clone(),
+        runtime: runtime.clone(),
+        uplink,
+        configz: Arc::new(configz(config)),
+        settings: config.server.clone(),
+        sampler: Arc::new(sampler::Sampler::default()),
+        streams: Arc::new(Semaphore::new(MAX_STREAMS)),
+    };
+    if let Err(e) = listen(deps).await {
+        log::error!("kubelet API not started: {}", crate::error_chain(&e));
+    }
+}
+
+/// The running configuration as `/configz` shows it, in KubeletConfiguration's
+/// spelling. Paths of keys are shown; no key material is.
+pub fn configz(c: &crate::config::Config) -> serde_json::Value {
+    let s = &c.server;
+    let secs = |d: std::time::Duration| format!("{}s", d.as_secs());
+    serde_json::json!({
+        "kind": "KubeletConfiguration",
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "staticPodPath": c.static_pod_path,
+        "syncFrequency": secs(c.sync_frequency),
+        "fileCheckFrequency": secs(c.file_check_frequency),
+        "address": s.address.to_string(),
+        "port": c.port,
+        "readOnlyPort": s.read_only_port,
+        "healthzPort": s.healthz_port,
+        "healthzBindAddress": s.healthz_bind_address.to_string(),
+        "tlsCertFile": s.tls_cert_file,
+        "tlsPrivateKeyFile": s.tls_private_key_file,
+        "authentication": {
+            "x509": {"clientCAFile": s.client_ca_file},
+            "anonymous": {"enabled": s.anonymous},
+        },
+        "authorization": {"mode": format!("{:?}", s.authorization)},
+        "cgroupRoot": c.cgroup_root,
+        "containerLogMaxSize": c.container_log_max_size.to_string(),
+        "containerLogMaxFiles": c.container_log_max_files,
+        "maxPods": c.max_pods,
+        "nodeStatusUpdateFrequency": secs(c.node_status_update_frequency),
+        "nodeStatusReportFrequency": secs(c.node_status_report_frequency),
+        "nodeLeaseDurationSeconds": c.node_lease_duration_seconds,
+        "systemReserved": c.system_reserved,
+        "kubeReserved": c.kube_reserved,
+        "evictionHard": c.eviction_hard,
+    })
+}

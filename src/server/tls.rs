@@ -1,0 +1,290 @@
+//! The API's TLS: its serving certificate and who its clients are.
+//!
+//! - Serving certificate: `tlsCertFile` + `tlsPrivateKeyFile`, or one made at first
+//!   start and kept in `<root>/pki/kubelet.crt` and `kubelet.key` (0600), self-signed
+//!   for the node's name, hostname and addresses, as the kubelet does. Made again when
+//!   those names change (a new address after a move).
+//! - Clients: as the kubelet (Go's `RequestClientCert` with verification at the
+//!   authentication layer), the handshake asks for a certificate but accepts any, so
+//!   that a request without one, or with one from another CA, gets an HTTP 401 rather
+//!   than a TLS alert; the handshake still proves the client holds the certificate's
+//!   key. [`ClientAuth::identify`] then checks the chain against
+//!   `authentication.x509.clientCAFile`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rustls::client::danger::HandshakeSignatureValid;
+use rustls::crypto::CryptoProvider;
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
+
+use super::ServerError;
+use crate::config::ServerConfig;
+
+/// The serving config and the client check that goes with it.
+pub struct TlsSetup {
+    pub config: Arc<rustls::ServerConfig>,
+    pub clients: Arc<ClientAuth>,
+}
+
+/// Builds the TLS server config: reads (or makes) the serving certificate and the
+/// client CA. Blocking (files).
+pub fn server_config(
+    root: &Path,
+    node_name: &str,
+    settings: &ServerConfig,
+) -> Result<TlsSetup, ServerError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let (chain, key) = match (&settings.tls_cert_file, &settings.tls_private_key_file) {
+        (Some(cert), Some(key)) => load_pair(cert, key)?,
+        (Some(cert), None) => {
+            return Err(ServerError::Certificate {
+                path: cert.clone(),
+                reason: "tlsCertFile is set but tlsPrivateKeyFile is not".into(),
+            })
+        }
+        _ => self_signed(&root.join("pki"), node_name)?,
+    };
+    let clients = Arc::new(ClientAuth::new(
+        settings.client_ca_file.as_deref(),
+        provider.clone(),
+    )?);
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ServerError::Tls(e.to_string()))?
+        .with_client_cert_verifier(clients.clone())
+        .with_single_cert(chain, key)
+        .map_err(|e| ServerError::Certificate {
+            path: settings
+                .tls_cert_file
+                .clone()
+                .unwrap_or_else(|| root.join("pki/kubelet.crt")),
+            reason: e.to_string(),
+        })?;
+    Ok(TlsSetup {
+        config: Arc::new(config),
+        clients,
+    })
+}
+
+type Pair = (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>);
+
+fn load_pair(cert: &Path, key: &Path) -> Result<Pair, ServerError> {
+    let bad = |path: &Path, reason: String| ServerError::Certificate {
+        path: path.to_owned(),
+        reason,
+    };
+    let chain = CertificateDer::pem_file_iter(cert)
+        .map_err(|e| bad(cert, e.to_string()))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| bad(cert, e.to_string()))?;
+    if chain.is_empty() {
+        return Err(bad(cert, "no certificate in the file".into()));
+    }
+    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| bad(key, e.to_string()))?;
+    Ok((chain, key))
+}
+
+/// The names a self-signed certificate is made for: the node's name, the machine's
+/// hostname, `localhost`, the node's address and loopback.
+fn names(node_name: &str) -> Vec<String> {
+    let mut names = vec![node_name.to_owned()];
+    if let Ok(h) = std::fs::read_to_string("/proc/sys/kernel/hostname") {
+        names.push(h.trim().to_lowercase());
+    }
+    names.push("localhost".into());
+    if let Some(ip) = crate::node::host_ip() {
+        names.push(ip);
+    }
+    names.push("127.0.0.1".into());
+    names.retain(|n| !n.is_empty());
+    names.dedup();
+    names
+}
+
+fn self_signed(dir: &Path, node_name: &str) -> Result<Pair, ServerError> {
+    let cert_path = dir.join("kubelet.crt");
+    let key_path = dir.join("kubelet.key");
+    let names_path = dir.join("kubelet.names");
+    let want = names(node_name).join("\n");
+    let have = std::fs::read_to_string(&names_path).unwrap_or_default();
+    if have == want && cert_path.exists() && key_path.exists() {
+        match load_pair(&cert_path, &key_path) {
+            Ok(pair) => return Ok(pair),
+            Err(e) => log::warn!("kubelet API: {e}; making a new self-signed certificate"),
+        }
+    }
+    let io = |context: String| move |source| ServerError::Io { context, source };
+    std::fs::create_dir_all(dir).map_err(io(format!("create {}", dir.display())))?;
+    let bad = |reason: String| ServerError::Certificate {
+        path: cert_path.clone(),
+        reason,
+    };
+    let mut params =
+        rcgen::CertificateParams::new(Vec::<String>::new()).map_err(|e| bad(e.to_string()))?;
+    for n in names(node_name) {
+        let san = match n.parse::<std::net::IpAddr>() {
+            Ok(ip) => rcgen::SanType::IpAddress(ip),
+            Err(_) => rcgen::SanType::DnsName(
+                n.clone()
+                    .try_into()
+                    .map_err(|e: rcgen::Error| bad(format!("name {n:?}: {e}")))?,
+            ),
+        };
+        params.subject_alt_names.push(san);
+    }
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, format!("{node_name}@holdfast"));
+    let now = crate::time::now();
+    params.not_before = rcgen::date_time_ymd(year_of(now).saturating_sub(1), 1, 1);
+    // The kubelet's self-signed certificate lasts a year; a gateway may run untouched
+    // for longer, and its clients trust it by pinning, not by its dates.
+    params.not_after = rcgen::date_time_ymd(year_of(now) + 10, 1, 1);
+    let key = rcgen::KeyPair::generate().map_err(|e| bad(e.to_string()))?;
+    let cert = params.self_signed(&key).map_err(|e| bad(e.to_string()))?;
+    write_private(&key_path, key.serialize_pem().as_bytes())?;
+    std::fs::write(&cert_path, cert.pem()).map_err(io(format!("write {}", cert_path.display())))?;
+    std::fs::write(&names_path, want).map_err(io(format!("write {}", names_path.display())))?;
+    log::info!(
+        "kubelet API: made a self-signed serving certificate {}",
+        cert_path.display()
+    );
+    load_pair(&cert_path, &key_path)
+}
+
+fn year_of(t: crate::time::Timestamp) -> i32 {
+    t.strftime("%Y").to_string().parse().unwrap_or(2026)
+}
+
+fn write_private(path: &Path, data: &[u8]) -> Result<(), ServerError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension("tmp");
+    let _ = std::fs::remove_file(&tmp);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .and_then(|mut f| f.write_all(data).and_then(|()| f.sync_all()))
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .map_err(|source| ServerError::Io {
+            context: format!("write {}", path.display()),
+            source,
+        })
+}
+
+/// Client authentication against the client CA (see the module doc).
+#[derive(Debug)]
+pub struct ClientAuth {
+    /// None without `clientCAFile`: then no certificate is valid.
+    inner: Option<Arc<dyn ClientCertVerifier>>,
+    provider: Arc<CryptoProvider>,
+    hints: Vec<DistinguishedName>,
+}
+
+impl ClientAuth {
+    fn new(ca_file: Option<&Path>, provider: Arc<CryptoProvider>) -> Result<Self, ServerError> {
+        let Some(path) = ca_file else {
+            return Ok(ClientAuth {
+                inner: None,
+                provider,
+                hints: Vec::new(),
+            });
+        };
+        let bad = |reason: String| ServerError::ClientCa {
+            path: PathBuf::from(path),
+            reason,
+        };
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_file_iter(path).map_err(|e| bad(e.to_string()))? {
+            let cert = cert.map_err(|e| bad(e.to_string()))?;
+            roots.add(cert).map_err(|e| bad(e.to_string()))?;
+        }
+        if roots.is_empty() {
+            return Err(bad("no certificate in the file".into()));
+        }
+        let inner = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+            .build()
+            .map_err(|e| bad(e.to_string()))?;
+        let hints = inner.root_hint_subjects().to_vec();
+        Ok(ClientAuth {
+            inner: Some(inner),
+            provider,
+            hints,
+        })
+    }
+
+    /// Whether the certificates a client presented chain to the client CA.
+    pub fn identify(&self, certs: Option<&[CertificateDer<'_>]>) -> bool {
+        let (Some(inner), Some([leaf, rest @ ..])) = (&self.inner, certs) else {
+            return false;
+        };
+        inner
+            .verify_client_cert(leaf, rest, UnixTime::now())
+            .is_ok()
+    }
+}
+
+impl ClientCertVerifier for ClientAuth {
+    fn offer_client_auth(&self) -> bool {
+        true
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        false
+    }
+
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        &self.hints
+    }
+
+    fn verify_client_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        // Judged per request by `identify`, so that the answer is a 401.
+        Ok(ClientCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
