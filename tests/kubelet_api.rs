@@ -179,7 +179,7 @@ spec:
     // Let burn run a while.
     let hold_id = container_id(&p, "hold");
     let burn_id = container_id(&p, "burn");
-    let cg = api.agent.cgroup_root.clone();
+    let cg = api.agent.root.clone();
     let cpu_file = cgroup_file(&cg, &burn_id, "cpuacct", "cpuacct.usage");
     let read_cpu = || -> u64 {
         if cpu_file.exists() {

@@ -87,8 +87,14 @@ impl LibcontainerRuntime {
         &self.cgroup_root
     }
 
-    /// The container's cgroup, relative to each hierarchy's mount point.
+    /// The container's cgroup, relative to each hierarchy's mount point: where its
+    /// shim config says it was made (a pod's containers live under the pod's cgroup).
     pub fn cgroups_path(&self, id: &ContainerId) -> String {
+        self.recorded_cgroups_path(id, &self.container_dir(id))
+    }
+
+    /// A container's cgroup when its pod has no cgroup of its own.
+    fn default_cgroups_path(&self, id: &ContainerId) -> String {
         format!("{}/{}", self.cgroup_root.trim_end_matches('/'), id.0)
     }
 
@@ -170,7 +176,7 @@ impl LibcontainerRuntime {
         let nofile_hard_limit = u64::from(nofile_hard_limit);
         let cgroups_path = match req.sandbox {
             Some(sb) => format!("{}/{}", sb.cgroup_parent.trim_end_matches('/'), req.id.0),
-            None => self.cgroups_path(&req.id),
+            None => self.default_cgroups_path(&req.id),
         };
         let mut oci = spec::build(&spec::SpecInput {
             pod: req.pod,
@@ -267,12 +273,11 @@ impl LibcontainerRuntime {
         Ok((hosts, resolv_conf, hostname_file))
     }
 
-    /// The cgroup a container was given, as its shim config records it (a pod's
-    /// containers live under the pod's cgroup).
+    /// The cgroup a container was given, as its shim config records it.
     fn recorded_cgroups_path(&self, id: &ContainerId, dir: &Path) -> String {
         match records::read::<ShimConfig>(dir, records::SHIM_CONFIG) {
             Ok(Some(c)) => c.cgroups_path,
-            _ => self.cgroups_path(id),
+            _ => self.default_cgroups_path(id),
         }
     }
 

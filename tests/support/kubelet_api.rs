@@ -149,9 +149,18 @@ pub fn container_id(pod: &serde_json::Value, name: &str) -> String {
 }
 
 /// A cgroup v1 or v2 file of a container.
-pub fn cgroup_file(cgroup_root: &str, id: &str, v1_controller: &str, file: &str) -> PathBuf {
+pub fn cgroup_file(root: &Path, id: &str, v1_controller: &str, file: &str) -> PathBuf {
+    // Where the runtime made it, as the container's shim config records it (under its
+    // pod's cgroup).
+    let config = std::fs::read_to_string(root.join("containers").join(id).join("shim.json"))
+        .expect("the container's shim.json");
+    let config: serde_json::Value = serde_json::from_str(&config).expect("shim.json parses");
+    let rel = config["cgroups_path"]
+        .as_str()
+        .expect("cgroups_path in shim.json")
+        .trim_start_matches('/')
+        .to_string();
     let base = Path::new("/sys/fs/cgroup");
-    let rel = format!("{}/{id}", cgroup_root.trim_start_matches('/'));
     if base.join("cgroup.controllers").exists() {
         base.join(rel).join(file)
     } else {
