@@ -89,5 +89,11 @@ CONFFILES:${PN} = "${sysconfdir}/holdfast/config.yaml"
 # package for it.
 RRECOMMENDS:${PN} += "kernel-module-overlay"
 
+# Pods with a network of their own (not hostNetwork) are wired by CNI plugins (bridge,
+# host-local, portmap, loopback: meta-virtualization's cni recipe installs them in
+# /opt/cni/bin), and portmap's and the bridge's rules need iptables. Recommended, not
+# required: a gateway that runs only hostNetwork pods needs neither.
+RRECOMMENDS:${PN} += "cni iptables"
+
 # A node agent for the target only: no native or nativesdk variant.
 BBCLASSEXTEND = ""
