@@ -260,8 +260,9 @@ fn disk_pressure_reclaims_dead_containers_before_it_evicts() {
 
     // Ballast leaves 4 MiB less than the threshold free: the 12 MiB the finished pod
     // left are enough to relieve it.
-    let st = nix::sys::statvfs::statvfs(&a.root).expect("statvfs");
-    let capacity = st.blocks() * st.fragment_size();
+    let capacity = holdfast::node::facts::statfs(&a.root)
+        .expect("statvfs")
+        .capacity;
     let threshold = capacity / 5;
     let free = fs.free();
     assert!(

@@ -92,14 +92,13 @@ pub struct Usage {
 
 impl Usage {
     pub fn of(path: &Path) -> Result<Usage, ImageError> {
-        let s = nix::sys::statvfs::statvfs(path).map_err(|e| ImageError::Io {
+        let s = crate::node::facts::statfs(path).map_err(|e| ImageError::Io {
             context: format!("statfs {}", path.display()),
             source: std::io::Error::from(e),
         })?;
-        let block = s.fragment_size();
         Ok(Usage {
-            capacity: s.blocks() * block,
-            available: s.blocks_available() * block,
+            capacity: s.capacity,
+            available: s.available,
         })
     }
 

@@ -44,7 +44,10 @@ pub struct NodeFacts {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FsStats {
     pub capacity: u64,
+    /// Free bytes for unprivileged writes (`f_bavail`), as `df` and the kubelet count.
     pub available: u64,
+    /// Free bytes including the blocks kept for root (`f_bfree`).
+    pub free: u64,
     pub inodes: u64,
     pub inodes_free: u64,
 }
@@ -153,23 +156,30 @@ pub fn read_fs_stats(dir: &Path) -> Option<FsStats> {
     while !at.exists() {
         at = at.parent()?.to_path_buf();
     }
-    let st = nix::sys::statvfs::statvfs(&at).ok()?;
+    statfs(&at).ok()
+}
+
+/// statvfs of the filesystem holding `path`, in bytes and inodes, on every target
+/// (the counts are 32 bits wide on armv7 and 64 on the 64-bit targets).
+pub fn statfs(path: &Path) -> nix::Result<FsStats> {
+    let st = nix::sys::statvfs::statvfs(path)?;
     let fragment = widen(st.fragment_size());
     let fragment = if fragment == 0 {
         widen(st.block_size())
     } else {
         fragment
     };
-    Some(FsStats {
+    Ok(FsStats {
         capacity: widen(st.blocks()).saturating_mul(fragment),
         available: widen(st.blocks_available()).saturating_mul(fragment),
+        free: widen(st.blocks_free()).saturating_mul(fragment),
         inodes: widen(st.files()),
         inodes_free: widen(st.files_free()),
     })
 }
 
 /// statvfs counts are 32 bits wide on some targets and 64 on others.
-pub(crate) fn widen<T: Into<u64>>(n: T) -> u64 {
+fn widen<T: Into<u64>>(n: T) -> u64 {
     n.into()
 }
 

@@ -108,7 +108,7 @@ fn temp_path(dir: &Path, name: &str) -> PathBuf {
 }
 
 /// Blocks a record of up to this many bytes takes, kept by [`reserve`].
-const RESERVED_BYTES: i64 = 4096;
+const RESERVED_BYTES: nix::libc::off_t = 4096;
 
 /// Allocates the blocks `dir/name` will need, now, so that it can still be written when
 /// the disk is full by then (a container's exit record). Best effort: a filesystem

@@ -306,13 +306,9 @@ fn memory(m: super::cgroups::Memory, now: Timestamp) -> MemoryStats {
 /// The file system holding `path`; `used` replaces its used bytes (a directory's own
 /// usage rather than the whole file system's).
 fn fs_stats(path: &Path, now: Timestamp, used: Option<u64>) -> Option<FsStats> {
-    let st = nix::sys::statvfs::statvfs(path).ok()?;
-    let frag = st.fragment_size() as u64;
-    let cap = st.blocks() as u64 * frag;
-    let avail = st.blocks_available() as u64 * frag;
-    let free = st.blocks_free() as u64 * frag;
-    let inodes = st.files() as u64;
-    let ifree = st.files_free() as u64;
+    let st = crate::node::facts::statfs(path).ok()?;
+    let (cap, avail, free) = (st.capacity, st.available, st.free);
+    let (inodes, ifree) = (st.inodes, st.inodes_free);
     Some(FsStats {
         time: Some(now),
         available_bytes: Some(avail),

@@ -17,8 +17,6 @@ use std::sync::Mutex;
 
 use nix::fcntl::{fallocate, FallocateFlags};
 
-use crate::node::facts::widen;
-
 /// Bytes kept allocated past the end of sled's log file.
 pub const HEADROOM: u64 = 2 * 1024 * 1024;
 /// With less free space than this on the filesystem, sled is given a write only when
@@ -35,8 +33,13 @@ const LOG_FILE: &str = "db";
 /// blocks ext4 keeps for root), but not all of what `f_bfree` counts: ext4 keeps part of
 /// it for its own metadata, and says how much nowhere but in its superblock.
 pub fn free_bytes(dir: &Path) -> Option<u64> {
-    let st = nix::sys::statvfs::statvfs(dir).ok()?;
-    Some(widen(st.blocks_available()).saturating_mul(widen(st.fragment_size())))
+    crate::node::facts::statfs(dir).ok().map(|s| s.available)
+}
+
+/// A file offset or length as `fallocate` takes it: 32 bits wide on armv7, where a log
+/// past 2 GiB cannot be grown this way (EFBIG, as the kernel would say).
+fn off_t(n: u64) -> nix::Result<nix::libc::off_t> {
+    n.try_into().map_err(|_| nix::errno::Errno::EFBIG)
 }
 
 pub(super) struct Space {
@@ -92,8 +95,8 @@ impl Space {
             fallocate(
                 f.as_raw_fd(),
                 FallocateFlags::FALLOC_FL_KEEP_SIZE,
-                size as i64,
-                HEADROOM as i64,
+                off_t(size)?,
+                off_t(HEADROOM)?,
             )
         });
         match grown {
@@ -109,13 +112,16 @@ impl Space {
         self.forget();
         self.with_log(|f| {
             let size = f.metadata().map(|m| m.size()).unwrap_or(0);
-            fallocate(
-                f.as_raw_fd(),
-                FallocateFlags::FALLOC_FL_KEEP_SIZE,
-                size as i64,
-                MIN_TAIL as i64,
-            )
-            .is_ok()
+            off_t(size)
+                .and_then(|at| {
+                    fallocate(
+                        f.as_raw_fd(),
+                        FallocateFlags::FALLOC_FL_KEEP_SIZE,
+                        at,
+                        off_t(MIN_TAIL)?,
+                    )
+                })
+                .is_ok()
         })
         .unwrap_or(false)
     }

@@ -60,8 +60,8 @@ impl LoopFs {
 
     /// Bytes free there, as `df` shows them.
     pub fn free(&self) -> u64 {
-        nix::sys::statvfs::statvfs(&self.mount)
-            .map(|s| s.blocks_available() * s.fragment_size())
+        holdfast::node::facts::statfs(&self.mount)
+            .map(|s| s.available)
             .unwrap_or(0)
     }
 

@@ -215,6 +215,7 @@ mod tests {
             storage: Some(FsStats {
                 capacity: 100 << 30,
                 available: 50 << 30,
+                free: 50 << 30,
                 inodes: 1_000_000,
                 inodes_free: 900_000,
             }),

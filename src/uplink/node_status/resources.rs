@@ -291,6 +291,7 @@ mod tests {
             storage: Some(FsStats {
                 capacity: 61_255_492 * 1024,
                 available: 1 << 30,
+                free: 1 << 30,
                 inodes: 1000,
                 inodes_free: 500,
             }),

@@ -17,6 +17,7 @@ fn edge_facts() -> NodeFacts {
         storage: Some(FsStats {
             capacity: 61_255_492 * 1024,
             available: 40 << 30,
+            free: 40 << 30,
             inodes: 3_900_000,
             inodes_free: 3_500_000,
         }),
