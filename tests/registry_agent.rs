@@ -239,8 +239,24 @@ fn image_pull_goes_through_the_running_agent_and_prune_keeps_what_pods_use() {
     let reg = Registry::start(&a.dir.join("registry"), &pki, Auth::None);
     push_busybox(&reg, &a.dir, "edge/app", "1", None);
     push_busybox(&reg, &a.dir, "edge/other", "1", None);
-    a.write_config(&registry_config(&[&reg], ""));
+    // The read-only port serves /metrics without a client certificate.
+    let metrics_port = support::agent::free_port();
+    a.write_config(&format!(
+        "{}readOnlyPort: {metrics_port}\n",
+        registry_config(&[&reg], "")
+    ));
     a.start();
+    let metric = |name: &str| -> f64 {
+        let out = Command::new("curl")
+            .args(["-sf", &format!("http://127.0.0.1:{metrics_port}/metrics")])
+            .output()
+            .expect("curl");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in /metrics:\n{text}"))
+    };
+    assert_eq!(metric("holdfast_image_pull_duration_seconds_count"), 0.0);
     let pull = |r: &str| {
         Command::new(BIN)
             .args(["image", "pull", r, "--root-dir"])
@@ -262,6 +278,9 @@ fn image_pull_goes_through_the_running_agent_and_prune_keeps_what_pods_use() {
         "{said}"
     );
     assert!(said.contains(&format!("pulled {app}")), "{said}");
+    // The pull is counted in the agent's own metrics, bytes and time.
+    assert_eq!(metric("holdfast_image_pull_duration_seconds_count"), 1.0);
+    assert!(metric("holdfast_image_pull_bytes_total") > 100_000.0);
     let other = format!("{}/edge/other:1", reg.host());
     assert!(pull(&other).status.success());
 

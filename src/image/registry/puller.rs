@@ -182,11 +182,16 @@ impl Puller {
                         None => inner.registry.pull(&inner.images, &req.reference, &opts),
                     };
                     match found {
-                        Ok(r) => Ok(PullDone {
-                            record: r.record,
-                            pull_duration: started.elapsed(),
-                            downloaded: r.downloaded,
-                        }),
+                        Ok(r) => {
+                            let pull_duration = started.elapsed();
+                            crate::metrics::IMAGE_PULL_BYTES.add(r.downloaded);
+                            crate::metrics::IMAGE_PULL_DURATION.observe(pull_duration);
+                            Ok(PullDone {
+                                record: r.record,
+                                pull_duration,
+                                downloaded: r.downloaded,
+                            })
+                        }
                         Err(e) => Err(PullFailure {
                             message: crate::error_chain(&e),
                             unreachable: e.is_unreachable(),
