@@ -1,5 +1,5 @@
 //! sync: the sync loop, pod workers, restart back-off, pod phase and conditions.
-//! Never talks HTTP.
+//! Never talks HTTP, except `probe`'s calls to the containers' own endpoints.
 //!
 //! The loop only routes: pod changes from the source mux, container exits from the
 //! runtime and the resync timer become messages to one worker per pod UID, and each
@@ -9,6 +9,7 @@ mod admit;
 pub mod adopt;
 pub mod env;
 mod plan;
+pub mod probe;
 pub mod record;
 mod restart_timer;
 pub mod sandbox;

@@ -86,7 +86,8 @@ pub fn describe(e: &rustls::Error, server: &str) -> String {
 
 /// Accepts any server certificate, still checking that the server holds its key. Only
 /// for endpoints the operator marked `skipVerify` (a site cache with a certificate
-/// nobody issued), whose content is checked by digest and who get no credentials.
+/// nobody issued), whose content is checked by digest and who get no credentials, and
+/// for HTTPS probes, which the kubelet never verifies either (InsecureSkipVerify).
 #[derive(Debug)]
 pub struct AnyServerCertificate(pub Arc<CryptoProvider>);
 
