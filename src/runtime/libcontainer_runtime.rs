@@ -411,6 +411,16 @@ fn log_tail(path: &Path) -> String {
 }
 
 impl Runtime for LibcontainerRuntime {
+    fn exec_sync(
+        &self,
+        id: &ContainerId,
+        command: &[String],
+        timeout: std::time::Duration,
+        max_output: usize,
+    ) -> Result<super::exec::ExecOutput, RuntimeError> {
+        LibcontainerRuntime::exec_sync(self, id, command, timeout, max_output)
+    }
+
     fn start(&self, req: &StartRequest<'_>) -> Result<Started, RuntimeError> {
         Self::check_id(&req.id)?;
         let dir = self.container_dir(&req.id);

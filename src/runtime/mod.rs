@@ -248,4 +248,14 @@ pub trait Runtime: Send + Sync + 'static {
     fn owner(&self, _id: &ContainerId) -> Result<Option<adoption::Owner>, RuntimeError> {
         Ok(None)
     }
+    /// Runs `command` in the running container `id` without input, waiting up to
+    /// `timeout` and keeping at most `max_output` bytes of each stream: exec probes and
+    /// lifecycle hooks.
+    fn exec_sync(
+        &self,
+        id: &ContainerId,
+        command: &[String],
+        timeout: std::time::Duration,
+        max_output: usize,
+    ) -> Result<exec::ExecOutput, RuntimeError>;
 }

@@ -33,6 +33,9 @@ pub struct StatusInputs<'a> {
     /// The pod's sandbox (namespaces, network, volumes); None: no sandbox is kept
     /// for it, and it shows the node's address.
     pub sandbox: Option<&'a SandboxStatus>,
+    /// What the probes say of each running container, by name; a container missing
+    /// here is ready and started once it runs.
+    pub probes: Option<&'a BTreeMap<String, ProbeView>>,
 }
 
 /// What the pod's sandbox says for its status.
@@ -42,6 +45,69 @@ pub struct SandboxStatus {
     pub ready: bool,
     /// The pod's own addresses, IPv4 first; empty for a host-network pod.
     pub pod_ips: Vec<String>,
+}
+
+/// What the probes say of one running container, for its status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProbeView {
+    /// Its startup probe succeeded (or it has none).
+    pub started: bool,
+    /// Started, and its readiness probe succeeds (or it has none).
+    pub ready: bool,
+}
+
+/// An init container with `restartPolicy: Always`: a sidecar that starts before the
+/// app containers and runs beside them.
+pub fn is_sidecar(c: &Container) -> bool {
+    c.restart_policy.as_deref() == Some("Always")
+}
+
+/// The restart policy of a regular init container: it reruns until it succeeds
+/// unless the pod never restarts anything.
+pub fn init_policy(pod_policy: &str) -> &'static str {
+    if pod_policy == "Never" {
+        "Never"
+    } else {
+        "OnFailure"
+    }
+}
+
+/// Every app container has ended and policy brings none back: the pod's work is
+/// done, and its sidecars are stopped and not restarted.
+pub fn app_done(
+    policy: &str,
+    containers: &[Container],
+    records: &BTreeMap<String, ContainerRecord>,
+) -> bool {
+    !containers.is_empty()
+        && containers.iter().all(|c| {
+            let ended = records
+                .get(&c.name)
+                .and_then(|r| r.current.as_ref())
+                .and_then(|cur| match &cur.state {
+                    InstanceState::Terminated(t) => Some(t.exit_code),
+                    InstanceState::Running { .. } => None,
+                });
+            ended.is_some_and(|code| !plan::should_restart(policy, code))
+        })
+}
+
+/// A regular init container failed and the pod's policy runs it no more: the pod
+/// has failed.
+pub fn init_failed(
+    policy: &str,
+    inits: &[Container],
+    records: &BTreeMap<String, ContainerRecord>,
+) -> bool {
+    policy == "Never"
+        && inits.iter().filter(|c| !is_sidecar(c)).any(|c| {
+            records
+                .get(&c.name)
+                .and_then(|r| r.current.as_ref())
+                .is_some_and(
+                    |cur| matches!(&cur.state, InstanceState::Terminated(t) if t.exit_code != 0),
+                )
+        })
 }
 
 pub fn pod_status(
@@ -58,30 +124,65 @@ pub fn pod_status(
             .unwrap_or("Always")
     };
     let containers: &[Container] = spec.map(|s| s.containers.as_slice()).unwrap_or(&[]);
+    let inits: &[Container] = spec
+        .and_then(|s| s.init_containers.as_deref())
+        .unwrap_or(&[]);
     let pod_name = pod.metadata.name.as_deref().unwrap_or("");
     let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
     let uid = pod.metadata.uid.as_deref().unwrap_or("");
-
-    let statuses: Vec<ContainerStatus> = containers
+    let who = format!("{pod_name}_{namespace}({uid})");
+    let creating = if inits.is_empty() {
+        "ContainerCreating"
+    } else {
+        "PodInitializing"
+    };
+    let over =
+        i.terminal || app_done(policy, containers, records) || init_failed(policy, inits, records);
+    let status_of = |c: &Container, policy: &str| {
+        let fresh;
+        let rec = match records.get(&c.name) {
+            Some(r) => r,
+            None => {
+                fresh = ContainerRecord::new(&c.name);
+                &fresh
+            }
+        };
+        let view = i.probes.and_then(|p| p.get(&c.name)).copied();
+        let mut s = container_status(c, rec, policy, &who, i.now, i.backoff, view, creating);
+        if !is_sidecar(c) && inits.iter().any(|ic| ic.name == c.name) {
+            // A regular init container is ready once it completed.
+            let done = s
+                .state
+                .as_ref()
+                .and_then(|st| st.terminated.as_ref())
+                .is_some_and(|t| t.exit_code == 0);
+            s.ready = done;
+            s.started = Some(s.state.as_ref().is_some_and(|st| st.running.is_some()));
+        }
+        s
+    };
+    let init_statuses: Vec<ContainerStatus> = inits
         .iter()
         .map(|c| {
-            let fresh;
-            let rec = match records.get(&c.name) {
-                Some(r) => r,
-                None => {
-                    fresh = ContainerRecord::new(&c.name);
-                    &fresh
-                }
+            let policy = match (is_sidecar(c), over) {
+                (true, true) => "Never",
+                (true, false) => "Always",
+                (false, _) => init_policy(policy),
             };
-            let who = format!("{pod_name}_{namespace}({uid})");
-            container_status(c, rec, policy, &who, i.now, i.backoff)
+            status_of(c, policy)
         })
         .collect();
+    let statuses: Vec<ContainerStatus> = containers.iter().map(|c| status_of(c, policy)).collect();
 
-    let phase = phase(policy, &statuses, i.terminal);
+    let phase = phase_with_init(policy, inits, &init_statuses, &statuses, i.terminal);
     let terminal = phase == "Succeeded" || phase == "Failed";
-    let unready: Vec<&str> = statuses
+    // Sidecars count for readiness as app containers do; regular init containers not.
+    let unready: Vec<&str> = inits
         .iter()
+        .zip(&init_statuses)
+        .filter(|(c, _)| is_sidecar(c))
+        .map(|(_, s)| s)
+        .chain(statuses.iter())
         .filter(|s| !s.ready)
         .map(|s| s.name.as_str())
         .collect();
@@ -104,9 +205,11 @@ pub fn pod_status(
     } else {
         "True"
     };
+    let (initialized, init_reason, init_message) =
+        initialized(inits, &init_statuses, &statuses, phase);
     let conditions = vec![
         condition(i, "PodReadyToStartContainers", sandbox, None, None),
-        condition(i, "Initialized", "True", None, None),
+        condition(i, "Initialized", initialized, init_reason, init_message),
         condition(i, "Ready", ready, ready_reason, ready_message.clone()),
         condition(i, "ContainersReady", ready, ready_reason, ready_message),
         condition(i, "PodScheduled", "True", None, None),
@@ -123,18 +226,133 @@ pub fn pod_status(
             Some(own_ips.into_iter().map(|ip| PodIP { ip }).collect()),
         )
     };
+    let qos_containers: Vec<Container> = inits.iter().chain(containers).cloned().collect();
     PodStatus {
         phase: Some(phase.to_string()),
         conditions: Some(conditions),
+        init_container_statuses: (!init_statuses.is_empty()).then_some(init_statuses),
         container_statuses: Some(statuses),
         host_ip: ip.clone(),
         host_ips: ip.clone().map(|ip| vec![HostIP { ip }]),
         pod_ip,
         pod_ips,
-        qos_class: Some(qos_class(containers).to_string()),
+        qos_class: Some(qos_class(&qos_containers).to_string()),
         start_time: i.start_time.map(Time),
         ..PodStatus::default()
     }
+}
+
+/// The kubelet's `GeneratePodInitializedCondition`: (status, reason, message).
+fn initialized(
+    inits: &[Container],
+    init_statuses: &[ContainerStatus],
+    statuses: &[ContainerStatus],
+    phase: &str,
+) -> (&'static str, Option<&'static str>, Option<String>) {
+    if inits.is_empty() {
+        return ("True", None, None);
+    }
+    if phase == "Succeeded" {
+        return ("True", Some("PodCompleted"), None);
+    }
+    // An app container that ever started means the pod was initialized (its sidecars
+    // may be restarting now).
+    let any_started = statuses.iter().any(|s| {
+        s.state
+            .as_ref()
+            .is_some_and(|st| st.running.is_some() || st.terminated.is_some())
+    });
+    if any_started {
+        return ("True", None, None);
+    }
+    let incomplete: Vec<&str> = inits
+        .iter()
+        .zip(init_statuses)
+        .filter(|(c, s)| {
+            if is_sidecar(c) {
+                s.started != Some(true)
+            } else {
+                s.state
+                    .as_ref()
+                    .and_then(|st| st.terminated.as_ref())
+                    .is_none_or(|t| t.exit_code != 0)
+            }
+        })
+        .map(|(c, _)| c.name.as_str())
+        .collect();
+    if incomplete.is_empty() {
+        ("True", None, None)
+    } else {
+        (
+            "False",
+            Some("ContainersNotInitialized"),
+            Some(format!(
+                "containers with incomplete status: [{}]",
+                incomplete.join(" ")
+            )),
+        )
+    }
+}
+
+/// The kubelet's `getPhase` with init containers: a pod whose regular init
+/// containers have not all succeeded (or whose sidecars have not started) is Pending,
+/// one whose init container failed under `restartPolicy: Never` is Failed.
+pub fn phase_with_init(
+    policy: &str,
+    inits: &[Container],
+    init_statuses: &[ContainerStatus],
+    statuses: &[ContainerStatus],
+    terminal: bool,
+) -> &'static str {
+    let (mut pending_sidecars, mut pending_regular, mut failed_init) = (0, 0, 0);
+    for (c, s) in inits.iter().zip(init_statuses) {
+        let state = s.state.as_ref();
+        let had_run = s.last_state.as_ref().and_then(|l| l.terminated.as_ref());
+        if is_sidecar(c) {
+            let pending = match state {
+                Some(st) if st.running.is_some() => s.started != Some(true),
+                Some(st) if st.terminated.is_some() => false,
+                Some(st) if st.waiting.is_some() => had_run.is_none(),
+                _ => true,
+            };
+            if pending {
+                pending_sidecars += 1;
+            }
+            continue;
+        }
+        match state {
+            Some(st) if st.running.is_some() => pending_regular += 1,
+            Some(st) if st.terminated.is_some() => {
+                if st.terminated.as_ref().is_some_and(|t| t.exit_code != 0) {
+                    failed_init += 1;
+                }
+            }
+            Some(st) if st.waiting.is_some() => match had_run {
+                Some(t) if t.exit_code != 0 => failed_init += 1,
+                Some(_) => {}
+                None => pending_regular += 1,
+            },
+            _ => pending_regular += 1,
+        }
+    }
+    if failed_init > 0 && policy == "Never" {
+        return "Failed";
+    }
+    let app = phase(policy, statuses, terminal);
+    let stopped = statuses.iter().any(|s| {
+        s.state.as_ref().is_some_and(|st| st.terminated.is_some())
+            || s.last_state
+                .as_ref()
+                .and_then(|l| l.terminated.as_ref())
+                .is_some()
+    });
+    if pending_regular > 0 || (pending_sidecars > 0 && !stopped) {
+        if terminal {
+            return app;
+        }
+        return "Pending";
+    }
+    app
 }
 
 fn condition(
@@ -246,7 +464,9 @@ fn waiting_state(reason: &str, message: Option<String>) -> ContainerState {
     }
 }
 
-/// One container's status. `who` is `<pod>_<namespace>(<uid>)` for back-off messages.
+/// One container's status. `who` is `<pod>_<namespace>(<uid>)` for back-off messages;
+/// `view` is what its probes say; `creating` is the waiting reason before it ever ran.
+#[allow(clippy::too_many_arguments)]
 pub fn container_status(
     spec: &Container,
     rec: &ContainerRecord,
@@ -254,6 +474,8 @@ pub fn container_status(
     who: &str,
     now: Timestamp,
     backoff: &Backoff,
+    view: Option<ProbeView>,
+    creating: &str,
 ) -> ContainerStatus {
     let mut s = ContainerStatus {
         name: spec.name.clone(),
@@ -266,7 +488,7 @@ pub fn container_status(
     let Some(cur) = &rec.current else {
         let (reason, message) = match &rec.waiting {
             Some(w) => (w.reason.as_str(), w.message.clone()),
-            None => ("ContainerCreating", None),
+            None => (creating, None),
         };
         s.state = Some(waiting_state(reason, message));
         return s;
@@ -288,9 +510,12 @@ pub fn container_status(
                 }),
                 ..ContainerState::default()
             });
-            // No readiness probes yet: a running container is ready.
-            s.ready = true;
-            s.started = Some(true);
+            let view = view.unwrap_or(ProbeView {
+                started: true,
+                ready: true,
+            });
+            s.ready = view.ready;
+            s.started = Some(view.started);
         }
         InstanceState::Terminated(t) => match plan::plan(policy, rec, now, backoff) {
             Action::BackOff { delay, .. } => {
@@ -424,6 +649,7 @@ mod tests {
             previous: None,
             terminal,
             sandbox: None,
+            probes: None,
         };
         pod_status(&pod(policy), &ended(code), &inputs)
     }
@@ -461,5 +687,164 @@ mod tests {
             .expect("Ready");
         assert_eq!(ready.status, "False");
         assert_eq!(ready.reason.as_deref(), Some("PodCompleted"));
+    }
+
+    fn c(name: &str, sidecar: bool) -> Container {
+        Container {
+            name: name.into(),
+            image: Some("busybox".into()),
+            restart_policy: sidecar.then(|| "Always".to_string()),
+            ..Container::default()
+        }
+    }
+
+    fn record(name: &str, state: Option<InstanceState>) -> ContainerRecord {
+        let mut r = ContainerRecord::new(name);
+        r.current = state.map(|state| Instance {
+            id: ContainerId::derive("u1", name, 0),
+            image: "busybox".into(),
+            image_id: String::new(),
+            state,
+        });
+        r
+    }
+
+    fn exited(code: i32) -> Option<InstanceState> {
+        Some(InstanceState::Terminated(Terminated {
+            container_id: None,
+            exit_code: code,
+            signal: None,
+            reason: if code == 0 { "Completed" } else { "Error" }.into(),
+            message: None,
+            started_at: None,
+            finished_at: Timestamp::from_second(1_800_000_000).expect("ts"),
+        }))
+    }
+
+    fn running() -> Option<InstanceState> {
+        Some(InstanceState::Running {
+            started_at: Timestamp::from_second(1_800_000_000).expect("ts"),
+        })
+    }
+
+    fn with_inits(policy: &str, inits: Vec<Container>, recs: Vec<ContainerRecord>) -> PodStatus {
+        let mut p = pod(policy);
+        if let Some(spec) = p.spec.as_mut() {
+            spec.init_containers = Some(inits);
+        }
+        let records: BTreeMap<String, ContainerRecord> =
+            recs.into_iter().map(|r| (r.name.clone(), r)).collect();
+        let backoff = Backoff {
+            initial: Duration::from_secs(10),
+            max: Duration::from_secs(300),
+        };
+        let inputs = StatusInputs {
+            now: Timestamp::from_second(1_800_000_001).expect("ts"),
+            backoff: &backoff,
+            start_time: None,
+            host_ip: None,
+            previous: None,
+            terminal: false,
+            sandbox: None,
+            probes: None,
+        };
+        pod_status(&p, &records, &inputs)
+    }
+
+    fn cond<'a>(s: &'a PodStatus, t: &str) -> &'a PodCondition {
+        s.conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == t)
+            .expect("condition")
+    }
+
+    fn waiting_reason(s: &ContainerStatus) -> Option<&str> {
+        s.state
+            .as_ref()
+            .and_then(|st| st.waiting.as_ref())
+            .and_then(|w| w.reason.as_deref())
+    }
+
+    #[test]
+    fn a_pod_initializing_is_pending_with_the_kubelets_condition() {
+        let s = with_inits(
+            "Always",
+            vec![c("a", false), c("b", false)],
+            vec![record("a", exited(0)), record("b", running())],
+        );
+        assert_eq!(s.phase.as_deref(), Some("Pending"));
+        let init = cond(&s, "Initialized");
+        assert_eq!(init.status, "False");
+        assert_eq!(init.reason.as_deref(), Some("ContainersNotInitialized"));
+        assert_eq!(
+            init.message.as_deref(),
+            Some("containers with incomplete status: [b]")
+        );
+        let app = &s.container_statuses.as_ref().expect("app")[0];
+        assert_eq!(waiting_reason(app), Some("PodInitializing"));
+        let inits = s.init_container_statuses.as_ref().expect("inits");
+        assert!(inits[0].ready, "completed init container is ready");
+        assert!(!inits[1].ready);
+        assert_eq!(inits[1].started, Some(true));
+    }
+
+    #[test]
+    fn a_failed_init_container_fails_a_never_pod_and_waits_otherwise() {
+        let s = with_inits("Never", vec![c("a", false)], vec![record("a", exited(2))]);
+        assert_eq!(s.phase.as_deref(), Some("Failed"));
+        let mut failed = record("a", exited(2));
+        failed.failures = 1;
+        let s = with_inits("OnFailure", vec![c("a", false)], vec![failed]);
+        assert_eq!(s.phase.as_deref(), Some("Pending"));
+        let a = &s.init_container_statuses.as_ref().expect("inits")[0];
+        assert_eq!(waiting_reason(a), Some("CrashLoopBackOff"));
+    }
+
+    #[test]
+    fn sidecars_must_start_and_count_for_readiness() {
+        // Not started yet: pending.
+        let s = with_inits("Always", vec![c("side", true)], vec![]);
+        assert_eq!(s.phase.as_deref(), Some("Pending"));
+        assert_eq!(
+            waiting_reason(&s.init_container_statuses.as_ref().expect("inits")[0]),
+            Some("PodInitializing")
+        );
+        // Running beside the app: initialized, running, ready with both.
+        let s = with_inits(
+            "Always",
+            vec![c("side", true)],
+            vec![record("side", running()), record("main", running())],
+        );
+        assert_eq!(s.phase.as_deref(), Some("Running"));
+        assert_eq!(cond(&s, "Initialized").status, "True");
+        assert_eq!(cond(&s, "Ready").status, "True");
+        // The sidecar died and waits in back-off: the pod stays initialized, unready.
+        let mut side = record("side", exited(1));
+        side.failures = 1;
+        let s = with_inits(
+            "Always",
+            vec![c("side", true)],
+            vec![side, record("main", running())],
+        );
+        assert_eq!(cond(&s, "Initialized").status, "True");
+        assert_eq!(
+            cond(&s, "Ready").message.as_deref(),
+            Some("containers with unready status: [side]")
+        );
+    }
+
+    #[test]
+    fn qos_counts_init_containers() {
+        let mut limited = c("a", false);
+        limited.resources = Some(k8s_openapi::api::core::v1::ResourceRequirements {
+            requests: Some(BTreeMap::from([(
+                "cpu".to_string(),
+                k8s_openapi::apimachinery::pkg::api::resource::Quantity("100m".into()),
+            )])),
+            ..Default::default()
+        });
+        let s = with_inits("Always", vec![limited], vec![]);
+        assert_eq!(s.qos_class.as_deref(), Some("Burstable"));
     }
 }

@@ -21,7 +21,9 @@ use super::Deps;
 use crate::uplink::report::EventType;
 
 mod environment;
+mod hooks;
 mod image;
+mod probes;
 mod sandbox;
 mod stop;
 
@@ -84,6 +86,11 @@ pub(super) struct Worker {
     last_check: Option<Instant>,
     /// Set when the agent ended the pod (rejected or evicted): nothing of it runs.
     ended: Option<Ended>,
+    /// The containers' probes and the results coming back from them.
+    probes: probes::Probes,
+    /// Why the agent killed a container (a failed probe or hook), for the message of
+    /// its terminated state, by container name.
+    kill_reasons: BTreeMap<String, String>,
 }
 
 impl Worker {
@@ -134,6 +141,8 @@ impl Worker {
             said: Vec::new(),
             last_check: None,
             ended,
+            probes: probes::Probes::default(),
+            kill_reasons: BTreeMap::new(),
         }
     }
 
@@ -158,6 +167,19 @@ impl Worker {
                 msg = rx.recv() => msg,
                 _ = sleep_until(wake) => Some(WorkerMsg::Resync),
                 _ = pulled.notified() => Some(WorkerMsg::Resync),
+                // Probes come and go without a full pass over the pod: a pass is
+                // only for a verdict that changes its status or its containers.
+                _ = sleep_until(self.probes.wake) => {
+                    self.schedule_probes();
+                    continue;
+                }
+                Some(done) = self.probes.rx.recv() => {
+                    if !self.probed(done).await {
+                        self.schedule_probes();
+                        continue;
+                    }
+                    Some(WorkerMsg::Resync)
+                }
             };
             match msg {
                 // The agent is stopping: containers outlive it, so leave them be.
@@ -210,69 +232,119 @@ impl Worker {
             self.persist().await;
             return;
         }
-        let policy = self
-            .pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.restart_policy.clone())
+        let spec = self.pod.spec.clone().unwrap_or_default();
+        let policy = spec
+            .restart_policy
+            .clone()
             .unwrap_or_else(|| "Always".to_string());
-        let containers = self
-            .pod
-            .spec
-            .as_ref()
-            .map(|s| s.containers.clone())
-            .unwrap_or_default();
-        for c in &containers {
-            let rec = self
-                .records
-                .entry(c.name.clone())
-                .or_insert_with(|| ContainerRecord::new(&c.name))
-                .clone();
-            let wall = time::now();
-            let planned = plan::plan(&policy, &rec, wall, &self.deps.backoff);
-            let (action, wake) = self.restart_timers.apply(
-                &c.name,
-                rec.restart_count,
-                planned,
-                wall,
-                Instant::now(),
-            );
-            match action {
-                Action::Keep => {}
-                Action::Start => self.start(c, rec).await,
-                Action::Restart => {
-                    let mut rec = rec;
-                    if let Some(cur) = rec.current.take() {
-                        self.remove_container(&cur.id).await;
-                        if let InstanceState::Terminated(t) = cur.state {
-                            rec.last = Some(t);
-                        }
-                    }
-                    rec.restart_count = rec.restart_count.saturating_add(1);
-                    self.start(c, rec).await;
+        let inits = spec.init_containers.clone().unwrap_or_default();
+        let done = status::app_done(&policy, &spec.containers, &self.records)
+            || status::init_failed(&policy, &inits, &self.records);
+        // Init containers in order: each regular one runs to completion before the
+        // next starts, a sidecar must have started before the next starts; the app
+        // containers start once all of them are through.
+        let mut initialized = true;
+        for c in &inits {
+            if status::is_sidecar(c) {
+                self.sync_container(c, if done { "Never" } else { "Always" })
+                    .await;
+                if !self.sidecar_started(c) {
+                    initialized = false;
+                    break;
                 }
-                Action::BackOff { .. } => {
-                    if self.backoff_told.get(&c.name) != Some(&rec.restart_count) {
-                        self.backoff_told.insert(c.name.clone(), rec.restart_count);
-                        let pod_name = self.pod.metadata.name.clone().unwrap_or_default();
-                        self.deps.reporter.event(
-                            &self.pod,
-                            Some(&c.name),
-                            EventType::Warning,
-                            "BackOff",
-                            format!(
-                                "Back-off restarting failed container {} in pod {pod_name}",
-                                c.name
-                            ),
-                        );
+                continue;
+            }
+            if self.completed(c) {
+                continue;
+            }
+            self.sync_container(c, status::init_policy(&policy)).await;
+            initialized = false;
+            break;
+        }
+        if initialized {
+            for c in &spec.containers {
+                self.sync_container(c, &policy).await;
+            }
+        }
+        if done {
+            self.stop_sidecars().await;
+        }
+        self.schedule_probes();
+        self.persist().await;
+    }
+
+    /// Brings one container toward its spec under restart policy `policy`.
+    async fn sync_container(&mut self, c: &k8s_openapi::api::core::v1::Container, policy: &str) {
+        let rec = self
+            .records
+            .entry(c.name.clone())
+            .or_insert_with(|| ContainerRecord::new(&c.name))
+            .clone();
+        let wall = time::now();
+        let planned = plan::plan(policy, &rec, wall, &self.deps.backoff);
+        let (action, wake) =
+            self.restart_timers
+                .apply(&c.name, rec.restart_count, planned, wall, Instant::now());
+        match action {
+            Action::Keep => {}
+            Action::Start => self.start(c, rec).await,
+            Action::Restart => {
+                let mut rec = rec;
+                if let Some(cur) = rec.current.take() {
+                    self.remove_container(&cur.id).await;
+                    if let InstanceState::Terminated(t) = cur.state {
+                        rec.last = Some(t);
                     }
-                    if let Some(at) = wake {
-                        self.wake_at(at)
-                    }
+                }
+                rec.restart_count = rec.restart_count.saturating_add(1);
+                self.start(c, rec).await;
+            }
+            Action::BackOff { .. } => {
+                if self.backoff_told.get(&c.name) != Some(&rec.restart_count) {
+                    self.backoff_told.insert(c.name.clone(), rec.restart_count);
+                    let pod_name = self.pod.metadata.name.clone().unwrap_or_default();
+                    self.deps.reporter.event(
+                        &self.pod,
+                        Some(&c.name),
+                        EventType::Warning,
+                        "BackOff",
+                        format!(
+                            "Back-off restarting failed container {} in pod {pod_name}",
+                            c.name
+                        ),
+                    );
+                }
+                if let Some(at) = wake {
+                    self.wake_at(at)
                 }
             }
         }
-        self.persist().await;
+    }
+
+    /// A regular init container whose current instance completed.
+    fn completed(&self, c: &k8s_openapi::api::core::v1::Container) -> bool {
+        self.records
+            .get(&c.name)
+            .and_then(|r| r.current.as_ref())
+            .is_some_and(
+                |cur| matches!(&cur.state, InstanceState::Terminated(t) if t.exit_code == 0),
+            )
+    }
+
+    /// A sidecar started (running, its startup probe passed), now or before: the init
+    /// containers after it may go on. One that restarts later holds nothing up.
+    fn sidecar_started(&self, c: &k8s_openapi::api::core::v1::Container) -> bool {
+        let Some(rec) = self.records.get(&c.name) else {
+            return false;
+        };
+        if rec.last.is_some() {
+            return true;
+        }
+        let running = rec
+            .current
+            .as_ref()
+            .is_some_and(|cur| matches!(cur.state, InstanceState::Running { .. }));
+        running && self.probe_views().get(&c.name).is_none_or(|v| v.started)
     }
 
     fn wake_at(&mut self, at: Instant) {
@@ -308,7 +380,11 @@ impl Worker {
                 }
             };
             let pod_name = self.name();
-            if let (Some(t), Some(rec)) = (ended, self.records.get_mut(&name)) {
+            let reason = self.kill_reasons.remove(&name);
+            if let (Some(mut t), Some(rec)) = (ended, self.records.get_mut(&name)) {
+                if t.message.is_none() {
+                    t.message = reason;
+                }
                 log::info!(
                     "pod {pod_name}: container {name} exited with code {} ({})",
                     t.exit_code,
@@ -448,6 +524,10 @@ impl Worker {
                         message,
                     );
                 }
+                // postStart runs before the worker goes on, as the kubelet's does.
+                self.records.insert(c.name.clone(), rec);
+                self.post_start(c, &id).await;
+                return;
             }
             Err(RuntimeError::Start { message, .. }) => {
                 log::error!("pod {}: container {}: {message}", self.name(), c.name);
@@ -540,6 +620,7 @@ impl Worker {
         }
         let host_ip = self.deps.host_ip.as_deref();
         let sandbox = self.sandbox_status();
+        let views = self.probe_views();
         let inputs = StatusInputs {
             now: time::now(),
             backoff: &self.deps.backoff,
@@ -549,6 +630,7 @@ impl Worker {
             // An ended pod restarts nothing: its containers show how they ended.
             terminal: self.ended.is_some(),
             sandbox: Some(&sandbox),
+            probes: Some(&views),
         };
         let status =
             whole_seconds(self.ended_status(status::pod_status(&self.pod, &self.records, &inputs)));

@@ -55,24 +55,36 @@ impl Worker {
             previous: self.state.as_ref().map(|s| &s.status),
             terminal: true,
             sandbox: Some(&sandbox),
+            probes: None,
         };
         let status = self.ended_status(status::pod_status(&self.pod, &self.records, &inputs));
         self.deps.reporter.status(&self.pod, &status, true);
         self.forget().await;
     }
 
-    /// SIGTERM to every running container, up to `grace` seconds, then SIGKILL.
+    /// Stops every running container within `grace` seconds: preStop hooks, SIGTERM,
+    /// SIGKILL when the time is up. App containers (and a running regular init
+    /// container) go first, then the sidecars in the reverse of their order, each with
+    /// what is left of the grace period, as the kubelet stops them.
     pub(super) async fn stop_containers(&mut self, grace: i64) {
-        let grace = grace.max(0) as u64;
+        let grace = grace.max(0).unsigned_abs();
         log::info!("pod {}: stopping (grace period {grace}s)", self.name());
-        let running: Vec<(String, ContainerId)> = self
-            .records
-            .values()
-            .filter_map(|r| r.current.as_ref().map(|c| (r.name.clone(), c)))
-            .filter(|(_, c)| matches!(c.state, InstanceState::Running { .. }))
-            .map(|(n, c)| (n, c.id.clone()))
-            .collect();
-        for (name, _) in &running {
+        let running = self.running();
+        let sidecars: Vec<String> = self
+            .pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.init_containers.as_ref())
+            .map(|cs| {
+                cs.iter()
+                    .filter(|c| status::is_sidecar(c))
+                    .map(|c| c.name.clone())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let (side, first): (Vec<_>, Vec<_>) =
+            running.into_iter().partition(|(n, _)| sidecars.contains(n));
+        for (name, _) in first.iter().chain(&side) {
             self.deps.reporter.event(
                 &self.pod,
                 Some(name),
@@ -81,14 +93,49 @@ impl Worker {
                 format!("Stopping container {name}"),
             );
         }
-        let running: Vec<ContainerId> = running.into_iter().map(|(_, id)| id).collect();
+        let deadline = Instant::now() + Duration::from_secs(grace);
+        self.stop_group(&first, deadline, grace > 0).await;
+        let mut side = side;
+        side.sort_by_key(|(n, _)| std::cmp::Reverse(sidecars.iter().position(|s| s == n)));
+        for one in side {
+            self.stop_group(std::slice::from_ref(&one), deadline, grace > 0)
+                .await;
+        }
+    }
+
+    /// The running containers, by name.
+    fn running(&self) -> Vec<(String, ContainerId)> {
+        self.records
+            .values()
+            .filter_map(|r| r.current.as_ref().map(|c| (r.name.clone(), c)))
+            .filter(|(_, c)| matches!(c.state, InstanceState::Running { .. }))
+            .map(|(n, c)| (n, c.id.clone()))
+            .collect()
+    }
+
+    /// preStop, SIGTERM and the wait up to `deadline` (at least 2 s after the hooks, as
+    /// the kubelet gives), then SIGKILL for what still runs.
+    async fn stop_group(
+        &mut self,
+        group: &[(String, ContainerId)],
+        deadline: Instant,
+        graceful: bool,
+    ) {
+        if group.is_empty() {
+            return;
+        }
+        let ids: Vec<ContainerId> = group.iter().map(|(_, id)| id.clone()).collect();
         let sigterm = nix::sys::signal::Signal::SIGTERM as i32;
         let sigkill = nix::sys::signal::Signal::SIGKILL as i32;
-        if grace > 0 {
-            self.signal_all(&running, sigterm).await;
-            self.wait_exited(&running, Duration::from_secs(grace)).await;
+        if graceful {
+            self.pre_stop(group, deadline).await;
+            self.signal_all(&ids, sigterm).await;
+            let left = deadline
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_secs(2));
+            self.wait_exited(&ids, left).await;
         }
-        let left = self.still_running(&running).await;
+        let left = self.still_running(&ids).await;
         if !left.is_empty() {
             log::info!(
                 "pod {}: grace period over, killing {} container(s)",
@@ -98,6 +145,59 @@ impl Worker {
             self.signal_all(&left, sigkill).await;
             self.wait_exited(&left, Duration::from_secs(10)).await;
         }
+    }
+
+    /// Stops one container (a failed probe or hook) within `grace` seconds; `message`
+    /// is said as a `reason` event and kept for its terminated state. Restart policy
+    /// decides on the next pass what follows.
+    pub(super) async fn kill_one(
+        &mut self,
+        name: &str,
+        id: &ContainerId,
+        grace: i64,
+        reason: &'static str,
+        message: String,
+    ) {
+        self.deps.reporter.event(
+            &self.pod,
+            Some(name),
+            EventType::Normal,
+            reason,
+            message.clone(),
+        );
+        self.kill_reasons.insert(name.to_string(), message);
+        let grace = grace.max(0).unsigned_abs();
+        let deadline = Instant::now() + Duration::from_secs(grace);
+        let one = [(name.to_string(), id.clone())];
+        self.stop_group(&one, deadline, grace > 0).await;
+        self.refresh().await;
+    }
+
+    /// The pod's work is done: its running sidecars are stopped, last first.
+    pub(super) async fn stop_sidecars(&mut self) {
+        let sidecars: Vec<String> = self
+            .pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.init_containers.as_ref())
+            .map(|cs| {
+                cs.iter()
+                    .filter(|c| status::is_sidecar(c))
+                    .map(|c| c.name.clone())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let running = self.running();
+        let grace = self.grace_period().max(0).unsigned_abs();
+        let deadline = Instant::now() + Duration::from_secs(grace);
+        for name in sidecars.iter().rev() {
+            if let Some(one) = running.iter().find(|(n, _)| n == name) {
+                log::info!("pod {}: work done, stopping sidecar {name}", self.name());
+                self.stop_group(std::slice::from_ref(one), deadline, grace > 0)
+                    .await;
+            }
+        }
+        self.refresh().await;
     }
 
     /// Removes the containers, the pod's logs and everything the store knew of it.
