@@ -1,0 +1,235 @@
+//! The cost of probes, run on demand as root: `cargo bench --bench probes`.
+//!
+//! One agent runs 50 host-network pods three times over, the same containers (busybox
+//! httpd on a port of its own), and measures each phase in steady state:
+//! - no probes (the baseline);
+//! - 2 network probes per pod at a 1 s period (httpGet readiness, tcpSocket liveness);
+//! - 2 exec probes per pod at a 1 s period (`true` run inside the container; each is a
+//!   `holdfast shim exec` process joining the container, as runc exec would be).
+//!
+//! For each: the agent's memory (VmRSS, Pss) and the CPU the agent and its exec
+//! processes spent over a window (utime + stime, children included), as a share of
+//! one core. Prints a table and writes `target/bench/probes.json`.
+
+mod common;
+
+#[path = "../tests/support/oci.rs"]
+mod oci;
+
+use std::path::Path;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_holdfast");
+const PODS: usize = 50;
+const WINDOW: Duration = Duration::from_secs(60);
+const CGROUP_ROOT: &str = "/holdfast-bench-probes";
+
+fn main() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("probes bench: needs root (it runs containers)");
+        std::process::exit(2);
+    }
+    let pid = std::process::id();
+    let dir = std::env::temp_dir().join(format!("holdfast-bench-probes-{pid}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    let root = dir.join("root");
+    let manifests = dir.join("manifests");
+    for d in [root.join("images"), manifests.clone()] {
+        std::fs::create_dir_all(d).expect("dirs");
+    }
+    oci::busybox_image("docker.io/library/busybox:bench")
+        .and_then(|i| i.write_layout_tar(&root.join("images/busybox.tar")))
+        .expect("busybox image");
+    let cfg = dir.join("config.yaml");
+    std::fs::write(
+        &cfg,
+        format!("cgroupRoot: {CGROUP_ROOT}\nfileCheckFrequency: 20s\nholdfast:\n  evictionMonitoringPeriod: 24h\n"),
+    )
+    .expect("config");
+    let base_port = 20000 + (pid % 20000) as u16;
+
+    let mut agent = Agent::start(&root, &manifests, &cfg, &dir.join("agent.log"));
+    wait(Duration::from_secs(60), || {
+        root.join("holdfast.sock").exists()
+    });
+
+    let phases = [
+        ("no probes", ""),
+        (
+            "httpGet + tcpSocket, 1 s",
+            "    readinessProbe:\n      httpGet:\n        path: /\n        port: PORT\n      periodSeconds: 1\n    \
+             livenessProbe:\n      tcpSocket:\n        port: PORT\n      periodSeconds: 1\n",
+        ),
+        (
+            "2 exec, 1 s",
+            "    readinessProbe:\n      exec:\n        command: [\"true\"]\n      periodSeconds: 1\n    \
+             livenessProbe:\n      exec:\n        command: [\"true\"]\n      periodSeconds: 1\n",
+        ),
+    ];
+    let mut rows = Vec::new();
+    for (phase, (name, probes)) in phases.iter().enumerate() {
+        for i in 0..PODS {
+            let port = base_port + i as u16;
+            // A new label per phase: a new pod, so each phase starts from fresh pods.
+            let yaml = format!(
+                "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p{i}\n  labels:\n    phase: \"{phase}\"\nspec:\n  \
+                 hostNetwork: true\n  terminationGracePeriodSeconds: 0\n  containers:\n  - name: c\n    \
+                 image: busybox:bench\n    command: [\"sh\", \"-c\", \"mkdir -p /www; echo ok > /www/index.html; \
+                 exec httpd -f -p {port} -h /www\"]\n{}",
+                probes.replace("PORT", &port.to_string())
+            );
+            std::fs::write(manifests.join(format!("p{i}.yaml")), yaml).expect("manifest");
+        }
+        // Settled: every pod runs this phase's container and says so.
+        wait(Duration::from_secs(300), || {
+            ready_pods(&root, phase) == PODS && common::running_containers(&root) == PODS
+        });
+        std::thread::sleep(Duration::from_secs(10));
+        let before = cpu_ticks(agent.0.id());
+        let t0 = Instant::now();
+        std::thread::sleep(WINDOW);
+        let ticks = cpu_ticks(agent.0.id()).saturating_sub(before);
+        let secs = t0.elapsed().as_secs_f64();
+        let tick = ticks_per_second();
+        let core = ticks as f64 / tick / secs * 100.0;
+        let mem = memory(agent.0.id());
+        println!(
+            "{name}: {core:.1}% of a core, VmRSS {:.1} MiB",
+            mem.0 as f64 / 1024.0
+        );
+        rows.push((name.to_string(), core, mem));
+    }
+
+    for f in std::fs::read_dir(&manifests).expect("manifests").flatten() {
+        let _ = std::fs::remove_file(f.path());
+    }
+    wait(Duration::from_secs(300), || {
+        common::running_containers(&root) == 0
+    });
+    agent.stop();
+    let _ = Command::new(BIN)
+        .args(["reset", "--root-dir"])
+        .arg(&root)
+        .args(["--cgroup-root", CGROUP_ROOT])
+        .status();
+
+    println!(
+        "\n{PODS} pods, {}-second window in steady state (agent and its exec processes)",
+        WINDOW.as_secs()
+    );
+    println!(
+        "{:<26} {:>12} {:>12} {:>12}",
+        "", "CPU % core", "VmRSS MiB", "Pss MiB"
+    );
+    for (name, core, (rss, pss)) in &rows {
+        println!(
+            "{name:<26} {core:>12.1} {:>12.1} {:>12.1}",
+            *rss as f64 / 1024.0,
+            pss.unwrap_or(0) as f64 / 1024.0
+        );
+    }
+    common::write_json(
+        "probes",
+        &serde_json::json!({
+            "pods": PODS,
+            "window_s": WINDOW.as_secs(),
+            "phases": rows.iter().map(|(n, c, (rss, pss))| serde_json::json!({
+                "what": n, "cpu_percent_of_core": c, "vm_rss_kib": rss, "pss_kib": pss,
+            })).collect::<Vec<_>>(),
+        }),
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Pods of phase `phase` whose container is ready, from `holdfast pods -o json`.
+fn ready_pods(root: &Path, phase: usize) -> usize {
+    let Ok(out) = Command::new(BIN)
+        .args(["pods", "-o", "json", "--root-dir"])
+        .arg(root)
+        .output()
+    else {
+        return 0;
+    };
+    let pods: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    pods.iter()
+        .filter(|p| p["pod"]["metadata"]["labels"]["phase"] == phase.to_string().as_str())
+        .filter(|p| p["status"]["containerStatuses"][0]["ready"] == true)
+        .count()
+}
+
+/// utime + stime of `pid` and its waited-for children, in clock ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may hold spaces) start at field 3.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .map(|v| v.parse().unwrap_or(0))
+        .collect();
+    // utime, stime, cutime, cstime are fields 14..=17, here 11..=14.
+    f.get(11..15).map(|v| v.iter().sum()).unwrap_or(0)
+}
+
+fn ticks_per_second() -> f64 {
+    nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .map(|t| t as f64)
+        .unwrap_or(100.0)
+}
+
+/// (VmRSS, Pss) in KiB.
+fn memory(pid: u32) -> (u64, Option<u64>) {
+    let field = |text: &str, name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
+    (
+        field(&status, "VmRSS:").unwrap_or(0),
+        field(&rollup, "Pss:"),
+    )
+}
+
+struct Agent(Child);
+
+impl Agent {
+    fn start(root: &Path, manifests: &Path, cfg: &Path, log: &Path) -> Self {
+        let log = std::fs::File::create(log).expect("log");
+        let child = Command::new(BIN)
+            .arg("run")
+            .arg("--config")
+            .arg(cfg)
+            .arg("--root-dir")
+            .arg(root)
+            .arg("--pod-manifest-path")
+            .arg(manifests)
+            .arg("--hostname-override")
+            .arg("bench")
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("holdfast run");
+        Agent(child)
+    }
+
+    fn stop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.0.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let _ = self.0.wait();
+    }
+}
+
+fn wait(within: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
