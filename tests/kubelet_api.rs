@@ -71,6 +71,31 @@ spec:
     assert_eq!(curl(&url, Some(&api.client), &["-X", "DELETE"]).0, 405);
     assert_eq!(api.get("/nothing-here").0, 404);
 
+    // /configz: the running configuration as the kubelet shows it, read-only port off
+    // limits; /runningpods/: the pods with their running containers.
+    let (code, body) = api.get("/configz");
+    assert_eq!(code, 200, "{body}");
+    let cfg: serde_json::Value = serde_json::from_str(&body).expect("configz json");
+    let k = &cfg["kubeletconfig"];
+    assert_eq!(k["kind"], "KubeletConfiguration", "{body}");
+    assert_eq!(k["port"], api.port, "{body}");
+    assert_eq!(k["readOnlyPort"], api.read_only_port, "{body}");
+    assert_eq!(k["syncFrequency"], "5s", "{body}");
+    assert_eq!(ro("/configz"), 404);
+    let (code, body) = api.get("/runningpods/");
+    assert_eq!(code, 200, "{body}");
+    let list: serde_json::Value = serde_json::from_str(&body).expect("runningpods json");
+    assert_eq!(list["kind"], "PodList", "{body}");
+    let talk = list["items"]
+        .as_array()
+        .and_then(|items| items.iter().find(|p| p["metadata"]["name"] == pod))
+        .unwrap_or_else(|| panic!("{pod} in /runningpods/: {body}"));
+    let names: Vec<&str> = talk["spec"]["containers"]
+        .as_array()
+        .map(|cs| cs.iter().filter_map(|c| c["name"].as_str()).collect())
+        .unwrap_or_default();
+    assert!(names.contains(&"short"), "{body}");
+
     // Unknown pod and container: 404 with the kubelet's words; bad values: 400.
     let (code, body) = api.get("/containerLogs/default/nope/main");
     assert_eq!((code, body.trim()), (404, "pod \"nope\" does not exist"));
