@@ -89,13 +89,6 @@ fn owned(fd: std::os::fd::RawFd) -> OwnedFd {
 /// Opens an absolute path that has no symlinks, one component at a time, failing if a
 /// symlink appeared in it meanwhile.
 fn open(path: &Path, last: OFlag) -> Result<OwnedFd, VolumeError> {
-    let root = nix::fcntl::open(
-        "/",
-        OFlag::O_DIRECTORY | OFlag::O_PATH | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|e| mount_err(format!("open /: {e}")))?;
-    let mut cur = owned(root);
     let parts: Vec<_> = path
         .components()
         .filter_map(|c| match c {
@@ -103,25 +96,38 @@ fn open(path: &Path, last: OFlag) -> Result<OwnedFd, VolumeError> {
             _ => None,
         })
         .collect();
-    for (i, name) in parts.iter().enumerate() {
-        let mut flags = OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_PATH;
-        flags |= if i + 1 == parts.len() {
+    let fail = |e: nix::errno::Errno| {
+        mount_err(format!(
+            "open {} without following symlinks: {e}",
+            path.display()
+        ))
+    };
+    let flags = |i: usize| {
+        let kind = if i + 1 == parts.len() {
             last
         } else {
             OFlag::O_DIRECTORY
         };
+        OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_PATH | kind
+    };
+    let Some(first) = parts.first() else {
+        return nix::fcntl::open("/", OFlag::O_PATH | OFlag::O_CLOEXEC | last, Mode::empty())
+            .map(owned)
+            .map_err(fail);
+    };
+    // The first component by its absolute path, the rest relative to it: the same
+    // walk as from an fd of "/", and one that qemu-user with a sysroot (`-L`, which
+    // takes "/" for the sysroot's root) runs against the host's tree too.
+    let top = Path::new("/").join(first);
+    let mut cur = owned(nix::fcntl::open(&top, flags(0), Mode::empty()).map_err(fail)?);
+    for (i, name) in parts.iter().enumerate().skip(1) {
         let fd = nix::fcntl::openat(
             Some(cur.as_raw_fd()),
             name.as_os_str(),
-            flags,
+            flags(i),
             Mode::empty(),
         )
-        .map_err(|e| {
-            mount_err(format!(
-                "open {} without following symlinks: {e}",
-                path.display()
-            ))
-        })?;
+        .map_err(fail)?;
         cur = owned(fd);
     }
     Ok(cur)
