@@ -3,6 +3,69 @@
 #![allow(dead_code)]
 
 use std::path::Path;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_holdfast");
+
+/// `holdfast run` on a root dir, a manifest folder and a config, logging to `log`.
+pub struct Agent(Child);
+
+impl Agent {
+    pub fn start(root: &Path, manifests: &Path, cfg: &Path, log: &Path) -> Self {
+        let log = std::fs::File::create(log).expect("log");
+        let child = Command::new(BIN)
+            .arg("run")
+            .arg("--config")
+            .arg(cfg)
+            .arg("--root-dir")
+            .arg(root)
+            .arg("--pod-manifest-path")
+            .arg(manifests)
+            .arg("--hostname-override")
+            .arg("bench")
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("holdfast run");
+        Agent(child)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.0.id()
+    }
+
+    /// SIGTERM and wait.
+    pub fn stop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.0.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let _ = self.0.wait();
+    }
+}
+
+/// Polls `cond` until it holds; panics after `within`.
+pub fn wait(within: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out");
+        std::thread::sleep(Duration::from_micros(500));
+    }
+}
+
+/// (RSS, PSS) of a process in KiB, from smaps_rollup.
+pub fn memory(pid: u32) -> (u64, u64) {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
+    let field = |name: &str| {
+        s.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("Rss:"), field("Pss:"))
+}
 
 /// Containers whose process runs under `root` (the shim wrote `started.json` and no
 /// `exit.json`).

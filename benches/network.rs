@@ -15,10 +15,11 @@ mod common;
 mod oci;
 
 use std::path::Path;
-use std::process::{Child, Command};
+use std::process::Command;
+
+use common::{wait, Agent, BIN};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_holdfast");
 const PODS: usize = 30;
 const PLUGINS: &str = "/usr/lib/cni";
 const CGROUP_ROOT: &str = "/holdfast-bench-net";
@@ -141,45 +142,6 @@ fn main() {
     .expect("write json");
     println!("\nwrote {}", out.join("network.json").display());
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-struct Agent(Child);
-
-impl Agent {
-    fn start(root: &Path, manifests: &Path, cfg: &Path, log: &Path) -> Self {
-        let log = std::fs::File::create(log).expect("log");
-        let child = Command::new(BIN)
-            .arg("run")
-            .arg("--config")
-            .arg(cfg)
-            .arg("--root-dir")
-            .arg(root)
-            .arg("--pod-manifest-path")
-            .arg(manifests)
-            .arg("--hostname-override")
-            .arg("bench")
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .spawn()
-            .expect("holdfast run");
-        Agent(child)
-    }
-
-    fn stop(&mut self) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.0.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-        let _ = self.0.wait();
-    }
-}
-
-fn wait(within: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out");
-        std::thread::sleep(Duration::from_micros(500));
-    }
 }
 
 /// (p50, p95, max) in ms.

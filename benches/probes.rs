@@ -7,7 +7,7 @@
 //! - 2 exec probes per pod at a 1 s period (`true` run inside the container; each is a
 //!   `holdfast shim exec` process joining the container, as runc exec would be).
 //!
-//! For each: the agent's memory (VmRSS, Pss) and the CPU the agent and its exec
+//! For each: the agent's memory (RSS, PSS) and the CPU the agent and its exec
 //! processes spent over a window (utime + stime, children included), as a share of
 //! one core. Prints a table and writes `target/bench/probes.json`.
 
@@ -17,10 +17,11 @@ mod common;
 mod oci;
 
 use std::path::Path;
-use std::process::{Child, Command};
+use std::process::Command;
+
+use common::{memory, wait, Agent, BIN};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_holdfast");
 const PODS: usize = 50;
 const WINDOW: Duration = Duration::from_secs(60);
 const CGROUP_ROOT: &str = "/holdfast-bench-probes";
@@ -86,14 +87,14 @@ fn main() {
             ready_pods(&root, phase) == PODS && common::running_containers(&root) == PODS
         });
         std::thread::sleep(Duration::from_secs(10));
-        let before = cpu_ticks(agent.0.id());
+        let before = cpu_ticks(agent.pid());
         let t0 = Instant::now();
         std::thread::sleep(WINDOW);
-        let ticks = cpu_ticks(agent.0.id()).saturating_sub(before);
+        let ticks = cpu_ticks(agent.pid()).saturating_sub(before);
         let secs = t0.elapsed().as_secs_f64();
         let tick = ticks_per_second();
         let core = ticks as f64 / tick / secs * 100.0;
-        let mem = memory(agent.0.id());
+        let mem = memory(agent.pid());
         println!(
             "{name}: {core:.1}% of a core, VmRSS {:.1} MiB",
             mem.0 as f64 / 1024.0
@@ -120,13 +121,13 @@ fn main() {
     );
     println!(
         "{:<26} {:>12} {:>12} {:>12}",
-        "", "CPU % core", "VmRSS MiB", "Pss MiB"
+        "", "CPU % core", "RSS MiB", "Pss MiB"
     );
     for (name, core, (rss, pss)) in &rows {
         println!(
             "{name:<26} {core:>12.1} {:>12.1} {:>12.1}",
             *rss as f64 / 1024.0,
-            pss.unwrap_or(0) as f64 / 1024.0
+            *pss as f64 / 1024.0
         );
     }
     common::write_json(
@@ -135,7 +136,7 @@ fn main() {
             "pods": PODS,
             "window_s": WINDOW.as_secs(),
             "phases": rows.iter().map(|(n, c, (rss, pss))| serde_json::json!({
-                "what": n, "cpu_percent_of_core": c, "vm_rss_kib": rss, "pss_kib": pss,
+                "what": n, "cpu_percent_of_core": c, "rss_kib": rss, "pss_kib": pss,
             })).collect::<Vec<_>>(),
         }),
     );
@@ -177,59 +178,4 @@ fn ticks_per_second() -> f64 {
         .flatten()
         .map(|t| t as f64)
         .unwrap_or(100.0)
-}
-
-/// (VmRSS, Pss) in KiB.
-fn memory(pid: u32) -> (u64, Option<u64>) {
-    let field = |text: &str, name: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.split_whitespace().next())
-            .and_then(|v| v.parse::<u64>().ok())
-    };
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
-    (
-        field(&status, "VmRSS:").unwrap_or(0),
-        field(&rollup, "Pss:"),
-    )
-}
-
-struct Agent(Child);
-
-impl Agent {
-    fn start(root: &Path, manifests: &Path, cfg: &Path, log: &Path) -> Self {
-        let log = std::fs::File::create(log).expect("log");
-        let child = Command::new(BIN)
-            .arg("run")
-            .arg("--config")
-            .arg(cfg)
-            .arg("--root-dir")
-            .arg(root)
-            .arg("--pod-manifest-path")
-            .arg(manifests)
-            .arg("--hostname-override")
-            .arg("bench")
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .spawn()
-            .expect("holdfast run");
-        Agent(child)
-    }
-
-    fn stop(&mut self) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.0.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-        let _ = self.0.wait();
-    }
-}
-
-fn wait(within: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out");
-        std::thread::sleep(Duration::from_millis(200));
-    }
 }

@@ -13,10 +13,11 @@ mod common;
 mod oci;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
+
+use common::{memory, wait, Agent, BIN};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_holdfast");
 const PODS: usize = 30;
 const MEMORY_PODS: usize = 20;
 
@@ -149,60 +150,6 @@ fn main() {
     });
     common::write_json("startup", &json);
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-struct Agent(Child);
-
-impl Agent {
-    fn start(root: &Path, manifests: &Path, cfg: &Path, log: &Path) -> Self {
-        let log = std::fs::File::create(log).expect("log");
-        let child = Command::new(BIN)
-            .arg("run")
-            .arg("--config")
-            .arg(cfg)
-            .arg("--root-dir")
-            .arg(root)
-            .arg("--pod-manifest-path")
-            .arg(manifests)
-            .arg("--hostname-override")
-            .arg("bench")
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .spawn()
-            .expect("holdfast run");
-        Agent(child)
-    }
-    fn pid(&self) -> u32 {
-        self.0.id()
-    }
-    fn stop(&mut self) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.0.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-        let _ = self.0.wait();
-    }
-}
-
-fn wait(within: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out");
-        std::thread::sleep(Duration::from_micros(500));
-    }
-}
-
-/// (RSS, PSS) in KiB from smaps_rollup.
-fn memory(pid: u32) -> (u64, u64) {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
-    let field = |name: &str| {
-        s.lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    };
-    (field("Rss:"), field("Pss:"))
 }
 
 /// (count, total RSS, total PSS) of the shims of containers under `root`.

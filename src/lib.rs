@@ -9,7 +9,8 @@
 //! - [`store`]: the sled database; nobody else opens sled.
 //! - [`source`]: pod sources (static manifest files, the apiserver's list and watch) and
 //!   the mux that merges them.
-//! - [`sync`]: the sync loop, pod workers, restart back-off, pod phase and conditions.
+//! - [`sync`]: the sync loop, pod workers, restart back-off, probes, init containers
+//!   and hooks, pod phase and conditions.
 //! - [`runtime`]: containers on libcontainer, driven by a per-container shim process.
 //! - [`image`]: the content-addressed image store, registry pulls, archive import,
 //!   layer unpacking and image GC.

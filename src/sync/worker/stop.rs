@@ -70,18 +70,7 @@ impl Worker {
         let grace = grace.max(0).unsigned_abs();
         log::info!("pod {}: stopping (grace period {grace}s)", self.name());
         let running = self.running();
-        let sidecars: Vec<String> = self
-            .pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.init_containers.as_ref())
-            .map(|cs| {
-                cs.iter()
-                    .filter(|c| status::is_sidecar(c))
-                    .map(|c| c.name.clone())
-                    .collect()
-            })
-            .unwrap_or_default();
+        let sidecars = self.sidecar_names();
         let (side, first): (Vec<_>, Vec<_>) =
             running.into_iter().partition(|(n, _)| sidecars.contains(n));
         for (name, _) in first.iter().chain(&side) {
@@ -101,6 +90,21 @@ impl Worker {
             self.stop_group(std::slice::from_ref(&one), deadline, grace > 0)
                 .await;
         }
+    }
+
+    /// The pod's sidecars, in the spec's order.
+    fn sidecar_names(&self) -> Vec<String> {
+        self.pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.init_containers.as_ref())
+            .map(|cs| {
+                cs.iter()
+                    .filter(|c| status::is_sidecar(c))
+                    .map(|c| c.name.clone())
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     /// The running containers, by name.
@@ -175,18 +179,7 @@ impl Worker {
 
     /// The pod's work is done: its running sidecars are stopped, last first.
     pub(super) async fn stop_sidecars(&mut self) {
-        let sidecars: Vec<String> = self
-            .pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.init_containers.as_ref())
-            .map(|cs| {
-                cs.iter()
-                    .filter(|c| status::is_sidecar(c))
-                    .map(|c| c.name.clone())
-                    .collect()
-            })
-            .unwrap_or_default();
+        let sidecars = self.sidecar_names();
         let running = self.running();
         let grace = self.grace_period().max(0).unsigned_abs();
         let deadline = Instant::now() + Duration::from_secs(grace);
