@@ -1,7 +1,7 @@
 //! The cost of probes, run on demand as root: `cargo bench --bench probes`.
 //!
-//! One agent runs 50 host-network pods three times over, the same containers (busybox
-//! httpd on a port of its own), and measures each phase in steady state:
+//! An agent runs 50 host-network pods (busybox httpd on a port of its own each), three
+//! times over with a fresh agent each time, and each phase is measured in steady state:
 //! - no probes (the baseline);
 //! - 2 network probes per pod at a 1 s period (httpGet readiness, tcpSocket liveness);
 //! - 2 exec probes per pod at a 1 s period (`true` run inside the container; each is a
@@ -39,8 +39,9 @@ fn main() {
     for d in [root.join("images"), manifests.clone()] {
         std::fs::create_dir_all(d).expect("dirs");
     }
+    let image = dir.join("busybox.tar");
     oci::busybox_image("docker.io/library/busybox:bench")
-        .and_then(|i| i.write_layout_tar(&root.join("images/busybox.tar")))
+        .and_then(|i| i.write_layout_tar(&image))
         .expect("busybox image");
     let cfg = dir.join("config.yaml");
     std::fs::write(
@@ -49,11 +50,6 @@ fn main() {
     )
     .expect("config");
     let base_port = 20000 + (pid % 20000) as u16;
-
-    let mut agent = Agent::start(&root, &manifests, &cfg, &dir.join("agent.log"));
-    wait(Duration::from_secs(60), || {
-        root.join("holdfast.sock").exists()
-    });
 
     let phases = [
         ("no probes", ""),
@@ -69,10 +65,15 @@ fn main() {
         ),
     ];
     let mut rows = Vec::new();
+    let mut per_exec_ms = None;
+    let mut runc = None;
+    // Each phase has an agent of its own, so that none inherits the heap another's
+    // pod starts and stops left.
     for (phase, (name, probes)) in phases.iter().enumerate() {
+        std::fs::create_dir_all(root.join("images")).expect("images dir");
+        std::fs::copy(&image, root.join("images/busybox.tar")).expect("copy image");
         for i in 0..PODS {
             let port = base_port + i as u16;
-            // A new label per phase: a new pod, so each phase starts from fresh pods.
             let yaml = format!(
                 "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p{i}\n  labels:\n    phase: \"{phase}\"\nspec:\n  \
                  hostNetwork: true\n  terminationGracePeriodSeconds: 0\n  containers:\n  - name: c\n    \
@@ -82,6 +83,7 @@ fn main() {
             );
             std::fs::write(manifests.join(format!("p{i}.yaml")), yaml).expect("manifest");
         }
+        let mut agent = Agent::start(&root, &manifests, &cfg, &dir.join("agent.log"));
         // Settled: every pod runs this phase's container and says so.
         wait(Duration::from_secs(300), || {
             ready_pods(&root, phase) == PODS && common::running_containers(&root) == PODS
@@ -95,25 +97,41 @@ fn main() {
         let tick = ticks_per_second();
         let core = ticks as f64 / tick / secs * 100.0;
         let mem = memory(agent.pid());
+        let threads = threads(agent.pid());
         println!(
-            "{name}: {core:.1}% of a core, VmRSS {:.1} MiB",
+            "{name}: {core:.1}% of a core, RSS {:.1} MiB, {threads} threads",
             mem.0 as f64 / 1024.0
         );
         rows.push((name.to_string(), core, mem));
-    }
+        if phase == 2 {
+            // Per exec: the agent's and its exec processes' CPU over the window, for
+            // the 100 execs a second the 50 pods ask for.
+            per_exec_ms = Some(core / 100.0 * 1000.0 / 100.0);
+            // The same rootfs and `true` through runc, for a reference.
+            let layer = std::fs::read_dir(root.join("content/layers"))
+                .expect("layers")
+                .flatten()
+                .map(|e| e.path())
+                .find(|p| p.join("bin/busybox").exists())
+                .expect("busybox layer");
+            let bundle = dir.join("bundle");
+            common::make_bundle(&layer, &bundle);
+            runc = runc_exec(&bundle);
+        }
 
-    for f in std::fs::read_dir(&manifests).expect("manifests").flatten() {
-        let _ = std::fs::remove_file(f.path());
+        for f in std::fs::read_dir(&manifests).expect("manifests").flatten() {
+            let _ = std::fs::remove_file(f.path());
+        }
+        wait(Duration::from_secs(300), || {
+            common::running_containers(&root) == 0
+        });
+        agent.stop();
+        let _ = Command::new(BIN)
+            .args(["reset", "--root-dir"])
+            .arg(&root)
+            .args(["--cgroup-root", CGROUP_ROOT])
+            .status();
     }
-    wait(Duration::from_secs(300), || {
-        common::running_containers(&root) == 0
-    });
-    agent.stop();
-    let _ = Command::new(BIN)
-        .args(["reset", "--root-dir"])
-        .arg(&root)
-        .args(["--cgroup-root", CGROUP_ROOT])
-        .status();
 
     println!(
         "\n{PODS} pods, {}-second window in steady state (agent and its exec processes)",
@@ -130,11 +148,23 @@ fn main() {
             *pss as f64 / 1024.0
         );
     }
+    if let Some(ms) = per_exec_ms {
+        println!(
+            "\nCPU per exec of `true`: holdfast exec probe {ms:.1} ms (agent and exec process)"
+        );
+    }
+    if let Some((cpu, wall)) = runc {
+        println!(
+            "CPU per exec of `true`: runc exec {cpu:.1} ms ({wall:.1} ms wall), the runtime alone, same rootfs, same run"
+        );
+    }
     common::write_json(
         "probes",
         &serde_json::json!({
             "pods": PODS,
             "window_s": WINDOW.as_secs(),
+            "cpu_ms_per_exec_probe": per_exec_ms,
+            "runc_exec_ms": runc.map(|(cpu, wall)| serde_json::json!({"cpu": cpu, "wall": wall})),
             "phases": rows.iter().map(|(n, c, (rss, pss))| serde_json::json!({
                 "what": n, "cpu_percent_of_core": c, "rss_kib": rss, "pss_kib": pss,
             })).collect::<Vec<_>>(),
@@ -178,4 +208,59 @@ fn ticks_per_second() -> f64 {
         .flatten()
         .map(|t| t as f64)
         .unwrap_or(100.0)
+}
+
+/// The threads of process `pid` now.
+fn threads(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// CPU and wall time per `runc exec <id> true` into a runc container of `bundle`, over
+/// 100 execs (CPU of the runc processes, from this process's children's rusage), or None
+/// without runc.
+fn runc_exec(bundle: &Path) -> Option<(f64, f64)> {
+    const EXECS: u32 = 100;
+    let state = format!("/run/holdfast-bench-probes-{}", std::process::id());
+    let id = "bench-probe";
+    let run = |args: &[&str]| {
+        Command::new("runc")
+            .args(["--root", &state])
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false)
+    };
+    let bundle = bundle.display().to_string();
+    if !run(&["run", "-d", "--bundle", &bundle, id]) {
+        eprintln!("runc not installed or failed (apt-get install runc); left out");
+        return None;
+    }
+    let before = children_cpu();
+    let t0 = Instant::now();
+    let mut ok = true;
+    for _ in 0..EXECS {
+        ok &= run(&["exec", id, "true"]);
+    }
+    let wall = t0.elapsed().as_secs_f64() * 1000.0 / f64::from(EXECS);
+    let cpu = (children_cpu() - before) * 1000.0 / f64::from(EXECS);
+    run(&["delete", "-f", id]);
+    ok.then_some((cpu, wall))
+}
+
+/// User and system CPU seconds of this process's waited-for children.
+fn children_cpu() -> f64 {
+    nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN)
+        .map(|u| {
+            let t = |tv: nix::sys::time::TimeVal| tv.tv_sec() as f64 + tv.tv_usec() as f64 / 1e6;
+            t(u.user_time()) + t(u.system_time())
+        })
+        .unwrap_or(0.0)
 }

@@ -87,7 +87,7 @@ fn main() {
         .find(|p| p.join("bin/busybox").exists())
         .expect("busybox layer");
     let bundle = dir.join("bundle");
-    make_bundle(&layer, &bundle);
+    common::make_bundle(&layer, &bundle);
     let runc = time_runtime("runc", &bundle, &[]);
     let crun = time_runtime("crun", &bundle, &["--cgroup-manager=cgroupfs"]);
 
@@ -170,37 +170,6 @@ fn shim_memory(root: &Path) -> (usize, u64, u64) {
         }
     }
     (n, rss, pss)
-}
-
-fn make_bundle(layer: &Path, bundle: &Path) {
-    let rootfs = bundle.join("rootfs");
-    std::fs::create_dir_all(&rootfs).expect("bundle");
-    let ok = Command::new("cp")
-        .arg("-a")
-        .arg(format!("{}/.", layer.display()))
-        .arg(&rootfs)
-        .status();
-    assert!(matches!(ok, Ok(s) if s.success()), "copy rootfs");
-    let spec = Command::new("runc")
-        .arg("spec")
-        .current_dir(bundle)
-        .status();
-    if !matches!(spec, Ok(s) if s.success()) {
-        // Without runc there is no reference spec; crun writes the same one.
-        let _ = Command::new("crun")
-            .arg("spec")
-            .current_dir(bundle)
-            .status();
-    }
-    let path = bundle.join("config.json");
-    let Ok(text) = std::fs::read_to_string(&path) else {
-        return;
-    };
-    let mut v: serde_json::Value = serde_json::from_str(&text).expect("config.json");
-    v["process"]["args"] = serde_json::json!(["sleep", "100000"]);
-    v["process"]["terminal"] = serde_json::json!(false);
-    v["linux"]["cgroupsPath"] = serde_json::json!("/holdfast-bench-oci/c");
-    std::fs::write(&path, serde_json::to_vec_pretty(&v).expect("json")).expect("write config.json");
 }
 
 /// Wall time of `<rt> run -d` for each of PODS containers, or None when `rt` is missing.
