@@ -544,6 +544,71 @@ fn configmaps_and_secrets_a_pod_references_are_fetched_and_followed() {
 }
 
 #[test]
+fn failing_probes_reach_the_cluster_as_the_kubelets_events() {
+    if !need_root() {
+        return;
+    }
+    let api = double();
+    let mut a = agent("cluster-probes", &api);
+    a.start();
+    // Never ready; alive for its first seconds only, then restarted by its liveness probe.
+    let mut pod = bound_pod("sick", 1);
+    if let Some(c) = pod.spec.as_mut().map(|s| &mut s.containers[0]) {
+        let exec = |cmd: &[&str]| k8s_openapi::api::core::v1::Probe {
+            exec: Some(k8s_openapi::api::core::v1::ExecAction {
+                command: Some(cmd.iter().map(|s| s.to_string()).collect()),
+            }),
+            period_seconds: Some(1),
+            failure_threshold: Some(2),
+            ..Default::default()
+        };
+        c.readiness_probe = Some(exec(&["sh", "-c", "echo not yet; exit 1"]));
+        c.liveness_probe = Some(exec(&["false"]));
+    }
+    api.create_pod(pod);
+    let events = |api: &ApiServerDouble, reason: &str| -> Vec<String> {
+        api.list_events()
+            .iter()
+            .filter(|e| e.involved_object.name.as_deref() == Some("sick"))
+            .filter(|e| e.reason.as_deref() == Some(reason))
+            .filter_map(|e| e.message.clone())
+            .collect()
+    };
+    wait(&api, &a, "Unhealthy and Killing events", |api| {
+        let unhealthy = events(api, "Unhealthy");
+        unhealthy
+            .iter()
+            .any(|m| m == "Readiness probe failed: not yet\n")
+            && unhealthy
+                .iter()
+                .any(|m| m.starts_with("Liveness probe failed: "))
+            && events(api, "Killing")
+                .iter()
+                .any(|m| m == "Container main failed liveness probe, will be restarted")
+    });
+    let warning = api
+        .list_events()
+        .into_iter()
+        .find(|e| e.reason.as_deref() == Some("Unhealthy"))
+        .expect("event");
+    assert_eq!(warning.type_.as_deref(), Some("Warning"));
+    assert_eq!(
+        warning.involved_object.field_path.as_deref(),
+        Some("spec.containers{main}")
+    );
+    // And the cluster sees it restarted and not ready.
+    wait(&api, &a, "a restart in the pod's status", |api| {
+        api.get_pod("default", "sick")
+            .and_then(|p| p.status)
+            .and_then(|s| s.container_statuses)
+            .is_some_and(|cs| cs[0].restart_count >= 1 && !cs[0].ready)
+    });
+    let pod = api.get_pod("default", "sick").expect("pod");
+    assert_eq!(condition(&pod, "Ready").as_deref(), Some("False"));
+    a.reset();
+}
+
+#[test]
 fn status_shows_the_uplink_go_down_and_come_back() {
     if !need_root() {
         return;
