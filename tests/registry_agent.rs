@@ -312,6 +312,47 @@ fn image_pull_goes_through_the_running_agent_and_prune_keeps_what_pods_use() {
 }
 
 #[test]
+fn a_static_pod_pulls_with_the_nodes_docker_config() {
+    if !need_root() || !registry::tools_present() {
+        return;
+    }
+    let mut a = Agent::new("pull-node-creds");
+    let password = "node-config-pw-0x7e";
+    let reg = Registry::start(
+        &a.dir.join("registry"),
+        &pki::Pki::new(&a.dir.join("pki")),
+        Auth::Basic {
+            user: "site",
+            password,
+        },
+    );
+    push_busybox(&reg, &a.dir, "site/app", "1", Some(("site", password)));
+    a.write_config(&registry_config(&[&reg], ""));
+    a.start();
+    let image = format!("{}/site/app:1", reg.host());
+    a.write_manifest("app.yaml", &pod_yaml("app", &image, "IfNotPresent"));
+    // No credentials on the node yet: the registry refuses, the pod waits.
+    let p = a.wait_pod("app", "refused", WAIT, |p| {
+        matches!(waiting(p).0.as_str(), "ErrImagePull" | "ImagePullBackOff")
+    });
+    let (_, message) = waiting(&p);
+    assert!(message.contains("authentication failed"), "{message}");
+    // The node's docker config.json (in the root dir, the kubelet's first place to
+    // look), base64 `auth` form: the next try pulls.
+    let config = format!(
+        "{{\"auths\":{{\"{}\":{{\"auth\":\"{}\"}}}}}}",
+        reg.host(),
+        b64(&format!("site:{password}"))
+    );
+    std::fs::write(a.root.join("config.json"), config).expect("config.json");
+    a.wait_pod("app", "running", WAIT, running);
+    let log = a.agent_log();
+    assert!(!log.contains(password), "the password in the log");
+    a.reset();
+    a.assert_clean();
+}
+
+#[test]
 fn a_cluster_pod_pulls_with_its_pull_secret_and_the_cluster_sees_the_kubelets_events() {
     if !need_root() || !registry::tools_present() {
         return;
