@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde_json::Value;
-use support::agent::{condition, need_root, Agent};
+use support::agent::{condition, need_root, power_cut, Agent};
 
 const MIN: Duration = Duration::from_secs(60);
 
@@ -289,6 +289,48 @@ fn post_start_and_pre_stop_hooks() {
         "pre\n",
         "SIGTERM came after preStop"
     );
+
+    a.stop();
+    a.reset();
+    a.assert_clean();
+}
+
+#[test]
+fn init_containers_run_again_after_a_power_cut() {
+    if !need_root() {
+        return;
+    }
+    let mut a = Agent::new("init-reboot");
+    let ctl = ctl_dir(&a, "rebooted");
+    a.write_manifest(
+        "rebooted.yaml",
+        &pod(
+            "rebooted",
+            "Always",
+            &c("setup", "echo setup >> /ctl/order", ""),
+            &c("app", "echo app >> /ctl/order; exec sleep 3600", ""),
+            &ctl,
+        ),
+    );
+    a.start();
+    a.wait_pod("rebooted", "app running", MIN, |p| {
+        app(p, "app")["state"]["running"].is_object()
+    });
+    assert_eq!(read(&ctl, "order"), "setup\napp\n");
+
+    // The device loses power: the agent, its shims and containers are gone, the root
+    // dir stays. As the kubelet does for a new sandbox, the init container runs again
+    // (its next attempt) before the app comes back.
+    power_cut(&mut a);
+    a.start();
+    let p = a.wait_pod("rebooted", "app running again", MIN, |p| {
+        app(p, "app")["state"]["running"].is_object() && app(p, "app")["restartCount"] == 1
+    });
+    assert_eq!(read(&ctl, "order"), "setup\napp\nsetup\napp\n");
+    let setup = init(&p, "setup");
+    assert_eq!(setup["restartCount"], 1, "{p}");
+    assert_eq!(setup["state"]["terminated"]["exitCode"], 0, "{p}");
+    assert_eq!(condition(&p, "Initialized")["status"], "True");
 
     a.stop();
     a.reset();

@@ -91,6 +91,9 @@ pub(super) struct Worker {
     /// Why the agent killed a container (a failed probe or hook), for the message of
     /// its terminated state, by container name.
     kill_reasons: BTreeMap<String, String>,
+    /// A running container was found gone with no exit record (a reboot or a power
+    /// cut): the pod's sandbox is new, and its init containers run again.
+    lost: bool,
 }
 
 impl Worker {
@@ -143,6 +146,7 @@ impl Worker {
             ended,
             probes: probes::Probes::default(),
             kill_reasons: BTreeMap::new(),
+            lost: false,
         }
     }
 
@@ -238,6 +242,9 @@ impl Worker {
             .clone()
             .unwrap_or_else(|| "Always".to_string());
         let inits = spec.init_containers.clone().unwrap_or_default();
+        if std::mem::take(&mut self.lost) {
+            self.init_again(&inits).await;
+        }
         let done = status::app_done(&policy, &spec.containers, &self.records)
             || status::init_failed(&policy, &inits, &self.records);
         // Init containers in order: each regular one runs to completion before the
@@ -321,6 +328,38 @@ impl Worker {
         }
     }
 
+    /// The pod's containers were lost with their sandbox (a reboot): as the kubelet
+    /// does for a new sandbox, its completed init containers run again, each as its
+    /// next attempt, before the app containers come back.
+    async fn init_again(&mut self, inits: &[k8s_openapi::api::core::v1::Container]) {
+        let mut again = Vec::new();
+        for c in inits.iter().filter(|c| !status::is_sidecar(c)) {
+            let Some(rec) = self.records.get_mut(&c.name) else {
+                continue;
+            };
+            let Some(cur) = rec
+                .current
+                .take_if(|cur| matches!(cur.state, InstanceState::Terminated(_)))
+            else {
+                continue;
+            };
+            if let InstanceState::Terminated(t) = cur.state {
+                rec.last = Some(t);
+            }
+            rec.restart_count = rec.restart_count.saturating_add(1);
+            rec.failures = 0;
+            again.push(c.name.as_str());
+            self.remove_container(&cur.id).await;
+        }
+        if !again.is_empty() {
+            log::info!(
+                "pod {}: its containers were lost (a reboot or power cut?): init containers {} run again",
+                self.name(),
+                again.join(", ")
+            );
+        }
+    }
+
     /// A regular init container whose current instance completed.
     fn completed(&self, c: &k8s_openapi::api::core::v1::Container) -> bool {
         self.records
@@ -371,6 +410,7 @@ impl Worker {
             let ended = match state {
                 Ok(ContainerState::Exited(exit)) => Some(Terminated::from_exit(&id, &exit)),
                 Ok(ContainerState::Unknown) => {
+                    self.lost = true;
                     Some(Terminated::lost(&id, Some(started_at), time::now()))
                 }
                 Ok(_) => None,

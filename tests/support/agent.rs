@@ -473,3 +473,89 @@ pub fn pid_alive(pid: i32) -> bool {
         )
     })
 }
+
+/// Everything a device loses in a power cut: the agent, every shim and container
+/// (SIGKILL), the containers' mounts and cgroups. The root dir stays, as flash does.
+pub fn power_cut(a: &mut Agent) {
+    a.kill9();
+    let root = a.root.display().to_string();
+    let ours = |pid: u32| {
+        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let in_root =
+            std::fs::read_link(format!("/proc/{pid}/root")).is_ok_and(|r| r.starts_with(&a.root));
+        String::from_utf8_lossy(&cmd).contains(&root) || in_root
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let pids: Vec<u32> = std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
+            .filter(|&pid| pid != std::process::id() && ours(pid))
+            .filter(|&pid| pid_alive(pid as i32))
+            .collect();
+        if pids.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "processes survive SIGKILL: {pids:?}"
+        );
+        for pid in pids {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let dir = a.dir.display().to_string();
+    let mut mounts: Vec<String> = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(4).map(str::to_string))
+        .filter(|mp| mp.starts_with(&dir))
+        .collect();
+    mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
+    for mp in mounts {
+        nix::mount::umount2(mp.as_str(), nix::mount::MntFlags::MNT_DETACH)
+            .unwrap_or_else(|e| panic!("unmount {mp}: {e}"));
+    }
+    for cg in cgroup_dirs(&a.cgroup_root) {
+        remove_cgroup_tree(&cg);
+    }
+}
+
+/// Removes a cgroup and every cgroup below it, deepest first, killing what is left in
+/// them and waiting (bounded) for the kernel to let go of a cgroup whose last process
+/// just died.
+pub fn remove_cgroup_tree(dir: &std::path::Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_cgroup_tree(&e.path());
+            }
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while dir.exists() {
+        let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+        for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        match std::fs::remove_dir(dir) {
+            Ok(()) => return,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+            Err(e) => assert!(
+                Instant::now() < deadline,
+                "remove cgroup {}: {e} (processes: {procs:?})",
+                dir.display()
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
