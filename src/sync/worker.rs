@@ -4,18 +4,17 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::runtime::{ContainerId, ContainerState, RuntimeError, StartRequest};
+use crate::runtime::{ContainerId, ContainerState, RuntimeError};
 use crate::time::{self, Timestamp};
 
 use super::plan::{self, Action};
-use super::record::{ContainerRecord, Instance, InstanceState, Terminated, Waiting};
+use super::record::{ContainerRecord, InstanceState, Terminated};
 use super::status::{self, StatusInputs};
 use super::Deps;
 use crate::uplink::report::EventType;
@@ -23,8 +22,10 @@ use crate::uplink::report::EventType;
 mod environment;
 mod hooks;
 mod image;
+mod init;
 mod probes;
 mod sandbox;
+mod start;
 mod stop;
 
 pub use sandbox::Ended;
@@ -174,12 +175,12 @@ impl Worker {
                 // Probes come and go without a full pass over the pod: a pass is
                 // only for a verdict that changes its status or its containers.
                 _ = sleep_until(self.probes.wake) => {
-                    self.schedule_probes();
+                    self.start_due_probes();
                     continue;
                 }
                 Some(done) = self.probes.rx.recv() => {
                     if !self.probed(done).await {
-                        self.schedule_probes();
+                        self.start_due_probes();
                         continue;
                     }
                     Some(WorkerMsg::Resync)
@@ -247,28 +248,7 @@ impl Worker {
         }
         let done = status::app_done(&policy, &spec.containers, &self.records)
             || status::init_failed(&policy, &inits, &self.records);
-        // Init containers in order: each regular one runs to completion before the
-        // next starts, a sidecar must have started before the next starts; the app
-        // containers start once all of them are through.
-        let mut initialized = true;
-        for c in &inits {
-            if status::is_sidecar(c) {
-                self.sync_container(c, if done { "Never" } else { "Always" })
-                    .await;
-                if !self.sidecar_started(c) {
-                    initialized = false;
-                    break;
-                }
-                continue;
-            }
-            if self.completed(c) {
-                continue;
-            }
-            self.sync_container(c, status::init_policy(&policy)).await;
-            initialized = false;
-            break;
-        }
-        if initialized {
+        if self.sync_init(&inits, &policy, done).await {
             for c in &spec.containers {
                 self.sync_container(c, &policy).await;
             }
@@ -276,12 +256,16 @@ impl Worker {
         if done {
             self.stop_sidecars().await;
         }
-        self.schedule_probes();
+        self.refresh_probes();
         self.persist().await;
     }
 
     /// Brings one container toward its spec under restart policy `policy`.
-    async fn sync_container(&mut self, c: &k8s_openapi::api::core::v1::Container, policy: &str) {
+    pub(super) async fn sync_container(
+        &mut self,
+        c: &k8s_openapi::api::core::v1::Container,
+        policy: &str,
+    ) {
         let rec = self
             .records
             .entry(c.name.clone())
@@ -326,64 +310,6 @@ impl Worker {
                 }
             }
         }
-    }
-
-    /// The pod's containers were lost with their sandbox (a reboot): as the kubelet
-    /// does for a new sandbox, its completed init containers run again, each as its
-    /// next attempt, before the app containers come back.
-    async fn init_again(&mut self, inits: &[k8s_openapi::api::core::v1::Container]) {
-        let mut again = Vec::new();
-        for c in inits.iter().filter(|c| !status::is_sidecar(c)) {
-            let Some(rec) = self.records.get_mut(&c.name) else {
-                continue;
-            };
-            let Some(cur) = rec
-                .current
-                .take_if(|cur| matches!(cur.state, InstanceState::Terminated(_)))
-            else {
-                continue;
-            };
-            if let InstanceState::Terminated(t) = cur.state {
-                rec.last = Some(t);
-            }
-            rec.restart_count = rec.restart_count.saturating_add(1);
-            rec.failures = 0;
-            again.push(c.name.as_str());
-            self.remove_container(&cur.id).await;
-        }
-        if !again.is_empty() {
-            log::info!(
-                "pod {}: its containers were lost (a reboot or power cut?): init containers {} run again",
-                self.name(),
-                again.join(", ")
-            );
-        }
-    }
-
-    /// A regular init container whose current instance completed.
-    fn completed(&self, c: &k8s_openapi::api::core::v1::Container) -> bool {
-        self.records
-            .get(&c.name)
-            .and_then(|r| r.current.as_ref())
-            .is_some_and(
-                |cur| matches!(&cur.state, InstanceState::Terminated(t) if t.exit_code == 0),
-            )
-    }
-
-    /// A sidecar started (running, its startup probe passed), now or before: the init
-    /// containers after it may go on. One that restarts later holds nothing up.
-    fn sidecar_started(&self, c: &k8s_openapi::api::core::v1::Container) -> bool {
-        let Some(rec) = self.records.get(&c.name) else {
-            return false;
-        };
-        if rec.last.is_some() {
-            return true;
-        }
-        let running = rec
-            .current
-            .as_ref()
-            .is_some_and(|cur| matches!(cur.state, InstanceState::Running { .. }));
-        running && self.probe_views().get(&c.name).is_none_or(|v| v.started)
     }
 
     fn wake_at(&mut self, at: Instant) {
@@ -442,187 +368,6 @@ impl Worker {
         let rt = self.deps.runtime.clone();
         let id = id.clone();
         blocking(move || rt.state(&id)).await
-    }
-
-    async fn start(&mut self, c: &k8s_openapi::api::core::v1::Container, mut rec: ContainerRecord) {
-        let image_ref = c.image.clone().unwrap_or_default();
-        let id = ContainerId::derive(&self.uid, &c.name, rec.restart_count);
-
-        // A container created just before the agent last died (before its record was
-        // saved) is adopted, running or exited, not doubled.
-        match self.runtime_state(&id).await {
-            Ok(ContainerState::Running { started_at, .. }) => {
-                let image_id = self.image_id(&image_ref).await;
-                rec.current = Some(Instance {
-                    id: id.clone(),
-                    image: image_ref,
-                    image_id,
-                    state: InstanceState::Running { started_at },
-                });
-                rec.waiting = None;
-                self.register(&id).await;
-                self.records.insert(c.name.clone(), rec);
-                return;
-            }
-            Ok(ContainerState::Exited(exit)) => {
-                let image_id = self.image_id(&image_ref).await;
-                rec.current = Some(Instance {
-                    id: id.clone(),
-                    image: image_ref,
-                    image_id,
-                    state: InstanceState::Terminated(Terminated::from_exit(&id, &exit)),
-                });
-                rec.waiting = None;
-                plan::count_exit(&mut rec, self.deps.crash_loop_reset);
-                self.records.insert(c.name.clone(), rec);
-                // Policy decides about a restart on the next pass, as for any exit.
-                self.wake = Some(Instant::now());
-                return;
-            }
-            Ok(ContainerState::Created) => {
-                // Its shim is still setting it up: look again shortly.
-                self.wake = Some(Instant::now() + Duration::from_millis(200));
-                self.records.insert(c.name.clone(), rec);
-                return;
-            }
-            Ok(ContainerState::Unknown) | Err(_) => {
-                self.remove_container(&id).await;
-            }
-        }
-
-        let Some(image) = self.ensure_image(c, &mut rec).await else {
-            self.records.insert(c.name.clone(), rec);
-            return;
-        };
-
-        let Some(env) = self.environment(c, &mut rec).await else {
-            self.records.insert(c.name.clone(), rec);
-            return;
-        };
-        let Some(mounts) = self.mounts(c, &env, &mut rec).await else {
-            self.records.insert(c.name.clone(), rec);
-            return;
-        };
-        let sandbox = self.runtime_sandbox();
-
-        let log_path = self
-            .log_dir()
-            .join(&c.name)
-            .join(format!("{}.log", rec.restart_count));
-        let rt = self.deps.runtime.clone();
-        let pod = self.pod.clone();
-        let container = c.clone();
-        let node = self.deps.node_name.clone();
-        let restart_count = rec.restart_count;
-        let image_id = image.image_id.clone();
-        let image_id_used = image_id.clone();
-        let start_id = id.clone();
-        let started = blocking(move || {
-            let req = StartRequest {
-                id: start_id,
-                pod: &pod,
-                container: &container,
-                env: &env,
-                restart_count,
-                image: &image,
-                node_name: &node,
-                log_path,
-                sandbox: sandbox.as_ref().map(|s| &s.runtime),
-                mounts: &mounts,
-            };
-            rt.start(&req)
-        })
-        .await;
-        match started {
-            Ok(s) => {
-                log::info!(
-                    "pod {}: container {} started (pid {})",
-                    self.name(),
-                    c.name,
-                    s.pid
-                );
-                rec.current = Some(Instance {
-                    id: id.clone(),
-                    image: image_ref,
-                    image_id,
-                    state: InstanceState::Running {
-                        started_at: s.started_at,
-                    },
-                });
-                rec.waiting = None;
-                self.register(&id).await;
-                self.image_used(&image_id_used).await;
-                for (reason, message) in [
-                    ("Created", format!("Created container: {}", c.name)),
-                    ("Started", format!("Started container {}", c.name)),
-                ] {
-                    self.deps.reporter.event(
-                        &self.pod,
-                        Some(&c.name),
-                        EventType::Normal,
-                        reason,
-                        message,
-                    );
-                }
-                // postStart runs before the worker goes on, as the kubelet's does.
-                self.records.insert(c.name.clone(), rec);
-                self.post_start(c, &id).await;
-                return;
-            }
-            Err(RuntimeError::Start { message, .. }) => {
-                log::error!("pod {}: container {}: {message}", self.name(), c.name);
-                self.deps.reporter.event(
-                    &self.pod,
-                    Some(&c.name),
-                    EventType::Warning,
-                    "Failed",
-                    format!("Error: {message}"),
-                );
-                let now = time::now();
-                rec.current = Some(Instance {
-                    id: id.clone(),
-                    image: image_ref,
-                    image_id,
-                    state: InstanceState::Terminated(Terminated {
-                        container_id: Some(id.uri()),
-                        exit_code: 128,
-                        signal: None,
-                        reason: "StartError".into(),
-                        message: Some(message),
-                        started_at: None,
-                        finished_at: now,
-                    }),
-                });
-                rec.waiting = None;
-                plan::count_exit(&mut rec, self.deps.crash_loop_reset);
-            }
-            Err(e) => {
-                log::error!("pod {}: container {}: {e}", self.name(), c.name);
-                self.deps.reporter.event(
-                    &self.pod,
-                    Some(&c.name),
-                    EventType::Warning,
-                    "Failed",
-                    format!("Error: {e}"),
-                );
-                rec.waiting = Some(Waiting {
-                    reason: e.reason().into(),
-                    message: Some(e.status_message()),
-                });
-                self.remove_container(&id).await;
-            }
-        }
-        self.records.insert(c.name.clone(), rec);
-    }
-
-    /// The image id of an image already present, for containers adopted after a restart.
-    async fn image_id(&self, reference: &str) -> String {
-        let images = self.deps.images.clone();
-        let r = reference.to_string();
-        match blocking(move || images.resolve(&r)).await {
-            Ok(Some(image)) => image.image_id,
-            _ => String::new(),
-        }
     }
 
     async fn register(&self, id: &ContainerId) {

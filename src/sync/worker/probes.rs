@@ -35,8 +35,17 @@ pub(in crate::sync) struct ProbeDone {
     outcome: Outcome,
 }
 
+/// One probe of one container instance: its state and what it runs.
+struct Probe {
+    id: ContainerId,
+    state: ProbeState,
+    /// Taken from the spec when the instance got its probes; an error is the spec's
+    /// fault, and every probe of it fails with it.
+    action: Result<Action, String>,
+}
+
 pub(super) struct Probes {
-    states: BTreeMap<(String, Kind), (ContainerId, ProbeState)>,
+    states: BTreeMap<(String, Kind), Probe>,
     tx: mpsc::Sender<ProbeDone>,
     pub(super) rx: mpsc::Receiver<ProbeDone>,
     /// When the next probe is due.
@@ -59,8 +68,8 @@ impl Probes {
     fn verdict(&self, container: &str, id: &ContainerId, kind: Kind) -> Option<Verdict> {
         self.states
             .get(&(container.to_string(), kind))
-            .filter(|(i, _)| i == id)
-            .map(|(_, s)| s.verdict())
+            .filter(|p| p.id == *id)
+            .map(|p| p.state.verdict())
     }
 }
 
@@ -90,14 +99,15 @@ impl Worker {
             .unwrap_or_else(|| "127.0.0.1".to_string())
     }
 
-    /// Starts the probes that are due, forgets those of containers that no longer run,
-    /// and sets the worker's wake-up for the next one.
-    pub(super) fn schedule_probes(&mut self) {
+    /// Brings the probes in line with the running containers (a pass over the pod):
+    /// a new instance gets fresh probe states, each with its action taken from the
+    /// spec once; those of containers that no longer run are forgotten. Then starts
+    /// what is due.
+    pub(super) fn refresh_probes(&mut self) {
         let now = Instant::now();
         let wall = time::now();
         let mut live: Vec<(String, Kind)> = Vec::new();
         let host = self.probe_host();
-        self.probes.wake = None;
         for c in probed_containers(&self.pod) {
             let Some(rec) = self.records.get(&c.name) else {
                 continue;
@@ -110,57 +120,86 @@ impl Worker {
             // The instance's start on the monotonic clock, for the initial delay.
             let ran = wall.duration_since(started_at).unsigned_abs();
             let started = now.checked_sub(ran).unwrap_or(now);
-            let startup_done = c.startup_probe.is_none()
-                || self.probes.verdict(&c.name, &id, Kind::Startup) == Some(Verdict::Success);
             for kind in Kind::ALL {
                 let Some(spec) = kind.of(&c) else { continue };
                 let key = (c.name.clone(), kind);
                 live.push(key.clone());
-                let fresh = !matches!(self.probes.states.get(&key), Some((i, _)) if *i == id);
-                if fresh {
-                    let mut state = ProbeState::new(kind, Timing::of(spec, kind), started);
-                    if let Some(v) = self.verdict_before_restart(&c.name, &id, kind) {
-                        state.assume(v);
-                    }
-                    self.probes.states.insert(key.clone(), (id.clone(), state));
-                }
-                // Startup gates liveness and readiness; once it succeeded it is done.
-                let gated = match kind {
-                    Kind::Startup => startup_done,
-                    _ => !startup_done,
-                };
-                if gated {
+                if matches!(self.probes.states.get(&key), Some(p) if p.id == id) {
                     continue;
                 }
-                let Some((_, state)) = self.probes.states.get_mut(&key) else {
-                    continue;
-                };
-                if state.due(now) {
-                    state.started();
-                    let timing = state.timing;
-                    let action = Action::of_probe(spec, &c, &host);
-                    let done = ProbeDone {
-                        container: c.name.clone(),
-                        id: id.clone(),
-                        kind,
-                        outcome: Outcome::Success,
-                    };
-                    if let Err(e) = self.spawn_probe(done, action, timing.timeout) {
-                        // No thread (a pid or memory limit): a failed probe, tried
-                        // again a period later.
-                        if let Some((_, state)) = self.probes.states.get_mut(&key) {
-                            state.record(false, &e, now);
-                            let at = state.next_at();
-                            self.probes.wake = Some(self.probes.wake.map_or(at, |w| w.min(at)));
-                        }
-                    }
-                } else if !state.in_flight() {
-                    let at = state.next_at();
-                    self.probes.wake = Some(self.probes.wake.map_or(at, |w| w.min(at)));
+                let mut state = ProbeState::new(kind, Timing::of(spec, kind), started);
+                if let Some(v) = self.verdict_before_restart(&c.name, &id, kind) {
+                    state.assume(v);
                 }
+                let probe = Probe {
+                    id: id.clone(),
+                    state,
+                    action: Action::of_probe(spec, &c, &host),
+                };
+                self.probes.states.insert(key, probe);
             }
         }
         self.probes.states.retain(|k, _| live.contains(k));
+        self.start_due_probes();
+    }
+
+    /// Starts the probes that are due and sets the wake-up for the next one. Cheap: it
+    /// runs at every probe's period, and looks only at the probe states.
+    pub(super) fn start_due_probes(&mut self) {
+        let now = Instant::now();
+        self.probes.wake = None;
+        let keys: Vec<(String, Kind)> = self.probes.states.keys().cloned().collect();
+        for key in keys {
+            let (name, kind) = (&key.0, key.1);
+            // Startup gates liveness and readiness; once it succeeded it is done.
+            let startup_done = self
+                .probes
+                .states
+                .get(&(name.clone(), Kind::Startup))
+                .is_none_or(|p| p.state.verdict() == Verdict::Success);
+            let gated = match kind {
+                Kind::Startup => startup_done,
+                _ => !startup_done,
+            };
+            let Some(probe) = self.probes.states.get(&key) else {
+                continue;
+            };
+            // The instance may have ended since the last pass: it is probed no more.
+            let running = self
+                .records
+                .get(name)
+                .and_then(|r| r.current.as_ref())
+                .is_some_and(|cur| {
+                    cur.id == probe.id && matches!(cur.state, InstanceState::Running { .. })
+                });
+            if gated || !running || probe.state.in_flight() {
+                continue;
+            }
+            if !probe.state.due(now) {
+                let at = probe.state.next_at();
+                self.probes.wake = Some(self.probes.wake.map_or(at, |w| w.min(at)));
+                continue;
+            }
+            let done = ProbeDone {
+                container: name.clone(),
+                id: probe.id.clone(),
+                kind,
+                outcome: Outcome::Success,
+            };
+            let (action, timeout) = (probe.action.clone(), probe.state.timing.timeout);
+            let spawned = self.spawn_probe(done, action, timeout);
+            let Some(probe) = self.probes.states.get_mut(&key) else {
+                continue;
+            };
+            probe.state.started();
+            if let Err(e) = spawned {
+                // No thread (a pid or memory limit): a failed probe, tried again a
+                // period later.
+                probe.state.record(false, &e, now);
+                let at = probe.state.next_at();
+                self.probes.wake = Some(self.probes.wake.map_or(at, |w| w.min(at)));
+            }
+        }
     }
 
     /// Runs a probe on a thread of its own that ends with it, as the kubelet gives each
@@ -198,7 +237,7 @@ impl Worker {
     /// startup probe failed for good. Returns whether the status may have changed.
     pub(super) async fn probed(&mut self, done: ProbeDone) -> bool {
         let key = (done.container.clone(), done.kind);
-        let Some((id, state)) = self.probes.states.get_mut(&key) else {
+        let Some(Probe { id, state, .. }) = self.probes.states.get_mut(&key) else {
             return false;
         };
         if *id != done.id {
