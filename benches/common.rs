@@ -45,6 +45,28 @@ impl Agent {
     }
 }
 
+/// Ends a bench's agent run: removes every manifest, waits (up to `within`) for the
+/// agent to have stopped all its containers, stops it, and resets its root dir and
+/// cgroups.
+pub fn finish(
+    agent: &mut Agent,
+    root: &Path,
+    manifests: &Path,
+    cgroup_root: &str,
+    within: Duration,
+) {
+    for f in std::fs::read_dir(manifests).expect("manifests").flatten() {
+        let _ = std::fs::remove_file(f.path());
+    }
+    wait(within, || running_containers(root) == 0);
+    agent.stop();
+    let _ = Command::new(BIN)
+        .args(["reset", "--root-dir"])
+        .arg(root)
+        .args(["--cgroup-root", cgroup_root])
+        .status();
+}
+
 /// Polls `cond` until it holds; panics after `within`.
 pub fn wait(within: Duration, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + within;

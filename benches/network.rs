@@ -17,7 +17,7 @@ mod oci;
 use std::path::Path;
 use std::process::Command;
 
-use common::{wait, Agent, BIN};
+use common::{wait, Agent};
 use std::time::{Duration, Instant};
 
 const PODS: usize = 30;
@@ -104,18 +104,13 @@ fn main() {
         }
     }
 
-    for f in std::fs::read_dir(&manifests).expect("manifests").flatten() {
-        let _ = std::fs::remove_file(f.path());
-    }
-    wait(Duration::from_secs(180), || {
-        common::running_containers(&root) == 0
-    });
-    agent.stop();
-    let _ = Command::new(BIN)
-        .args(["reset", "--root-dir"])
-        .arg(&root)
-        .args(["--cgroup-root", CGROUP_ROOT])
-        .status();
+    common::finish(
+        &mut agent,
+        &root,
+        &manifests,
+        CGROUP_ROOT,
+        Duration::from_secs(180),
+    );
     let _ = Command::new("ip").args(["link", "del", &bridge]).status();
 
     let rows = [("hostNetwork", stats(&host)), ("CNI bridge", stats(&cni))];

@@ -119,18 +119,13 @@ fn main() {
             runc = runc_exec(&bundle);
         }
 
-        for f in std::fs::read_dir(&manifests).expect("manifests").flatten() {
-            let _ = std::fs::remove_file(f.path());
-        }
-        wait(Duration::from_secs(300), || {
-            common::running_containers(&root) == 0
-        });
-        agent.stop();
-        let _ = Command::new(BIN)
-            .args(["reset", "--root-dir"])
-            .arg(&root)
-            .args(["--cgroup-root", CGROUP_ROOT])
-            .status();
+        common::finish(
+            &mut agent,
+            &root,
+            &manifests,
+            CGROUP_ROOT,
+            Duration::from_secs(300),
+        );
     }
 
     println!(

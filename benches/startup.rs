@@ -15,7 +15,7 @@ mod oci;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use common::{memory, wait, Agent, BIN};
+use common::{memory, wait, Agent};
 use std::time::{Duration, Instant};
 
 const PODS: usize = 30;
@@ -91,18 +91,13 @@ fn main() {
     let runc = time_runtime("runc", &bundle, &[]);
     let crun = time_runtime("crun", &bundle, &["--cgroup-manager=cgroupfs"]);
 
-    for f in std::fs::read_dir(&manifests).expect("manifests").flatten() {
-        let _ = std::fs::remove_file(f.path());
-    }
-    wait(Duration::from_secs(120), || {
-        common::running_containers(&root) == 0
-    });
-    agent.stop();
-    let _ = Command::new(BIN)
-        .args(["reset", "--root-dir"])
-        .arg(&root)
-        .args(["--cgroup-root", "/holdfast-bench"])
-        .status();
+    common::finish(
+        &mut agent,
+        &root,
+        &manifests,
+        "/holdfast-bench",
+        Duration::from_secs(120),
+    );
 
     let mut rows = vec![("holdfast (manifest → running)", stats(&holdfast))];
     if let Some(r) = &runc {
