@@ -312,6 +312,17 @@ impl Worker {
         }
     }
 
+    /// The kubelet's `Failed` event for container `c`: `Error: <message>`.
+    fn failed(&self, c: &k8s_openapi::api::core::v1::Container, message: &dyn std::fmt::Display) {
+        self.deps.reporter.event(
+            &self.pod,
+            Some(&c.name),
+            EventType::Warning,
+            "Failed",
+            format!("Error: {message}"),
+        );
+    }
+
     fn wake_at(&mut self, at: Instant) {
         self.wake = Some(match self.wake {
             Some(w) if w < at => w,

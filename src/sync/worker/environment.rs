@@ -55,13 +55,7 @@ impl Worker {
                 // Said once per distinct failure, not on every retry.
                 if rec.waiting.as_ref() != Some(&waiting) {
                     log::warn!("pod {}: container {}: {message}", self.name(), c.name);
-                    self.deps.reporter.event(
-                        &self.pod,
-                        Some(&c.name),
-                        EventType::Warning,
-                        "Failed",
-                        format!("Error: {message}"),
-                    );
+                    self.failed(c, &message);
                 }
                 rec.waiting = Some(waiting);
                 None

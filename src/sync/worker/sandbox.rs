@@ -160,13 +160,7 @@ impl Worker {
         };
         if rec.waiting.as_ref() != Some(&waiting) {
             log::warn!("pod {}: container {}: {message}", self.name(), c.name);
-            self.deps.reporter.event(
-                &self.pod,
-                Some(&c.name),
-                EventType::Warning,
-                "Failed",
-                format!("Error: {message}"),
-            );
+            self.failed(c, &message);
         }
         rec.waiting = Some(waiting);
         None

@@ -143,13 +143,7 @@ impl Worker {
             }
             Err(RuntimeError::Start { message, .. }) => {
                 log::error!("pod {}: container {}: {message}", self.name(), c.name);
-                self.deps.reporter.event(
-                    &self.pod,
-                    Some(&c.name),
-                    EventType::Warning,
-                    "Failed",
-                    format!("Error: {message}"),
-                );
+                self.failed(c, &message);
                 let now = time::now();
                 rec.current = Some(Instance {
                     id: id.clone(),
@@ -170,13 +164,7 @@ impl Worker {
             }
             Err(e) => {
                 log::error!("pod {}: container {}: {e}", self.name(), c.name);
-                self.deps.reporter.event(
-                    &self.pod,
-                    Some(&c.name),
-                    EventType::Warning,
-                    "Failed",
-                    format!("Error: {e}"),
-                );
+                self.failed(c, &e);
                 rec.waiting = Some(Waiting {
                     reason: e.reason().into(),
                     message: Some(e.status_message()),
