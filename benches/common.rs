@@ -116,9 +116,16 @@ pub fn write_json(name: &str, value: &serde_json::Value) {
     println!("\nwrote {}", path.display());
 }
 
-/// An OCI bundle for runc and crun at `bundle`: a copy of the unpacked busybox `layer`
-/// and `runc spec`'s config running `sleep`, in cgroup `/holdfast-bench-oci/c`.
-pub fn make_bundle(layer: &Path, bundle: &Path) {
+/// An OCI bundle for runc and crun at `bundle`: a copy of the busybox layer the agent
+/// under `root` unpacked, and `runc spec`'s config running `sleep`, in cgroup
+/// `/holdfast-bench-oci/c`.
+pub fn make_bundle(root: &Path, bundle: &Path) {
+    let layer = std::fs::read_dir(root.join("content/layers"))
+        .expect("layers")
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.join("bin/busybox").exists())
+        .expect("busybox layer");
     let rootfs = bundle.join("rootfs");
     std::fs::create_dir_all(&rootfs).expect("bundle");
     let ok = Command::new("cp")

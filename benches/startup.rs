@@ -80,14 +80,8 @@ fn main() {
     }
 
     // The same rootfs and process for runc and crun.
-    let layer = std::fs::read_dir(root.join("content/layers"))
-        .expect("layers")
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| p.join("bin/busybox").exists())
-        .expect("busybox layer");
     let bundle = dir.join("bundle");
-    common::make_bundle(&layer, &bundle);
+    common::make_bundle(&root, &bundle);
     let runc = time_runtime("runc", &bundle, &[]);
     let crun = time_runtime("crun", &bundle, &["--cgroup-manager=cgroupfs"]);
 
