@@ -208,7 +208,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         podstates,
         root_dir: root.clone(),
         node_name: config.node_name.clone(),
-        host_ip: crate::node::host_ip(),
+        host_ip: crate::node::node_address(&config),
         objects,
         allocatable,
         backoff: Backoff {
