@@ -10,11 +10,14 @@ mod control_plane;
 
 use std::time::{Duration, Instant};
 
+use control_plane::cluster::{
+    assert_pod_ip, condition, fresh_namespace, node_on_network, pod, settled_namespace, tail,
+    wait_running, Timings, WAIT,
+};
+use control_plane::link::NodeAddress;
 use control_plane::{ControlPlane, Options};
 use serde_json::Value;
 use support::agent::{need_root, Agent};
-
-const WAIT: Duration = Duration::from_secs(60);
 
 /// An agent that is node `node` of `cp`, with short node intervals.
 fn node(cp: &ControlPlane, name: &str, node: &str, holdfast_keys: &str) -> Agent {
@@ -26,13 +29,6 @@ fn node(cp: &ControlPlane, name: &str, node: &str, holdfast_keys: &str) -> Agent
         "nodeStatusUpdateFrequency: 1s\nnodeStatusReportFrequency: 3s\n",
     );
     a
-}
-
-fn condition<'a>(obj: &'a Value, type_: &str) -> &'a Value {
-    obj["status"]["conditions"]
-        .as_array()
-        .and_then(|cs| cs.iter().find(|c| c["type"] == type_))
-        .unwrap_or(&Value::Null)
 }
 
 #[test]
@@ -95,4 +91,177 @@ fn node_registers_goes_ready_and_renews_its_lease() {
             .and_then(|l| l["spec"]["renewTime"].as_str().map(str::to_string))
             .filter(|t| *t > first)
     });
+}
+
+/// Pods, one bound by name and one placed by the scheduler, run with their own pod IP;
+/// `kubectl logs` (and `-f`), the node's stats through the apiserver's node proxy, and
+/// `kubectl delete pod` work on them.
+#[test]
+fn pods_run_with_their_own_pod_ip_and_serve_logs_and_stats() {
+    if !need_root() || !support::cni::need_plugins() {
+        return;
+    }
+    let cp = ControlPlane::start(Options::default());
+    eprintln!("control plane (all four) ready in {:?}", cp.started_in);
+    let addr = NodeAddress::new(0);
+    let (net, mut a) = node_on_network(&cp, "cp-pods", "edge-node-1", 0, Some(&addr));
+    a.start();
+    let log = || tail(&a.agent_log(), 60);
+    cp.wait_for("node Ready", WAIT, log, |cp| {
+        cp.get("node/edge-node-1", None)
+            .filter(|n| condition(n, "Ready")["status"] == "True")
+    });
+
+    let mut timings = Timings::default();
+    let ns = "apps";
+    settled_namespace(&cp, ns);
+    let script = "i=0; while true; do echo tick $i; i=$((i+1)); sleep 0.2; done";
+    let t = Instant::now();
+    cp.create(&pod(ns, "bound", Some("edge-node-1"), script).to_string());
+    let bound = wait_running(&cp, &a, ns, "bound");
+    timings.add(t);
+    assert_pod_ip(&bound, &net, &a);
+
+    let t = Instant::now();
+    cp.create(&pod(ns, "scheduled", None, script).to_string());
+    let scheduled = wait_running(&cp, &a, ns, "scheduled");
+    timings.add(t);
+    assert_eq!(scheduled["spec"]["nodeName"], "edge-node-1");
+    assert_eq!(condition(&scheduled, "PodScheduled")["status"], "True");
+    assert_pod_ip(&scheduled, &net, &a);
+    assert_ne!(scheduled["status"]["podIP"], bound["status"]["podIP"]);
+
+    // kubectl logs: what the container printed so far.
+    let logs = cp.kubectl_ok(&["logs", "-n", ns, "bound"]);
+    assert!(logs.starts_with("tick 0\n"), "{logs}");
+    // kubectl logs -f: new lines keep coming.
+    let mut follow = cp
+        .kubectl_cmd(&["logs", "-f", "-n", ns, "scheduled", "--tail=1"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("kubectl logs -f");
+    let stdout = follow.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while seen.len() < 5 && Instant::now() < deadline {
+        if let Ok(l) = rx.recv_timeout(Duration::from_millis(500)) {
+            seen.push(l);
+        }
+    }
+    let _ = follow.kill();
+    let _ = follow.wait();
+    assert!(seen.len() >= 5, "kubectl logs -f gave only {seen:?}");
+    let n = |l: &String| l.strip_prefix("tick ").and_then(|n| n.parse::<u64>().ok());
+    let ticks: Vec<u64> = seen.iter().filter_map(n).collect();
+    assert_eq!(ticks.len(), seen.len(), "{seen:?}");
+    assert!(ticks.windows(2).all(|w| w[1] == w[0] + 1), "{seen:?}");
+
+    // The node's stats through the apiserver's node proxy (kubectl top's path).
+    let raw = cp.kubectl_ok(&[
+        "get",
+        "--raw",
+        "/api/v1/nodes/edge-node-1/proxy/stats/summary",
+    ]);
+    let summary: Value = serde_json::from_str(&raw).expect("summary json");
+    assert_eq!(summary["node"]["nodeName"], "edge-node-1");
+    let names: Vec<&str> = summary["pods"]
+        .as_array()
+        .map(|ps| {
+            ps.iter()
+                .filter(|p| p["podRef"]["namespace"] == ns)
+                .filter_map(|p| p["podRef"]["name"].as_str())
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(
+        names.contains(&"bound") && names.contains(&"scheduled"),
+        "{names:?}"
+    );
+
+    // kubectl delete pod returns once the pod is gone (no Terminating left behind).
+    for name in ["bound", "scheduled"] {
+        let t = Instant::now();
+        cp.kubectl_ok(&["delete", "pod", "-n", ns, name, "--timeout=60s"]);
+        eprintln!("kubectl delete pod {name}: {:?}", t.elapsed());
+        assert!(cp.get(&format!("pod/{name}"), Some(ns)).is_none());
+    }
+    a.wait_gone("bound", WAIT);
+    a.wait_gone("scheduled", WAIT);
+    timings.print("create to Running through the apiserver");
+}
+
+/// A pod created with its namespace, before the namespace's `kube-root-ca.crt` exists
+/// (its service-account volume cannot be set up yet), shows no pod IP but its own while
+/// it waits, and runs with its own once the ConfigMap is there. The ConfigMap's
+/// publisher is left out of the controller-manager so that the wait is certain.
+#[test]
+fn a_pod_made_with_its_namespace_shows_only_its_own_pod_ip() {
+    if !need_root() || !support::cni::need_plugins() {
+        return;
+    }
+    let cp = ControlPlane::start(Options {
+        controllers: "*,-root-ca-cert-publisher".into(),
+        scheduler: false,
+        ..Options::default()
+    });
+    let addr = NodeAddress::new(1);
+    let (net, mut a) = node_on_network(&cp, "cp-fresh", "edge-node-1", 1, Some(&addr));
+    a.start();
+    let log = || tail(&a.agent_log(), 60);
+    cp.wait_for("node Ready", WAIT, log, |cp| {
+        cp.get("node/edge-node-1", None)
+            .filter(|n| condition(n, "Ready")["status"] == "True")
+    });
+    let ns = "fresh";
+    fresh_namespace(&cp, ns);
+    let t = Instant::now();
+    cp.create(&pod(ns, "early", Some("edge-node-1"), "sleep 3600").to_string());
+
+    // Waiting for its volume: no address but its own, ever.
+    cp.wait_for("FailedMount for kube-root-ca.crt", WAIT, log, |cp| {
+        let ev = cp.kubectl_ok(&["get", "events", "-n", ns, "-o", "json"]);
+        ev.contains("kube-root-ca.crt").then_some(())
+    });
+    let until = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < until {
+        let p = cp.get("pod/early", Some(ns)).expect("pod");
+        let ip = p["status"]["podIP"].as_str().unwrap_or("");
+        assert!(
+            ip.is_empty() || ip.starts_with(&net.prefix),
+            "a waiting pod shows podIP {ip}: {}",
+            p["status"]
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let ca = std::fs::read_to_string(cp.ca()).expect("ca");
+    cp.create(
+        &serde_json::json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "kube-root-ca.crt", "namespace": ns},
+            "data": {"ca.crt": ca},
+        })
+        .to_string(),
+    );
+    let p = wait_running(&cp, &a, ns, "early");
+    eprintln!(
+        "create to Running, waiting on kube-root-ca.crt: {:?}",
+        t.elapsed()
+    );
+    assert_pod_ip(&p, &net, &a);
+    let t = Instant::now();
+    cp.kubectl_ok(&["delete", "pod", "-n", ns, "early", "--timeout=60s"]);
+    eprintln!("kubectl delete pod early: {:?}", t.elapsed());
 }

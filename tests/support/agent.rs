@@ -62,6 +62,9 @@ pub struct Agent {
     /// threads, test files) do not fight over 10250 and 10248.
     pub port: u16,
     pub healthz_port: u16,
+    /// The kubelet API's `address`: 127.0.0.1 unless a test gives the agent an address
+    /// of its own (the apiserver's node proxy refuses loopback node addresses).
+    pub address: String,
     child: Option<Child>,
 }
 
@@ -95,6 +98,7 @@ impl Agent {
             extra_env: Vec::new(),
             port: free_port(),
             healthz_port: free_port(),
+            address: "127.0.0.1".into(),
             child: None,
         };
         agent.write_config("");
@@ -104,7 +108,7 @@ impl Agent {
 
     /// Writes the config file; `extra` is appended under the `holdfast:` section's
     /// siblings (top-level KubeletConfiguration keys). The kubelet API listens on the
-    /// agent's own ports on 127.0.0.1 (`extra` must not set `address`, `port` or
+    /// agent's own ports on its `address` (`extra` must not set `address`, `port` or
     /// `healthzPort`).
     pub fn write_config(&self, extra: &str) {
         // Tests share the machine's disk and memory: its pressure is no test's business
@@ -117,9 +121,9 @@ impl Agent {
         let cfg = format!(
             "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
              fileCheckFrequency: 2s\nsyncFrequency: 5s\ncgroupRoot: {}\n\
-             address: 127.0.0.1\nport: {}\nhealthzPort: {}\n\
+             address: {}\nport: {}\nhealthzPort: {}\n\
              holdfast:\n  crashLoopBackOffInitial: 1s\n  crashLoopBackOffMax: 4s\n{eviction}{extra}",
-            self.cgroup_root, self.port, self.healthz_port
+            self.cgroup_root, self.address, self.port, self.healthz_port
         );
         std::fs::write(self.dir.join("config.yaml"), cfg).expect("config");
     }

@@ -16,6 +16,8 @@
 #![allow(dead_code)]
 
 mod certs;
+pub mod cluster;
+pub mod link;
 #[path = "../pki.rs"]
 pub mod pki;
 mod process;
@@ -207,7 +209,7 @@ impl ControlPlane {
             format!("--service-account-signing-key-file={}", c.sa_key.display()),
             // To kubelets (`kubectl logs`, `exec`, the node proxy): a client
             // certificate, and their serving certificate checked against the test CA;
-            // a test agent listens on 127.0.0.1 and reports that as its InternalIP.
+            // a test agent reports the one address it listens on as its InternalIP.
             format!(
                 "--kubelet-client-certificate={}",
                 c.kubelet_client.cert.display()
@@ -217,6 +219,11 @@ impl ControlPlane {
             s("--kubelet-preferred-address-types=InternalIP"),
             s("--allow-privileged=true"),
             s("--profiling=false"),
+            // 3 logs every request with its status (HOLDFAST_TEST_APISERVER_V=3).
+            format!(
+                "--v={}",
+                std::env::var("HOLDFAST_TEST_APISERVER_V").unwrap_or_else(|_| "1".into())
+            ),
         ];
         self.spawn("kube-apiserver", args);
     }
@@ -311,7 +318,7 @@ impl ControlPlane {
     }
 
     /// Makes `agent` a node of this cluster: its `node_name`'s kubeconfig, a kubelet
-    /// serving certificate from the cluster CA for 127.0.0.1 and the node name, and the
+    /// serving certificate from the cluster CA for its `address` and node name, and the
     /// CA as `clientCAFile` so the apiserver's client certificate is accepted. Writes
     /// the agent's config: `holdfast_keys` go under `holdfast:`, `top_level` after.
     pub fn join(&self, agent: &mut Agent, holdfast_keys: &str, top_level: &str) {
@@ -320,7 +327,7 @@ impl ControlPlane {
         let serving = self
             .certs
             .pki
-            .server(&format!("kubelet-{node}"), &["127.0.0.1", &node]);
+            .server(&format!("kubelet-{node}"), &[&agent.address, &node]);
         agent.write_config(&format!(
             "{holdfast_keys}{top_level}tlsCertFile: {}\ntlsPrivateKeyFile: {}\n\
              authentication:\n  x509:\n    clientCAFile: {}\n",
