@@ -145,6 +145,10 @@ impl Timings {
         self.0.push(since.elapsed());
     }
 
+    pub fn add_duration(&mut self, d: Duration) {
+        self.0.push(d);
+    }
+
     pub fn print(&mut self, what: &str) {
         if self.0.is_empty() {
             return;
