@@ -26,7 +26,7 @@ pub struct StatusInputs<'a> {
     pub backoff: &'a Backoff,
     /// When the worker first accepted the pod (`startTime`).
     pub start_time: Option<Timestamp>,
-    /// The node's address: `hostIP`, and `podIP` for host-network pods.
+    /// The node's address: `hostIP`, and `podIP` for host-network pods only.
     pub host_ip: Option<&'a str>,
     /// The status reported before, whose condition transition times are kept when a
     /// condition did not change.
@@ -35,7 +35,7 @@ pub struct StatusInputs<'a> {
     /// every container ended, the phase is terminal (the kubelet's `podIsTerminal`).
     pub terminal: bool,
     /// The pod's sandbox (namespaces, network, volumes); None: no sandbox is kept
-    /// for it, and it shows the node's address.
+    /// for it, and a pod with its own network shows no address.
     pub sandbox: Option<&'a SandboxStatus>,
     /// What the probes say of each running container, by name; a container missing
     /// here is ready and started once it runs.
@@ -166,16 +166,7 @@ pub fn pod_status(
     ];
 
     let ip = i.host_ip.map(str::to_string);
-    // A pod with its own network shows its own addresses; a host-network pod the node's.
-    let own_ips: Vec<String> = i.sandbox.map(|sb| sb.pod_ips.clone()).unwrap_or_default();
-    let (pod_ip, pod_ips) = if own_ips.is_empty() {
-        (ip.clone(), ip.clone().map(|ip| vec![PodIP { ip }]))
-    } else {
-        (
-            own_ips.first().cloned(),
-            Some(own_ips.into_iter().map(|ip| PodIP { ip }).collect()),
-        )
-    };
+    let (pod_ip, pod_ips) = pod_addresses(pod, i, terminal || i.terminal);
     let qos_containers: Vec<Container> = inits.iter().chain(containers).cloned().collect();
     PodStatus {
         phase: Some(phase.to_string()),
@@ -190,6 +181,45 @@ pub fn pod_status(
         start_time: i.start_time.map(Time),
         ..PodStatus::default()
     }
+}
+
+/// `podIP` and `podIPs`: a host-network pod shows the node's address; a pod with its
+/// own network its own addresses, and none while it has none yet (its sandbox waits
+/// for a volume, say), as the kubelet reports it. The node's address in their place
+/// would be merged with the pod's own later and refused by the apiserver (two IPv4
+/// addresses). A pod that ended keeps the addresses it had once its sandbox is gone.
+fn pod_addresses(
+    pod: &Pod,
+    i: &StatusInputs<'_>,
+    terminal: bool,
+) -> (Option<String>, Option<Vec<PodIP>>) {
+    let host_network = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.host_network)
+        .unwrap_or(false);
+    let mut own: Vec<String> = if host_network {
+        i.host_ip.map(str::to_string).into_iter().collect()
+    } else {
+        i.sandbox.map(|sb| sb.pod_ips.clone()).unwrap_or_default()
+    };
+    if own.is_empty() && !host_network && terminal {
+        own = i
+            .previous
+            .and_then(|p| p.pod_ips.as_ref())
+            .into_iter()
+            .flatten()
+            .map(|p| p.ip.clone())
+            .filter(|ip| Some(ip.as_str()) != i.host_ip)
+            .collect();
+    }
+    if own.is_empty() {
+        return (None, None);
+    }
+    (
+        own.first().cloned(),
+        Some(own.into_iter().map(|ip| PodIP { ip }).collect()),
+    )
 }
 
 fn condition(
@@ -683,5 +713,71 @@ mod tests {
         });
         let s = with_inits("Always", vec![limited], vec![]);
         assert_eq!(s.qos_class.as_deref(), Some("Burstable"));
+    }
+
+    fn addresses(host_network: bool, sandbox: Option<&SandboxStatus>, terminal: bool) -> PodStatus {
+        let mut p = pod("Always");
+        if let Some(spec) = p.spec.as_mut() {
+            spec.host_network = Some(host_network);
+        }
+        let backoff = Backoff {
+            initial: Duration::from_secs(10),
+            max: Duration::from_secs(300),
+        };
+        let previous = PodStatus {
+            pod_ip: Some("10.77.0.9".into()),
+            pod_ips: Some(vec![PodIP {
+                ip: "10.77.0.9".into(),
+            }]),
+            ..PodStatus::default()
+        };
+        let inputs = StatusInputs {
+            now: Timestamp::from_second(1_800_000_001).expect("ts"),
+            backoff: &backoff,
+            start_time: None,
+            host_ip: Some("192.0.2.2"),
+            previous: Some(&previous),
+            terminal,
+            sandbox,
+            probes: None,
+        };
+        pod_status(&p, &BTreeMap::new(), &inputs)
+    }
+
+    #[test]
+    fn a_pod_network_without_an_address_yet_shows_none() {
+        let waiting = SandboxStatus::default();
+        for sandbox in [None, Some(&waiting)] {
+            let s = addresses(false, sandbox, false);
+            assert_eq!(s.pod_ip, None);
+            assert_eq!(s.pod_ips, None);
+            assert_eq!(s.host_ip.as_deref(), Some("192.0.2.2"));
+        }
+        let up = SandboxStatus {
+            ready: true,
+            pod_ips: vec!["10.77.0.5".into(), "fd00::5".into()],
+        };
+        let s = addresses(false, Some(&up), false);
+        assert_eq!(s.pod_ip.as_deref(), Some("10.77.0.5"));
+        let ips: Vec<&str> = s.pod_ips.iter().flatten().map(|p| p.ip.as_str()).collect();
+        assert_eq!(ips, ["10.77.0.5", "fd00::5"]);
+    }
+
+    #[test]
+    fn a_host_network_pod_shows_the_nodes_address() {
+        let s = addresses(true, Some(&SandboxStatus::default()), false);
+        assert_eq!(s.pod_ip.as_deref(), Some("192.0.2.2"));
+        assert_eq!(
+            s.pod_ips,
+            Some(vec![PodIP {
+                ip: "192.0.2.2".into()
+            }])
+        );
+    }
+
+    #[test]
+    fn an_ended_pod_keeps_its_addresses_when_its_sandbox_is_gone() {
+        let s = addresses(false, Some(&SandboxStatus::default()), true);
+        assert_eq!(s.pod_ip.as_deref(), Some("10.77.0.9"));
     }
 }

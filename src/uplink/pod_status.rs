@@ -2,10 +2,14 @@
 //!
 //! `PATCH pods/<name>/status` with a strategic merge patch: conditions merge by type, so
 //! a condition the agent does not own (the scheduler's `PodScheduled` on a cluster pod)
-//! is left as the server has it; `metadata.uid` makes a patch for a pod that was
-//! replaced under the same name fail (422) instead of landing on the wrong pod.
+//! is left as the server has it; `podIPs` and `hostIPs` (merged by `ip` otherwise) are
+//! replaced whole, so an address the API holds from before cannot join the new ones;
+//! `metadata.uid` makes a patch for a pod that was replaced under the same name fail
+//! instead of landing on the wrong pod. A patch the apiserver refuses is said with its
+//! message, and the status goes again whole: a PUT of `/status` on the pod as the API
+//! holds it (its resourceVersion), which nothing merged before can spoil.
 
-use k8s_openapi::api::core::v1::{Pod, PodStatus};
+use k8s_openapi::api::core::v1::{Pod, PodCondition, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{DeleteOptions, Preconditions};
 use serde_json::{json, Value};
 
@@ -42,6 +46,19 @@ pub fn status_patch(uid: &str, status: &PodStatus, owns_all: bool) -> Value {
                 .map(|t| json!({ "type": t }))
                 .collect();
             obj.insert("$setElementOrder/conditions".into(), Value::Array(order));
+        }
+        // Lists merged by `ip` in the API: an address from an earlier status (a wrong
+        // one, or the sandbox's before a reboot) would stay beside the new ones, and
+        // two of one family are refused. Replace them whole; no address, no field.
+        for (list, single) in [("podIPs", "podIP"), ("hostIPs", "hostIP")] {
+            match obj.get_mut(list) {
+                Some(Value::Array(ips)) => ips.push(json!({ "$patch": "replace" })),
+                _ if list == "podIPs" => {
+                    obj.insert(list.into(), Value::Null);
+                    obj.insert(single.into(), Value::Null);
+                }
+                _ => {}
+            }
         }
         // The patch carries the whole status, and a strategic merge keeps what it does
         // not mention: a container that went from waiting to running would show both.
@@ -94,6 +111,106 @@ pub fn patch_status(
     )
 }
 
+/// How often a whole status is sent again when the pod changed between GET and PUT.
+const PUT_ATTEMPTS: u32 = 3;
+
+/// What became of a status [`send_status`] sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sent {
+    /// The API holds it.
+    Reported,
+    /// The pod is gone from the API, or another pod has its name now.
+    Gone,
+}
+
+/// Sends the status of the pod with API UID `uid`: the patch, and when the apiserver
+/// refuses it (a 4xx other than 404, said with the apiserver's message) the whole
+/// status by PUT on the pod as the API holds it. Only a pod that is not there, or
+/// another pod under its name, counts as gone. An error is what the PUT could not cure
+/// (or transport trouble, for the caller to retry).
+pub fn send_status(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    uid: &str,
+    status: &PodStatus,
+    owns_all: bool,
+) -> Result<Sent, ApiError> {
+    let refused = match patch_status(client, namespace, name, uid, status, owns_all) {
+        Ok(_) => return Ok(Sent::Reported),
+        Err(e) if e.is_not_found() => return Ok(Sent::Gone),
+        Err(e) if e.is_transient() || e.code().is_none() => return Err(e),
+        Err(e) => e,
+    };
+    log::warn!(
+        "pod {namespace}/{name}: status patch refused: {refused}; sending the whole status \
+         on the pod as the API holds it"
+    );
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let current = match client.get::<Pod>(&pod_path(namespace, name, None)) {
+            Ok(p) => p,
+            Err(e) if e.is_not_found() => return Ok(Sent::Gone),
+            Err(e) => return Err(e),
+        };
+        if current.metadata.uid.as_deref() != Some(uid) {
+            log::info!(
+                "pod {namespace}/{name}: the API has another pod of that name (UID {}); \
+                 the status of {uid} is not sent",
+                current.metadata.uid.as_deref().unwrap_or("none")
+            );
+            return Ok(Sent::Gone);
+        }
+        let body = with_status(current, status, owns_all);
+        match client.put::<_, Pod>(&pod_path(namespace, name, Some("status")), &body) {
+            Ok(_) => {
+                log::info!("pod {namespace}/{name}: whole status sent");
+                return Ok(Sent::Reported);
+            }
+            Err(e) if e.is_not_found() => return Ok(Sent::Gone),
+            // Changed since the GET: read it again.
+            Err(e) if e.is_conflict() && attempt < PUT_ATTEMPTS => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// `pod` (as the API holds it, with its resourceVersion) carrying `ours`: every field
+/// the agent reports is ours, conditions merge by type (the ones the agent does not
+/// own stay as the API has them), and what others write (a nominated node, resource
+/// claims) is kept.
+pub fn with_status(mut pod: Pod, ours: &PodStatus, owns_all: bool) -> Pod {
+    let api = pod.status.take().unwrap_or_default();
+    let mut s = ours.clone();
+    let mine: Vec<PodCondition> = s
+        .conditions
+        .take()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|c| owns_all || !NOT_OURS.contains(&c.type_.as_str()))
+        .collect();
+    let mut conditions: Vec<PodCondition> = api
+        .conditions
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|c| !mine.iter().any(|m| m.type_ == c.type_))
+        .collect();
+    conditions.extend(mine);
+    s.conditions = Some(conditions);
+    s.nominated_node_name = s.nominated_node_name.or(api.nominated_node_name);
+    s.resource_claim_statuses = s.resource_claim_statuses.or(api.resource_claim_statuses);
+    s.extended_resource_claim_status = s
+        .extended_resource_claim_status
+        .or(api.extended_resource_claim_status);
+    s.ephemeral_container_statuses = s
+        .ephemeral_container_statuses
+        .or(api.ephemeral_container_statuses);
+    s.resize = s.resize.or(api.resize);
+    pod.status = Some(s);
+    pod
+}
+
 /// The kubelet's final delete: grace 0, only the pod with this UID. A pod that is gone
 /// already, or was replaced by another with the same name, counts as deleted.
 pub fn delete_for_good(
@@ -105,7 +222,14 @@ pub fn delete_for_good(
     let options = final_delete(uid);
     match client.delete::<Value>(&pod_path(namespace, name, None), &options) {
         Ok(_) => Ok(()),
-        Err(e) if e.is_not_found() || e.is_conflict() => Ok(()),
+        Err(e) if e.is_not_found() => Ok(()),
+        // The UID precondition failed: another pod has the name now.
+        Err(e) if e.is_conflict() => {
+            log::info!(
+                "pod {namespace}/{name}: not deleted, the API has another pod of that name: {e}"
+            );
+            Ok(())
+        }
         Err(e) => Err(e),
     }
 }
@@ -124,7 +248,6 @@ pub fn final_delete(uid: &str) -> DeleteOptions {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::PodCondition;
 
     fn cond(t: &str) -> PodCondition {
         PodCondition {
@@ -187,6 +310,83 @@ mod tests {
         assert_eq!(
             cs["lastState"],
             json!({"running": null, "waiting": null, "terminated": null})
+        );
+    }
+
+    #[test]
+    fn addresses_replace_what_the_api_holds() {
+        let mut st = status();
+        st.pod_ip = Some("10.77.0.5".into());
+        st.pod_ips = Some(vec![k8s_openapi::api::core::v1::PodIP {
+            ip: "10.77.0.5".into(),
+        }]);
+        st.host_ip = Some("192.0.2.2".into());
+        st.host_ips = Some(vec![k8s_openapi::api::core::v1::HostIP {
+            ip: "192.0.2.2".into(),
+        }]);
+        let body = status_patch("u1", &st, false);
+        assert_eq!(
+            body["status"]["podIPs"],
+            json!([{"ip": "10.77.0.5"}, {"$patch": "replace"}])
+        );
+        assert_eq!(
+            body["status"]["hostIPs"],
+            json!([{"ip": "192.0.2.2"}, {"$patch": "replace"}])
+        );
+        // No address yet: whatever the API holds goes.
+        let body = status_patch("u1", &status(), false);
+        let s = body["status"].as_object().expect("status");
+        assert_eq!(s.get("podIP"), Some(&Value::Null));
+        assert_eq!(s.get("podIPs"), Some(&Value::Null));
+        assert_eq!(
+            s.get("hostIPs"),
+            None,
+            "an unknown host address is left alone"
+        );
+    }
+
+    #[test]
+    fn a_whole_status_keeps_what_others_wrote() {
+        let api: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "web", "uid": "u1", "resourceVersion": "42"},
+            "status": {
+                "phase": "Pending",
+                "nominatedNodeName": "n2",
+                "podIP": "192.0.2.2",
+                "podIPs": [{"ip": "10.77.0.5"}, {"ip": "192.0.2.2"}],
+                "conditions": [
+                    {"type": "PodScheduled", "status": "True"},
+                    {"type": "example.com/gate", "status": "False"},
+                    {"type": "Ready", "status": "False"},
+                ],
+            },
+        }))
+        .expect("pod");
+        let mut ours = status();
+        ours.pod_ip = Some("10.77.0.5".into());
+        ours.pod_ips = Some(vec![k8s_openapi::api::core::v1::PodIP {
+            ip: "10.77.0.5".into(),
+        }]);
+        let pod = with_status(api, &ours, false);
+        assert_eq!(pod.metadata.resource_version.as_deref(), Some("42"));
+        let s = pod.status.expect("status");
+        assert_eq!(s.phase.as_deref(), Some("Running"));
+        assert_eq!(s.nominated_node_name.as_deref(), Some("n2"));
+        assert_eq!(s.pod_ips.map(|v| v.len()), Some(1));
+        let types: Vec<String> = s
+            .conditions
+            .unwrap_or_default()
+            .into_iter()
+            .map(|c| format!("{}={}", c.type_, c.status))
+            .collect();
+        assert_eq!(
+            types,
+            [
+                "PodScheduled=True",
+                "example.com/gate=False",
+                "Initialized=True",
+                "Ready=True"
+            ]
         );
     }
 

@@ -18,7 +18,7 @@ use super::error::ApiError;
 use super::events::{event_object, SpamFilter};
 use super::link::{Link, Stage};
 use super::mirror::{self, Mirror};
-use super::pod_status::{self, delete_for_good, patch_status, pod_path};
+use super::pod_status::{self, delete_for_good, pod_path, send_status, Sent};
 use super::report::{EventReport, Outbox, PodRef, StatusReport};
 use crate::backoff::Backoff;
 
@@ -242,7 +242,13 @@ impl PodUplink {
                     unsent.push(e);
                 }
                 Err(err) => {
-                    log::debug!("event {} for pod {}: {err}", e.reason, e.pod.name);
+                    // Refused for good (a namespace being deleted, say): said, not retried.
+                    log::warn!(
+                        "event {} for pod {}/{} refused: {err}",
+                        e.reason,
+                        e.pod.namespace,
+                        e.pod.name
+                    );
                     done_events.push(e.id);
                 }
             }
@@ -285,18 +291,17 @@ impl PodUplink {
     /// A pod from the cluster: patch its status; a finished one is then deleted for good.
     fn cluster_status(&self, report: &StatusReport) -> Result<(), ApiError> {
         let r = PodRef::of(&report.pod);
-        match patch_status(
+        let sent = send_status(
             &self.client,
             &r.namespace,
             &r.name,
             &r.uid,
             &report.status,
             false,
-        ) {
-            Ok(_) => {}
-            // Gone already, or replaced by a pod with the same name: nothing to report.
-            Err(e) if e.is_not_found() || e.code() == Some(422) => return Ok(()),
-            Err(e) => return Err(e),
+        )?;
+        // Gone already, or replaced by a pod with the same name: nothing to delete.
+        if sent == Sent::Gone {
+            return Ok(());
         }
         if report.finished {
             delete_for_good(&self.client, &r.namespace, &r.name, &r.uid)?;
@@ -332,19 +337,17 @@ impl PodUplink {
             }
             None => self.create_mirror(&report.pod, &r)?,
         };
-        match patch_status(
+        // Deleted between create and send (Gone): the watch will show it and we make
+        // it again.
+        send_status(
             &self.client,
             &r.namespace,
             &r.name,
             &mirror.uid,
             &report.status,
             true,
-        ) {
-            Ok(_) => Ok(()),
-            // Deleted between create and patch: the watch will show it and we make it again.
-            Err(e) if e.is_not_found() || e.code() == Some(422) => Ok(()),
-            Err(e) => Err(e),
-        }
+        )
+        .map(|_| ())
     }
 
     fn get_mirror(&self, r: &PodRef) -> Result<Option<Mirror>, ApiError> {

@@ -69,7 +69,27 @@ fn same_key(a: &Value, b: &Value, key: &str) -> bool {
     !a[key].is_null() && a[key] == b[key]
 }
 
+/// Whether a patch list holds the `{"$patch": "replace"}` element: the list is replaced
+/// by the patch's other elements.
+fn replaces(patch: &[Value]) -> bool {
+    patch
+        .iter()
+        .any(|p| p["$patch"].as_str() == Some("replace"))
+}
+
+fn directive_free(patch: &[Value]) -> Vec<Value> {
+    patch
+        .iter()
+        .filter(|i| !matches!(i["$patch"].as_str(), Some("delete" | "replace")))
+        .map(strip)
+        .collect()
+}
+
 fn merge_list(orig: &mut Vec<Value>, patch: &[Value], key: &str) {
+    if replaces(patch) {
+        *orig = directive_free(patch);
+        return;
+    }
     for p in patch {
         let delete = p["$patch"].as_str() == Some("delete");
         let pos = orig.iter().position(|o| same_key(o, p, key));
@@ -137,13 +157,7 @@ pub fn strategic_merge(target: &mut Value, patch: &Value) {
             (_, cur @ Value::Object(_), Value::Object(_)) => strategic_merge(cur, v),
             (_, cur, _) => {
                 *cur = match v {
-                    Value::Array(items) => Value::Array(
-                        items
-                            .iter()
-                            .filter(|i| i["$patch"].as_str() != Some("delete"))
-                            .map(strip)
-                            .collect(),
-                    ),
+                    Value::Array(items) => Value::Array(directive_free(items)),
                     other => strip(other),
                 }
             }
