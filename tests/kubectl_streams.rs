@@ -211,6 +211,22 @@ fn exec_attach_and_cp_through_the_apiserver() {
         let out = kubectl_with(&cp, &["exec", "shell", "--", "echo", &i.to_string()], b"");
         assert_eq!(text(&out.stdout), format!("{i}\n"), "{}", text(&out.stderr));
     }
+    // Much output, then the end at once: none of it is lost at the session's end.
+    let out = kubectl_with(
+        &cp,
+        &[
+            "exec",
+            "shell",
+            "--",
+            "sh",
+            "-c",
+            "head -c 8000000 /dev/zero; echo end >&2",
+        ],
+        b"",
+    );
+    assert_eq!(out.stdout.len(), 8_000_000, "{}", text(&out.stderr));
+    assert!(out.stdout.iter().all(|b| *b == 0));
+    assert_eq!(text(&out.stderr), "end\n");
     // The command's exit code is kubectl's.
     let out = kubectl_with(
         &cp,
