@@ -10,9 +10,14 @@ use oci_spec::image::Config as ImageConfig;
 
 use super::RuntimeError;
 
-/// The container's environment as `NAME=value` strings: the image's Env, then the
-/// container's own variables (already resolved, see `sync::env`), a later name
-/// replacing an earlier one in place.
+/// The `PATH` a container starts from, as containerd's default spec gives it: an
+/// image whose config sets no `PATH` (built `FROM scratch`, or by a tool that writes
+/// no Env) still finds its `sh`.
+pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// The container's environment as `NAME=value` strings: [`DEFAULT_PATH`], the image's
+/// Env, then the container's own variables (already resolved, see `sync::env`), a
+/// later name replacing an earlier one in place (containerd's order).
 ///
 /// Also returns the container's own variables, which are what `$(VAR)` in command and
 /// args refers to.
@@ -20,7 +25,7 @@ pub fn environment(
     own: &[(String, String)],
     image: Option<&ImageConfig>,
 ) -> Result<(Vec<String>, HashMap<String, String>), RuntimeError> {
-    let mut ordered: Vec<(String, String)> = Vec::new();
+    let mut ordered: Vec<(String, String)> = vec![("PATH".to_owned(), DEFAULT_PATH.to_owned())];
     let set = |name: &str, value: String, ordered: &mut Vec<(String, String)>| match ordered
         .iter_mut()
         .find(|(n, _)| n == name)
@@ -211,6 +216,25 @@ mod tests {
         // Only the container's own env expands: PATH came from the image.
         let args = argv(&c, Some(&img), &vars).expect("argv");
         assert_eq!(args, vec!["echo", "mine", "$(PATH)", "$(A)"]);
+    }
+
+    #[test]
+    fn an_image_without_path_gets_the_default_one() {
+        let img = image(&[], &["sh"], &["HOME=/root"]);
+        let (env, _) = environment(&pairs(&[("A", "x")]), Some(&img)).expect("env");
+        assert_eq!(
+            env,
+            vec![
+                format!("PATH={DEFAULT_PATH}"),
+                "HOME=/root".into(),
+                "A=x".into()
+            ]
+        );
+        let (env, _) = environment(&[], None).expect("env");
+        assert_eq!(env, vec![format!("PATH={DEFAULT_PATH}")]);
+        // The pod's own PATH wins, in the same place.
+        let (env, _) = environment(&pairs(&[("PATH", "/opt/bin")]), Some(&img)).expect("env");
+        assert_eq!(env, vec!["PATH=/opt/bin", "HOME=/root"]);
     }
 
     #[test]

@@ -55,14 +55,36 @@ pub fn shim_main(args: &[String]) -> i32 {
     }
 }
 
-/// Logs go to stderr, which the agent points at `shim.log`.
+/// Logs go to the shim's stderr as the agent opened it (`shim.log`, or `exec.log` for
+/// an exec), through a copy of it on an fd of its own that is closed on exec.
+/// libcontainer logs from the container's init too, after the init has put the
+/// container's stdio on fds 0-2: written to fd 2, its lines (at debug, every step of
+/// the init) would land in the container's log or in an exec's stderr. The container's
+/// streams carry only what its command writes.
 fn init_logging() {
-    // libcontainer also logs from the container's init after it has taken the
-    // container's stdio, so those lines land in the container's own stderr; it warns
-    // about seccomp every time. Only its errors, such as a failed exec, belong there.
+    // The seccomp and cgroup warnings come with every container and tell nothing new.
     let filter = "warn,libcontainer::process::init=error,libcgroups=error";
-    let _ = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(filter))
-        .try_init();
+    let mut builder =
+        env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(filter));
+    match own_log_fd() {
+        Ok(log) => {
+            builder.target(env_logger::Target::Pipe(Box::new(log)));
+        }
+        // Without a copy, no log at all rather than lines in the container's streams.
+        Err(e) => {
+            eprintln!("shim: copy the log fd: {e}; the shim does not log");
+            builder.filter_level(log::LevelFilter::Off);
+        }
+    }
+    let _ = builder.try_init();
+}
+
+/// A copy of fd 2 at fd 3 or above with FD_CLOEXEC (F_DUPFD_CLOEXEC): a container's
+/// init sets its stdio on 0-2 only, and the copy does not survive its exec.
+fn own_log_fd() -> std::io::Result<std::fs::File> {
+    use std::os::fd::AsFd;
+    let fd = std::io::stderr().as_fd().try_clone_to_owned()?;
+    Ok(std::fs::File::from(fd))
 }
 
 fn detach(dir: &Path) -> i32 {

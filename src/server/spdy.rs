@@ -245,7 +245,7 @@ impl Headers {
     }
 
     /// Encodes (name, value) pairs as a header block: the next piece of the session's
-    /// zlib stream, stored blocks ending on a byte boundary as a sync flush does.
+    /// zlib stream, stored blocks ended by a sync flush.
     pub fn encode(&mut self, pairs: &[(&str, &str)]) -> Vec<u8> {
         let mut raw = Vec::new();
         raw.extend_from_slice(&(pairs.len() as u32).to_be_bytes());
@@ -269,14 +269,24 @@ impl Headers {
         }
         // Not the last block, stored: a 0 byte (BFINAL 0, BTYPE 00, padding), LEN, NLEN.
         for piece in raw.chunks(usize::from(u16::MAX)) {
-            let len = piece.len() as u16;
-            out.push(0);
-            out.extend_from_slice(&len.to_le_bytes());
-            out.extend_from_slice(&(!len).to_le_bytes());
-            out.extend_from_slice(piece);
+            stored(&mut out, piece);
         }
+        // The sync flush's empty stored block, as Go's zlib writer ends every block it
+        // flushes. Go's inflater hands out what it has decoded only on reaching that
+        // marker (or the final block): without it, it reads on past the frame's end,
+        // takes that for a broken stream, and fails every later header block.
+        stored(&mut out, &[]);
         out
     }
+}
+
+/// One non-final stored deflate block.
+fn stored(out: &mut Vec<u8>, piece: &[u8]) {
+    let len = piece.len() as u16;
+    out.push(0);
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(&(!len).to_le_bytes());
+    out.extend_from_slice(piece);
 }
 
 fn parse_block(b: &[u8]) -> Result<Vec<(String, String)>, String> {
@@ -571,6 +581,32 @@ mod tests {
         }
         // RFC 1950's example.
         assert_eq!(adler32(b"Wikipedia"), 0x11E6_0398);
+    }
+
+    #[test]
+    fn header_blocks_end_with_the_sync_flush_as_go_writes_them() {
+        // Go's zlib writer ends each block it flushes with the empty stored block
+        // 00 00 ff ff, and its inflater returns a block's bytes only on reaching it:
+        // every block written here ends the same way, and is whole by itself.
+        let mut peer_deflate = Compress::new(Compression::default(), true);
+        peer_deflate.set_dictionary(DICTIONARY).expect("dictionary");
+        let mut go_like = Vec::with_capacity(256);
+        peer_deflate
+            .compress_vec(b"\0\0\0\0", &mut go_like, FlushCompress::Sync)
+            .expect("deflate");
+        assert!(go_like.ends_with(&[0, 0, 0xff, 0xff]));
+        let mut ours = Headers::default();
+        for n in 0..3 {
+            let block = ours.encode(&[]);
+            assert!(
+                block.ends_with(&[0, 0, 0, 0xff, 0xff]),
+                "block {n}: {block:02x?}"
+            );
+            // A stored block of the 4 bytes of an empty header list, then the marker
+            // (and the zlib header before the first).
+            let body = if n == 0 { &block[6..] } else { &block[..] };
+            assert_eq!(body, [0, 4, 0, 0xfb, 0xff, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff]);
+        }
     }
 
     #[tokio::test]

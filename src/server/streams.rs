@@ -157,12 +157,18 @@ pub async fn handle(
     }
 }
 
+/// The streams asked for. The apiserver asks the kubelet with `input`, `output`,
+/// `error` and `tty`, each on only as `1` (the kubelet's `NewOptions`); a direct
+/// client may also name them `stdin`, `stdout` and `stderr` with any boolean.
 fn parse_opts(q: &Query) -> Result<Opts, String> {
+    let either = |kubelet: &str, direct: &str| -> Result<bool, String> {
+        Ok(q.get(kubelet) == Some("1") || q.flag(direct)?)
+    };
     let o = Opts {
-        stdin: q.flag("stdin").or_else(|_| q.flag("input"))?,
-        stdout: q.flag("stdout").or_else(|_| q.flag("output"))?,
-        stderr: q.flag("stderr").or_else(|_| q.flag("error"))?,
-        tty: q.flag("tty")?,
+        stdin: either("input", "stdin")?,
+        stdout: either("output", "stdout")?,
+        stderr: either("error", "stderr")?,
+        tty: either("tty", "tty")?,
     };
     if !o.stdin && !o.stdout && !o.stderr {
         return Err("you must specify at least 1 of stdin, stdout, stderr".into());
@@ -525,5 +531,20 @@ mod tests {
         assert!(parse_opts(&Query::parse("command=ls")).is_err());
         let o = parse_opts(&Query::parse("stdout=1&stderr=1&tty=1")).expect("opts");
         assert!(o.stdout && o.tty && !o.stderr);
+        // What the apiserver sends for `kubectl exec -i` and for `-it`.
+        let o = parse_opts(&Query::parse("command=sh&input=1&output=1&error=1")).expect("opts");
+        assert_eq!(
+            o,
+            Opts {
+                stdin: true,
+                stdout: true,
+                stderr: true,
+                tty: false
+            }
+        );
+        let o = parse_opts(&Query::parse("command=sh&input=1&output=1&tty=1")).expect("opts");
+        assert!(o.stdin && o.stdout && o.tty && !o.stderr);
+        // Only `1` turns a kubelet parameter on.
+        assert!(parse_opts(&Query::parse("output=true")).is_err());
     }
 }

@@ -221,7 +221,14 @@ impl Session {
         let id = || u32::from_be_bytes([p[0], p[1], p[2], p[3]]) & 0x7fff_ffff;
         Some(match u16::from_be_bytes([h[2], h[3]]) {
             2 => {
-                // SYN_REPLY: its header block must inflate on the shared stream.
+                // SYN_REPLY: its header block must inflate on the shared stream, and
+                // end with a sync flush's empty stored block as Go's zlib writer ends
+                // it: Go's inflater gives out nothing before that marker, and reads on
+                // past the frame (failing for good) when it is missing.
+                assert!(
+                    p.ends_with(&[0, 0, 0xff, 0xff]),
+                    "reply header block without the sync flush: {p:02x?}"
+                );
                 let mut out = Vec::with_capacity(4096);
                 let before = self.inflate.total_in();
                 let r = self
