@@ -265,3 +265,33 @@ fn shipped_config_is_accepted_and_matches_the_installed_dirs() {
     assert_eq!(root, Path::new("/var/lib/holdfast"));
     assert!(code.contains("${D}${localstatedir}/lib/holdfast"));
 }
+
+#[test]
+fn recipe_builds_the_default_seccomp_feature_against_libseccomp() {
+    let manifest = read(&repo().join("Cargo.toml"));
+    let default_features = manifest
+        .lines()
+        .find_map(|l| l.strip_prefix("default = "))
+        .unwrap_or("[]");
+    assert!(
+        default_features.contains("\"seccomp\""),
+        "seccomp is no longer a default feature ({default_features}): update the recipe"
+    );
+    let (path, _) = recipe();
+    let code = recipe_code(&path);
+    let depends: Vec<&str> = code
+        .lines()
+        .filter_map(|l| l.strip_prefix("DEPENDS += "))
+        .flat_map(|v| v.trim_matches('"').split_whitespace())
+        .collect();
+    assert!(
+        depends.contains(&"libseccomp"),
+        "the recipe does not DEPEND on libseccomp: {depends:?}"
+    );
+    // The sysroot has the shared library only (Yocto builds no static ones by default).
+    assert_eq!(assigned(&code, "export LIBSECCOMP_LINK_TYPE"), "dylib");
+    assert!(
+        !code.contains("--features seccomp"),
+        "the feature is on by default: no PACKAGECONFIG turns it on"
+    );
+}

@@ -313,8 +313,12 @@ pub fn apply(
 
     if let Some(process) = spec.process_mut() {
         process.set_capabilities(Some(capabilities));
-        // The kubelet's AddNoNewPrivileges: only an explicit false sets the bit.
-        process.set_no_new_privileges(Some(sc.allow_privilege_escalation == Some(false)));
+        // The kubelet's AddNoNewPrivileges: only an explicit false sets the bit. Unset
+        // otherwise, not false: libcontainer 0.7 loads a seccomp filter while the init
+        // still holds CAP_SYS_ADMIN only when noNewPrivileges is absent, and after
+        // dropping capabilities (where the kernel refuses it without no_new_privs)
+        // whenever it is present, even false.
+        process.set_no_new_privileges(no_new_privileges(sc));
         if !gids.is_empty() {
             process.user_mut().set_additional_gids(Some(gids.to_vec()));
         }
@@ -357,6 +361,12 @@ pub fn apply(
         linux.set_seccomp(seccomp);
     }
     Ok(())
+}
+
+/// The spec's `noNewPrivileges`: `Some(true)` for `allowPrivilegeEscalation: false`,
+/// otherwise absent (see [`apply`]).
+pub fn no_new_privileges(sc: &Effective) -> Option<bool> {
+    (sc.allow_privilege_escalation == Some(false)).then_some(true)
 }
 
 /// What `privileged: true` adds: every capability (done above), nothing masked or

@@ -133,6 +133,7 @@ pub fn build(input: &SpecInput<'_>) -> Result<Spec, RuntimeError> {
         .env(env)
         .cwd(cwd)
         .capabilities(capabilities)
+        // `security::apply` decides it (absent unless the pod forbids escalation).
         .no_new_privileges(false)
         .rlimits(vec![PosixRlimitBuilder::default()
             .typ(PosixRlimitType::RlimitNofile)

@@ -10,6 +10,10 @@ LICENSE = "Apache-2.0"
 LIC_FILES_CHKSUM = "file://LICENSE;md5=3b83ef96387f14655fc854ddc3c6bd57"
 CVE_PRODUCT = "holdfast"
 
+# holdfast's default `seccomp` feature (seccompProfile, which Pod Security `restricted`
+# asks for) links libseccomp.
+DEPENDS += "libseccomp"
+
 # Where holdfast's sources are fetched from: the repository (host and path, as in
 # a git:// URL) and the fetcher's parameters. Point them at your mirror or fork in
 # local.conf or a bbappend, e.g. HOLDFAST_GIT_REPO = "git@git.example.com/edge/holdfast.git"
@@ -31,9 +35,9 @@ inherit cargo cargo-update-recipe-crates systemd features_check
 # The unit file is the only way the recipe starts the agent.
 REQUIRED_DISTRO_FEATURES = "systemd"
 
-# poky's cargo class passes PACKAGECONFIG_CONFARGS to `cargo build`.
-PACKAGECONFIG ??= ""
-PACKAGECONFIG[seccomp] = "--features seccomp,,libseccomp"
+# The default `seccomp` feature (seccompProfile) links the shared libseccomp from the
+# sysroot: Yocto builds no static libraries by default.
+export LIBSECCOMP_LINK_TYPE = "dylib"
 
 # The release profile strips the binary; leave that to the packaging so that the
 # debug symbols land in ${PN}-dbg and the already-stripped check passes.

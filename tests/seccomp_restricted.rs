@@ -1,0 +1,120 @@
+//! `seccompProfile: RuntimeDefault` end to end, as root, on real containers: the Pod
+//! Security `restricted` shape (RuntimeDefault, runAsNonRoot with runAsUser 1000,
+//! allowPrivilegeEscalation false, drop ALL) runs with the filter loaded and a blocked
+//! call refused with EPERM while ordinary work succeeds; the same without
+//! allowPrivilegeEscalation false, and a root container with the default
+//! capabilities, run filtered too. `unshare -U` tells a filter from none: a user
+//! namespace needs no capability, so only the filter refuses it.
+
+mod support;
+
+use std::time::Duration;
+
+use support::agent::{condition, need_root, Agent};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+const SCRIPT: &str = "echo uid=$(id -u); grep -E '^(Seccomp|NoNewPrivs|CapEff):' /proc/self/status; \
+     if unshare -U true 2>/tmp/err; then echo unshare=allowed; else echo unshare=$(cat /tmp/err); fi; \
+     echo work > /tmp/w && echo work=$(cat /tmp/w); echo END; exec sleep 3600";
+
+/// A host-network static pod of one container `main` running [`SCRIPT`], with an exec
+/// readiness probe (an exec joins the filtered container).
+fn pod_yaml(name: &str, pod_sc: &str, container_sc: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  hostNetwork: true\n  \
+         terminationGracePeriodSeconds: 1\n  securityContext:\n{pod_sc}  containers:\n    \
+         - name: main\n      image: busybox:demo\n      command: [\"sh\", \"-c\", {}]\n      \
+         readinessProbe:\n        exec:\n          command: [\"true\"]\n        \
+         periodSeconds: 1\n      securityContext:\n{container_sc}",
+        serde_json::to_string(SCRIPT).expect("json string")
+    )
+}
+
+const RESTRICTED_POD: &str = "    runAsNonRoot: true\n    runAsUser: 1000\n    \
+                              seccompProfile:\n      type: RuntimeDefault\n";
+const DROP_ALL: &str = "        capabilities:\n          drop: [ALL]\n";
+
+fn output(a: &Agent, name: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    a.wait_until(&format!("pod {name} to print its output"), WAIT, |a| {
+        let Some(p) = a.pod(name) else { return false };
+        out = a
+            .container_log(&p, "main", 0)
+            .lines()
+            .filter_map(|l| l.splitn(4, ' ').nth(3).map(str::to_owned))
+            .collect();
+        out.iter().any(|l| l == "END")
+    });
+    out
+}
+
+fn line<'a>(out: &'a [String], prefix: &str) -> &'a str {
+    out.iter()
+        .find(|l| l.starts_with(prefix))
+        .map(|l| l[prefix.len()..].trim())
+        .unwrap_or_else(|| panic!("no line {prefix:?} in {out:?}"))
+}
+
+#[test]
+fn runtime_default_runs_the_restricted_shape_and_refuses_what_it_blocks() {
+    if !need_root() {
+        return;
+    }
+    let mut a = Agent::new("seccomp-restricted");
+    a.start();
+    a.write_manifest(
+        "restricted.yaml",
+        &pod_yaml(
+            "restricted",
+            RESTRICTED_POD,
+            &format!("        allowPrivilegeEscalation: false\n{DROP_ALL}"),
+        ),
+    );
+    // Escalation allowed: the filter is loaded before the capabilities are dropped.
+    a.write_manifest(
+        "escalating.yaml",
+        &pod_yaml("escalating", RESTRICTED_POD, DROP_ALL),
+    );
+    a.write_manifest(
+        "rootdefault.yaml",
+        &pod_yaml(
+            "rootdefault",
+            "    seccompProfile:\n      type: RuntimeDefault\n",
+            "        {}\n",
+        ),
+    );
+    a.write_manifest(
+        "unconfined.yaml",
+        &pod_yaml(
+            "unconfined",
+            "    seccompProfile:\n      type: Unconfined\n",
+            "        {}\n",
+        ),
+    );
+
+    let eperm = "unshare: unshare(0x10000000): Operation not permitted";
+    for (name, uid, nnp, cap_eff) in [
+        ("restricted", "1000", "1", "0000000000000000"),
+        ("escalating", "1000", "0", "0000000000000000"),
+        ("rootdefault", "0", "0", "00000000a80425fb"),
+    ] {
+        let out = output(&a, name);
+        assert_eq!(line(&out, "uid="), uid, "{name}: {out:?}");
+        assert_eq!(line(&out, "Seccomp:"), "2", "{name}: filter mode: {out:?}");
+        assert_eq!(line(&out, "NoNewPrivs:"), nnp, "{name}: {out:?}");
+        assert_eq!(line(&out, "CapEff:"), cap_eff, "{name}: {out:?}");
+        assert_eq!(line(&out, "unshare="), eperm, "{name}: {out:?}");
+        assert_eq!(line(&out, "work="), "work", "{name}: {out:?}");
+        a.wait_pod(name, "Ready through its exec probe", WAIT, |p| {
+            condition(p, "Ready")["status"] == "True"
+        });
+    }
+    // Without the filter the same call is allowed: it is the filter that refuses it.
+    let out = output(&a, "unconfined");
+    assert_eq!(line(&out, "Seccomp:"), "0", "{out:?}");
+    assert_eq!(line(&out, "unshare="), "allowed", "{out:?}");
+
+    a.reset();
+    a.assert_clean();
+}
