@@ -638,10 +638,7 @@ fn a_resumed_source_lists_once_when_its_version_is_gone() {
 
 #[test]
 fn with_a_link_a_dead_apiserver_is_waited_for_not_retried() {
-    let link = Link::new(Backoff {
-        initial: Duration::from_secs(1),
-        max: Duration::from_secs(60),
-    });
+    let link = Link::new(Duration::from_secs(60));
     link.node_ready(Instant::now(), crate::time::now());
     link.drained();
     let mut h = start_resumed(
