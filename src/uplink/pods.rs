@@ -95,6 +95,8 @@ struct State {
     statics: HashMap<String, StatusReport>,
     filter: SpamFilter,
     mirror_generation: u64,
+    /// The Node UID the mirror pods were last checked against.
+    mirror_node_uid: Option<String>,
     down_logged: bool,
 }
 
@@ -110,6 +112,7 @@ impl PodUplink {
             statics: HashMap::new(),
             filter: SpamFilter::default(),
             mirror_generation: 0,
+            mirror_node_uid: None,
             down_logged: false,
         };
         let stop = || self.stop.load(Ordering::Relaxed);
@@ -257,9 +260,14 @@ impl PodUplink {
         }
 
         if !down {
+            // The kubelet checks a static pod's mirror on each sync; here, whenever the
+            // cluster's mirror pods change (one deleted, even with grace 0) or the Node
+            // was made again under a new UID (its mirror pods are to name it).
             let generation = lock(&self.mirrors).generation;
-            if generation != st.mirror_generation {
+            let node_uid = lock(&self.node_uid).clone();
+            if generation != st.mirror_generation || node_uid != st.mirror_node_uid {
                 st.mirror_generation = generation;
+                st.mirror_node_uid = node_uid;
                 let statics: Vec<StatusReport> = st.statics.values().cloned().collect();
                 for report in statics {
                     if let Err(e) = self.mirror_status(&report) {
@@ -311,12 +319,14 @@ impl PodUplink {
         let r = PodRef::of(&report.pod);
         let key = key_of(&r);
         let want = mirror::static_hash(&report.pod);
+        let node_uid = lock(&self.node_uid).clone();
+        let node_uid = node_uid.as_deref();
         let (known, synced) = {
             let m = lock(&self.mirrors);
             (m.pods.get(&key).cloned(), m.synced)
         };
         let current = match known {
-            Some(m) if m.hash == want && !m.deleting => Some(m),
+            Some(m) if m.is_current(&want, node_uid) => Some(m),
             Some(stale) => {
                 self.delete_pod(&r, &stale.uid)?;
                 None
@@ -325,7 +335,7 @@ impl PodUplink {
             None => None,
         };
         let mirror = match current {
-            Some(m) if m.hash == want && !m.deleting => m,
+            Some(m) if m.is_current(&want, node_uid) => m,
             Some(stale) => {
                 self.delete_pod(&r, &stale.uid)?;
                 self.create_mirror(&report.pod, &r)?
@@ -372,7 +382,7 @@ impl PodUplink {
         let created = match self.client.post::<_, Pod>(&path, &pod) {
             Ok(p) => p,
             Err(e) if e.is_already_exists() => match self.get_mirror(r)? {
-                Some(m) if m.hash == mirror::static_hash(static_pod) && !m.deleting => {
+                Some(m) if m.is_current(&mirror::static_hash(static_pod), Some(&node_uid)) => {
                     return Ok(m)
                 }
                 Some(m) => {
@@ -394,6 +404,7 @@ impl PodUplink {
             uid: created.metadata.uid.clone().unwrap_or_default(),
             hash: mirror::static_hash(static_pod),
             deleting: false,
+            owner: node_uid.clone(),
         });
         log::info!("mirror pod {}/{} created", r.namespace, r.name);
         let mut set = lock(&self.mirrors);
