@@ -268,7 +268,21 @@ impl PodUplink {
             if generation != st.mirror_generation || node_uid != st.mirror_node_uid {
                 st.mirror_generation = generation;
                 st.mirror_node_uid = node_uid;
-                let statics: Vec<StatusReport> = st.statics.values().cloned().collect();
+                // Only the static pods whose mirror pod is missing or stale: the others
+                // have their status already.
+                let statics: Vec<StatusReport> = {
+                    let set = lock(&self.mirrors);
+                    let uid = st.mirror_node_uid.as_deref();
+                    st.statics
+                        .values()
+                        .filter(|r| {
+                            let key = key_of(&PodRef::of(&r.pod));
+                            let hash = mirror::static_hash(&r.pod);
+                            !set.pods.get(&key).is_some_and(|m| m.is_current(&hash, uid))
+                        })
+                        .cloned()
+                        .collect()
+                };
                 for report in statics {
                     if let Err(e) = self.mirror_status(&report) {
                         if e.is_transient() {
@@ -383,7 +397,10 @@ impl PodUplink {
             Ok(p) => p,
             Err(e) if e.is_already_exists() => match self.get_mirror(r)? {
                 Some(m) if m.is_current(&mirror::static_hash(static_pod), Some(&node_uid)) => {
-                    return Ok(m)
+                    // Known from now on: the watch may not show it (a watch resumed
+                    // after a restart shows only what changed since).
+                    lock(&self.mirrors).pods.insert(key_of(r), m.clone());
+                    return Ok(m);
                 }
                 Some(m) => {
                     self.delete_pod(r, &m.uid)?;
