@@ -170,9 +170,18 @@ pub static IMAGE_PULL_DURATION: Histogram = Histogram::new(
     "Time each image pull took, manifest to unpacked layers",
     PULL_BUCKETS,
 );
-/// Requests the kubelet API answered, any route.
+/// Requests sent to the kube-apiserver that it answered, any verb and code: watches
+/// and their re-establishments, retries and refused requests included, so that it
+/// agrees with the apiserver's audit log. A request that never reached it (connection
+/// refused, a timeout before an answer) is counted by `holdfast_uplink_retries_total`
+/// when it was a probe of a dead link.
 pub static API_REQUESTS: Counter = Counter::new(
     "holdfast_api_requests_total",
+    "Requests sent to the kube-apiserver and answered by it (any code), watches included",
+);
+/// Requests the kubelet API answered, any route.
+pub static KUBELET_API_REQUESTS: Counter = Counter::new(
+    "holdfast_kubelet_api_requests_total",
     "Requests the kubelet API answered",
 );
 
@@ -184,6 +193,7 @@ pub fn render_all(out: &mut String) {
     IMAGE_PULL_BYTES.render(out);
     IMAGE_PULL_DURATION.render(out);
     API_REQUESTS.render(out);
+    KUBELET_API_REQUESTS.render(out);
 }
 
 #[cfg(test)]

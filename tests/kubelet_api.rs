@@ -284,7 +284,7 @@ spec:
         sample(&s, "holdfast_pod_sync_duration_seconds_count", &[]).unwrap_or(0.0) >= 1.0,
         "{own}"
     );
-    assert!(sample(&s, "holdfast_api_requests_total", &[]).unwrap_or(0.0) >= 3.0);
+    assert!(sample(&s, "holdfast_kubelet_api_requests_total", &[]).unwrap_or(0.0) >= 3.0);
     assert_eq!(
         sample(&s, "holdfast_container_restarts", &[("container", "burn")]),
         Some(0.0)

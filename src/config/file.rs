@@ -54,7 +54,8 @@ pub struct FileConfig {
     pub port: Option<u16>,
     /// `maxPods`.
     pub max_pods: Option<u32>,
-    /// `uplinkRetryMax`: the longest wait between two tries to reach the apiserver.
+    /// `uplinkRetryMax`: the longest wait between two tries to reach the apiserver
+    /// (tries go every `nodeStatusUpdateFrequency` unless this is shorter).
     pub uplink_retry_max: Option<Duration>,
     /// Image GC, pulls, registries and credentials.
     pub images: super::images::FileImages,

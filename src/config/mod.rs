@@ -100,8 +100,10 @@ pub struct Config {
     pub port: u16,
     /// `maxPods`, default 110.
     pub max_pods: u32,
-    /// `uplinkRetryMax` / `--uplink-retry-max`, default 5 min: the cap of the jittered
-    /// exponential back-off while the apiserver cannot be reached.
+    /// `uplinkRetryMax` / `--uplink-retry-max`, default 5 min: the longest wait between
+    /// two probes while the apiserver cannot be reached. Probes go once per
+    /// `nodeStatusUpdateFrequency` (at a random phase), so only a shorter value changes
+    /// anything.
     pub uplink_retry_max: Duration,
     /// Image GC, pulls, registries and credentials.
     pub images: ImageConfig,

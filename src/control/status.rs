@@ -251,7 +251,6 @@ fn human_bytes(bytes: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backoff::Backoff;
     use crate::uplink::link::Link;
     use crate::uplink::report::Reporter;
     use std::time::{Duration, Instant};
@@ -262,10 +261,7 @@ mod tests {
 
     #[test]
     fn a_down_link_shows_since_when_and_the_next_retry() {
-        let link = Link::new(Backoff {
-            initial: Duration::from_secs(1),
-            max: Duration::from_secs(300),
-        });
+        let link = Link::new(Duration::from_secs(300));
         link.node_ready(Instant::now(), at(0));
         link.drained();
         link.probe_failed(Instant::now(), at(100), 0);

@@ -131,7 +131,7 @@ where
     let service = hyper::service::service_fn(move |req: Request<Incoming>| {
         let deps = deps.clone();
         async move {
-            crate::metrics::API_REQUESTS.inc();
+            crate::metrics::KUBELET_API_REQUESTS.inc();
             Ok::<_, Infallible>(routes::handle(req, port, identity, deps).await)
         }
     });

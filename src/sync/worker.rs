@@ -71,6 +71,9 @@ pub(super) struct Worker {
     registered: mpsc::Sender<(ContainerId, String)>,
     /// Set for a pod that is only to be stopped (it was removed while the agent was down).
     pub(super) terminate_first: bool,
+    /// Whether this agent process has reported the pod's status at least once: a static
+    /// pod's first report makes the uplink check its mirror pod.
+    reported: bool,
     /// Image pulls and their back-off, by image as the pod names it.
     pulls: BTreeMap<String, image::ImagePulls>,
     /// Woken when a pull this worker waits for ends.
@@ -137,6 +140,7 @@ impl Worker {
             restart_timers: RestartTimers::default(),
             registered,
             terminate_first: false,
+            reported: false,
             pulls: BTreeMap::new(),
             pull_notify: Arc::new(tokio::sync::Notify::new()),
             rejected: None,
@@ -463,8 +467,16 @@ impl Worker {
             return;
         }
         if !changed {
+            if !self.reported && crate::source::is_static_pod(&self.pod) {
+                // A restarted agent whose static pod runs on unchanged: its mirror pod
+                // may have been deleted while the agent was down, and the uplink checks
+                // (and makes again) a mirror pod when the static pod's status goes out.
+                self.reported = true;
+                self.deps.reporter.status(&self.pod, &state.status, false);
+            }
             return;
         }
+        self.reported = true;
         self.deps.reporter.status(&self.pod, &state.status, false);
         self.state = Some(state);
     }

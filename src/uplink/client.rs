@@ -249,7 +249,10 @@ impl Client {
                 }
             }
         };
-        result.map_err(|e| transport(self.describe(e)))
+        let response = result.map_err(|e| transport(self.describe(e)))?;
+        // Answered, whatever the code: the apiserver saw it and its audit log has it.
+        crate::metrics::API_REQUESTS.inc();
+        Ok(response)
     }
 
     fn read<T: DeserializeOwned>(

@@ -3,9 +3,20 @@
 //! got through.
 //!
 //! While the link is down only the node controller probes the apiserver (renewing the
-//! Lease), with jittered exponential back-off capped by `uplinkRetryMax`; the pod-status
-//! thread and the pod source wait here instead of retrying on their own, so a thousand
-//! gateways coming back do not each fire three retry loops. Reconnecting goes in
+//! Lease), once per probe period (the Lease renewal interval, 10 s) at a point drawn at
+//! random when the link went down; the pod-status thread and the pod source wait here
+//! instead of retrying on their own, so a thousand gateways coming back do not each fire
+//! three retry loops.
+//!
+//! Why a fixed period and not an exponential back-off: a healthy node already talks to
+//! the apiserver once per renewal interval, so a fleet whose link is down and probes at
+//! that rate costs the apiserver no more than the same fleet up, however long the
+//! outage lasts; and the node notices the link is back within one period, where a
+//! back-off grown to minutes left the node controller's `Unknown` standing long enough
+//! to evict pods through the default 300 s `unreachable` toleration. The random phase
+//! (full jitter over the first period, drawn anew for each outage) spreads a fleet that
+//! lost its link at one moment evenly over the period, so the apiserver sees the same
+//! steady trickle when the link returns as when it was up: no storm. Reconnecting goes in
 //! stages: the node controller renews the Lease and sends node status (`Down` →
 //! `NodeReady`), the pod-status thread drains the outbox (`NodeReady` → `Drained`),
 //! and only then does the pod source resync.
@@ -15,7 +26,6 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::backoff::Backoff;
 use crate::time::Timestamp;
 
 /// How far a reconnect has got.
@@ -54,13 +64,15 @@ struct State {
     since_instant: Instant,
     failures: u32,
     next_retry: Option<Timestamp>,
+    /// When the next probe of this outage is due: the phase the period keeps.
+    next_probe: Option<Instant>,
     last_sync: Option<Timestamp>,
 }
 
 struct Inner {
     state: Mutex<State>,
     changed: Condvar,
-    backoff: Backoff,
+    period: Duration,
 }
 
 /// Shared by the node controller, the pod-status thread and the api pod source.
@@ -74,9 +86,9 @@ pub struct Link {
 pub const MIN_RETRY: Duration = Duration::from_millis(100);
 
 impl Link {
-    /// A link that has not been up yet; probes back off from `backoff.initial` up to
-    /// `backoff.max` (`uplinkRetryMax`).
-    pub fn new(backoff: Backoff) -> Link {
+    /// A link that has not been up yet; while down it is probed once every `period`
+    /// (`nodeStatusUpdateFrequency`).
+    pub fn new(period: Duration) -> Link {
         Link {
             inner: Arc::new(Inner {
                 state: Mutex::new(State {
@@ -86,10 +98,11 @@ impl Link {
                     since_instant: Instant::now(),
                     failures: 0,
                     next_retry: None,
+                    next_probe: None,
                     last_sync: None,
                 }),
                 changed: Condvar::new(),
-                backoff,
+                period: period.max(MIN_RETRY),
             }),
         }
     }
@@ -115,18 +128,33 @@ impl Link {
         self.lock().since_instant.elapsed()
     }
 
-    /// A probe by the node controller failed for a reason retrying can cure: the link
-    /// is down. Returns how long to wait before the next probe (jittered, capped).
+    /// A probe by the node controller, started at `now`, failed for a reason retrying
+    /// can cure: the link is down. Returns how long to wait from `now` before the next
+    /// probe: the first failure of an outage draws the phase (uniform over one period),
+    /// later ones keep it, one probe per period however long the outage lasts.
     pub fn probe_failed(&self, now: Instant, wall: Timestamp, random: u64) -> Duration {
+        let period = self.inner.period;
         let mut st = self.lock();
         go_down(&mut st, now, wall);
         st.failures = st.failures.saturating_add(1);
         crate::metrics::UPLINK_RETRIES.inc();
-        let delay = self
-            .inner
-            .backoff
-            .jittered(st.failures, random)
-            .max(MIN_RETRY);
+        let next = match st.next_probe {
+            Some(planned) => {
+                // A probe that took longer than a period (a connect timeout) skips the
+                // slots it overran rather than firing to catch up.
+                let mut next = planned + period;
+                while next <= now {
+                    next += period;
+                }
+                next
+            }
+            None => {
+                let phase = Duration::from_nanos(random % (period.as_nanos() as u64 + 1));
+                now + phase.max(MIN_RETRY)
+            }
+        };
+        st.next_probe = Some(next);
+        let delay = next.saturating_duration_since(now).max(MIN_RETRY);
         st.next_retry = Some(crate::time::add(wall, delay));
         drop(st);
         self.inner.changed.notify_all();
@@ -150,6 +178,7 @@ impl Link {
         let mut st = self.lock();
         st.failures = 0;
         st.next_retry = None;
+        st.next_probe = None;
         st.last_sync = Some(wall);
         if st.stage == Stage::Down {
             if st.ever_up {
@@ -244,12 +273,7 @@ fn go_down(st: &mut State, now: Instant, wall: Timestamp) {
 mod tests {
     use super::*;
 
-    fn backoff() -> Backoff {
-        Backoff {
-            initial: Duration::from_secs(1),
-            max: Duration::from_secs(60),
-        }
-    }
+    const PERIOD: Duration = Duration::from_secs(10);
 
     fn at(secs: i64) -> Timestamp {
         Timestamp::from_second(1_700_000_000 + secs).expect("valid time")
@@ -257,7 +281,7 @@ mod tests {
 
     #[test]
     fn stages_go_in_order_and_a_failure_goes_back_to_down() {
-        let link = Link::new(backoff());
+        let link = Link::new(PERIOD);
         let now = Instant::now();
         assert_eq!(link.stage(), Stage::Down);
         link.drained();
@@ -286,37 +310,62 @@ mod tests {
     }
 
     #[test]
-    fn probes_back_off_with_jitter_up_to_the_cap() {
-        let link = Link::new(backoff());
-        let now = Instant::now();
-        let mut delays = Vec::new();
-        for n in 0..10 {
-            // The largest draw: the delay is the back-off itself.
-            delays.push(link.probe_failed(now, at(n), u64::MAX));
+    fn probes_go_once_a_period_at_a_phase_drawn_when_the_link_went_down() {
+        let link = Link::new(PERIOD);
+        let t0 = Instant::now();
+        // The first failure draws the phase: uniform over one period.
+        let first = link.probe_failed(t0, at(0), 3_000_000_000);
+        assert_eq!(first, Duration::from_secs(3));
+        // Then exactly one probe per period, however long the outage lasts: never the
+        // minutes an exponential back-off grows to, never more often than renewals.
+        let mut now = t0 + first;
+        for n in 1..100u32 {
+            let wait = link.probe_failed(now, at(i64::from(n)), u64::from(n));
+            assert_eq!(wait, PERIOD, "probe {n}");
+            now += wait;
         }
-        for (n, d) in delays.iter().enumerate() {
-            let cap = backoff().delay(n as u32 + 1);
-            assert!(*d <= cap && *d <= Duration::from_secs(60), "{delays:?}");
-            assert_eq!(
-                *d,
-                backoff().jittered(n as u32 + 1, u64::MAX).max(MIN_RETRY)
-            );
-        }
-        // A draw of zero still waits a little.
-        assert_eq!(link.probe_failed(now, at(11), 0), MIN_RETRY);
         let r = link.report();
-        assert_eq!(r.failures, 11);
-        assert_eq!(r.next_retry, Some(crate::time::add(at(11), MIN_RETRY)));
+        assert_eq!(r.failures, 100);
+        assert_eq!(r.next_retry, Some(crate::time::add(at(99), PERIOD)));
         assert!(!r.ever_up);
-        link.node_ready(now, at(20));
+        // A probe that overran its slot (a connect timeout) keeps the phase and does
+        // not fire at once to catch up.
+        let late = now + Duration::from_secs(14);
+        assert_eq!(link.probe_failed(late, at(200), 0), Duration::from_secs(6));
+        link.node_ready(late, at(210));
         let r = link.report();
         assert_eq!(r.failures, 0);
         assert_eq!(r.next_retry, None);
+        // The next outage draws a new phase; a draw of zero still waits a little.
+        link.report_down(at(300));
+        assert_eq!(link.probe_failed(late, at(300), 0), MIN_RETRY);
+        assert_eq!(
+            link.probe_failed(late + MIN_RETRY, at(301), u64::MAX),
+            PERIOD,
+            "then the period from the planned time"
+        );
+    }
+
+    #[test]
+    fn a_fleet_down_together_probes_spread_over_the_period() {
+        // 1000 nodes that lost the link at one moment: their probes fall evenly over the
+        // period, about as many per second as renewals when they were up.
+        let t0 = Instant::now();
+        let mut per_second = [0u32; 11];
+        for node in 0..1000u64 {
+            let link = Link::new(PERIOD);
+            let wait = link.probe_failed(t0, at(0), crate::backoff::random() ^ node);
+            per_second[wait.as_secs() as usize] += 1;
+        }
+        assert!(
+            per_second[..10].iter().all(|n| (40..=170).contains(n)),
+            "{per_second:?}"
+        );
     }
 
     #[test]
     fn waiters_wake_when_the_stage_is_reached() {
-        let link = Link::new(backoff());
+        let link = Link::new(PERIOD);
         assert!(!link.wait_for(Stage::NodeReady, Duration::from_millis(10)));
         let l2 = link.clone();
         let waiter =

@@ -1,7 +1,8 @@
 //! Mirror pods: how a static pod shows in the cluster. The kubelet's rules: annotation
 //! `kubernetes.io/config.mirror` holding the static pod's config hash, a controller
 //! ownerReference to the node's own Node (NodeRestriction insists), spec as the static
-//! pod's; a mirror pod whose hash is stale, or that someone deleted, is replaced.
+//! pod's; a mirror pod whose hash is stale, that names a Node UID other than the node's
+//! own (the Node was deleted and made again), or that someone deleted, is replaced.
 
 use std::collections::BTreeMap;
 
@@ -19,6 +20,8 @@ pub struct Mirror {
     /// Its `kubernetes.io/config.mirror` annotation.
     pub hash: String,
     pub deleting: bool,
+    /// The UID its Node ownerReference names; empty if it names none.
+    pub owner: String,
 }
 
 impl Mirror {
@@ -30,11 +33,27 @@ impl Mirror {
             .as_ref()?
             .get(CONFIG_MIRROR)?
             .clone();
+        let owner = pod
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|o| o.kind == "Node" && o.api_version == "v1")
+            .map(|o| o.uid.clone())
+            .unwrap_or_default();
         Some(Mirror {
             uid: pod.metadata.uid.clone().unwrap_or_default(),
             hash,
             deleting: pod.metadata.deletion_timestamp.is_some(),
+            owner,
         })
+    }
+
+    /// Whether this mirror pod stands for the static pod whose hash is `hash` on the
+    /// Node whose UID is `node_uid` (the garbage collector deletes one owned by a Node
+    /// that is gone).
+    pub fn is_current(&self, hash: &str, node_uid: Option<&str>) -> bool {
+        !self.deleting && self.hash == hash && node_uid.is_none_or(|u| self.owner == u)
     }
 }
 
@@ -137,5 +156,13 @@ mod tests {
         let read = Mirror::of(&m).expect("mirror");
         assert_eq!(read.hash, "abc123");
         assert!(!read.deleting);
+        assert_eq!(read.owner, "node-uid");
+        assert!(read.is_current("abc123", Some("node-uid")));
+        assert!(read.is_current("abc123", None));
+        assert!(!read.is_current("abc124", Some("node-uid")), "stale hash");
+        assert!(
+            !read.is_current("abc123", Some("new-node-uid")),
+            "the Node was made again"
+        );
     }
 }

@@ -1,14 +1,20 @@
 //! The node side of the uplink: registers the Node (taking over one that exists), renews
 //! the Lease every `nodeStatusUpdateFrequency` and sends the full node status only when
 //! it changed or every `nodeStatusReportFrequency` — virtual-kubelet's node controller,
-//! with the kubelet's intervals. A Node deleted under a running agent is made again.
+//! with the kubelet's intervals. A Node deleted under a running agent is made again:
+//! the garbage collector deletes the Lease of a deleted Node within a second or two (its
+//! ownerReference names the Node's UID), so the next renewal's 409 or 404 is the sign,
+//! checked with one GET of the Node; no watch of the Node costs a request meanwhile.
 //!
 //! The controller is a state machine stepped on a clock it is given, so its schedule is
 //! tested on a virtual clock; [`NodeLoop`] runs it on its own thread.
 //!
-//! It is the uplink's only prober while the apiserver does not answer: it owns the
-//! [`Link`]'s back-off, and a successful Lease renewal and node status move the link
-//! to `NodeReady`, which lets the pod-status thread drain the outbox.
+//! It is the uplink's only prober while the apiserver does not answer: it probes on the
+//! [`Link`]'s schedule (once per renewal interval), and a successful Lease renewal and
+//! node status move the link to `NodeReady`, which lets the pod-status thread drain the
+//! outbox. The first status after an outage is computed against the Node as the
+//! apiserver has it (one GET): the node controller set Ready to `Unknown` meanwhile,
+//! and a patch of heartbeat times alone would leave it there.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -103,7 +109,8 @@ pub struct Timing {
     pub renew: Duration,
     /// Full status at least this often: `nodeStatusReportFrequency`, 5 min.
     pub report: Duration,
-    /// Retry pacing after a failure (full jitter); `max` is `uplinkRetryMax`.
+    /// Retry pacing after a refusal (full jitter, never longer than `renew`); a dead
+    /// link is probed on the [`Link`]'s schedule instead.
     pub retry: Backoff,
 }
 
@@ -116,6 +123,9 @@ pub struct NodeController<M: NodeModel> {
     lease: Option<Lease>,
     reported: Option<NodeStatus>,
     reported_at: Option<Instant>,
+    /// The link was down: read the Node before the next status (the node controller
+    /// may have marked it `Unknown`).
+    reread_node: bool,
     next_renew: Option<Instant>,
     failures: u32,
     /// The last error, logged once until something changes.
@@ -134,10 +144,11 @@ impl<M: NodeModel> NodeController<M> {
             lease: None,
             reported: None,
             reported_at: None,
+            reread_node: false,
             next_renew: None,
             failures: 0,
             last_error: None,
-            link: Link::new(timing.retry),
+            link: Link::new(timing.renew),
         }
     }
 
@@ -175,9 +186,10 @@ impl<M: NodeModel> NodeController<M> {
         }
         if self.link.is_down() {
             // Back from an outage (or another thread saw one): the cluster may have
-            // marked the node NotReady meanwhile, so full status goes right after the
-            // Lease, whether or not it changed.
+            // marked the node Unknown meanwhile, so full status goes right after the
+            // Lease, whether or not it changed, against the Node as it is now.
             self.reported_at = None;
+            self.reread_node = true;
             self.next_renew = None;
         }
         match self.try_step(api, now, wall) {
@@ -205,7 +217,7 @@ impl<M: NodeModel> NodeController<M> {
                     self.last_error = Some(msg);
                 }
                 if e.is_transient() {
-                    // The link is down: back off, up to `uplinkRetryMax`.
+                    // The link is down: probe again on the link's schedule.
                     return now + self.link.probe_failed(now, wall, random);
                 }
                 // The apiserver answers but refuses (a conflict, a forbidden label): the
@@ -235,6 +247,16 @@ impl<M: NodeModel> NodeController<M> {
         if renew_due {
             self.renew_lease(api, wall)?;
             self.next_renew = Some(now + self.timing.renew);
+            if self.reread_node && self.registered {
+                self.reread(api)?;
+                if !self.registered {
+                    // Someone made the Node again: take it over, and own the Lease by
+                    // the UID it has now.
+                    self.register(api, now, wall)?;
+                    self.renew_lease(api, wall)?;
+                    self.next_renew = Some(now + self.timing.renew);
+                }
+            }
             self.report_status(api, now, wall)?;
         }
         Ok(self.next_renew.unwrap_or(now + self.timing.renew))
@@ -252,6 +274,7 @@ impl<M: NodeModel> NodeController<M> {
                 log::info!("node {} registered", self.name);
                 self.reported = created.status.clone();
                 self.reported_at = Some(now);
+                self.reread_node = false;
                 created.metadata.uid
             }
             Err(e) if e.is_already_exists() => {
@@ -269,6 +292,7 @@ impl<M: NodeModel> NodeController<M> {
                 }
                 self.reported = existing.status.clone();
                 self.reported_at = None;
+                self.reread_node = false;
                 existing.metadata.uid
             }
             Err(e) => return Err(e),
@@ -298,11 +322,14 @@ impl<M: NodeModel> NodeController<M> {
                 Err(e) => return Err(e),
             },
         };
-        let result = match current {
+        let result = match &current {
             None => api.create_lease(&fresh),
-            Some(mut l) => {
+            Some(l) => {
+                let mut l = l.clone();
                 l.spec = fresh.spec.clone();
-                if l.metadata.owner_references.is_none() {
+                // The kubelet's rule: the Lease is owned by the Node as it is now. One
+                // still naming a Node deleted and made again would be collected.
+                if fresh.metadata.owner_references.is_some() {
                     l.metadata.owner_references = fresh.metadata.owner_references.clone();
                 }
                 api.update_lease(&l)
@@ -313,24 +340,33 @@ impl<M: NodeModel> NodeController<M> {
                 self.lease = Some(l);
                 Ok(())
             }
-            Err(e) if e.is_conflict() || e.is_already_exists() => {
-                // Someone else wrote it: read it again next time.
+            Err(e) if e.is_conflict() || e.is_already_exists() || e.is_not_found() => {
+                // Someone else wrote it, or the garbage collector deleted it with its
+                // Node (a PUT of a deleted Lease is a 409, since the update names a
+                // resourceVersion): is the Node still ours? Read the Lease again next
+                // time, right away.
                 self.lease = None;
                 self.next_renew = None;
-                Err(e)
-            }
-            Err(e) if e.is_not_found() => {
-                // The lease went with its Node (garbage collection): check the Node.
-                self.lease = None;
                 self.check_node(api)?;
                 Err(e)
             }
-            Err(e) => Err(e),
+            Err(e) => {
+                // The link, most likely: the Lease we had is still the one to update.
+                self.lease = current;
+                Err(e)
+            }
         }
     }
 
+    /// Whether the Node is still the one registered: gone, or made again by someone else
+    /// (another UID), it is registered again, and the Lease and mirror pods follow the
+    /// UID it has then.
     fn check_node(&mut self, api: &dyn NodeApi) -> Result<(), ApiError> {
         match api.get_node(&self.name) {
+            Ok(node) if node.metadata.uid.is_some() && node.metadata.uid != self.uid() => {
+                self.node_gone();
+                Ok(())
+            }
             Ok(_) => Ok(()),
             Err(e) if e.is_not_found() => {
                 self.node_gone();
@@ -338,6 +374,36 @@ impl<M: NodeModel> NodeController<M> {
             }
             Err(e) => Err(e),
         }
+    }
+
+    fn uid(&self) -> Option<String> {
+        self.node_uid
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// The first status after an outage is computed against the Node as the cluster has
+    /// it now, so the patch carries every condition the node controller changed (Ready
+    /// back from `Unknown`, with a fresh transition time) and not only heartbeats.
+    fn reread(&mut self, api: &dyn NodeApi) -> Result<(), ApiError> {
+        let node = match api.get_node(&self.name) {
+            Ok(node) => node,
+            Err(e) if e.is_not_found() => {
+                self.node_gone();
+                return Err(e);
+            }
+            Err(e) => return Err(e),
+        };
+        if node.metadata.uid.is_some() && node.metadata.uid != self.uid() {
+            // Deleted and made again (by an operator) while the link was down.
+            self.node_gone();
+            return Ok(());
+        }
+        self.reported = node.status;
+        self.reported_at = None;
+        self.reread_node = false;
+        Ok(())
     }
 
     /// The Node is gone from the cluster: register it again, with a new lease.
@@ -348,6 +414,7 @@ impl<M: NodeModel> NodeController<M> {
         );
         self.registered = false;
         self.reported = None;
+        self.reported_at = None;
         self.lease = None;
         self.next_renew = None;
     }

@@ -99,7 +99,9 @@ impl NodeApi for Fake {
         self.call("update_lease")?;
         let mut stored = self.lease.borrow_mut();
         let Some(cur) = stored.as_ref() else {
-            return Err(Fake::status(404, "NotFound"));
+            // The apiserver's answer to a PUT that names a resourceVersion of a Lease
+            // that is gone: leases may be created by an update, so not a 404.
+            return Err(Fake::status(409, "Conflict"));
         };
         if cur.metadata.resource_version != lease.metadata.resource_version {
             return Err(Fake::status(409, "Conflict"));
@@ -114,6 +116,8 @@ impl NodeApi for Fake {
 /// A model whose Ready condition follows `ready`.
 struct Model {
     ready: std::rc::Rc<RefCell<bool>>,
+    /// The `old` of the last status patch.
+    patched_from: std::rc::Rc<RefCell<Option<NodeStatus>>>,
 }
 
 impl NodeModel for Model {
@@ -142,7 +146,8 @@ impl NodeModel for Model {
             ..NodeStatus::default()
         }
     }
-    fn status_patch(&self, _old: Option<&NodeStatus>, new: &NodeStatus) -> Value {
+    fn status_patch(&self, old: Option<&NodeStatus>, new: &NodeStatus) -> Value {
+        *self.patched_from.borrow_mut() = old.cloned();
         serde_json::json!({ "status": new })
     }
     fn changed(&self, old: &NodeStatus, new: &NodeStatus) -> bool {
@@ -206,6 +211,7 @@ fn setup() -> (
         "n1".into(),
         Model {
             ready: ready.clone(),
+            patched_from: Default::default(),
         },
         TIMING,
         new_node_uid(),
@@ -335,28 +341,30 @@ fn an_existing_node_is_taken_over() {
 }
 
 #[test]
-fn a_dead_uplink_backs_off_and_recovers() {
+fn a_dead_uplink_is_probed_once_a_renewal_interval() {
     let (api, mut c, _ready, clock) = setup();
     *api.down.borrow_mut() = true;
     let t0 = clock.t0;
     let mut now = t0;
     let link = c.link();
     let mut waits = Vec::new();
-    for _ in 0..8 {
+    // An hour down: the probes never thin out to the minutes a back-off grows to.
+    for _ in 0..360 {
         let next = c.step(&api, now, clock.wall(now), u64::MAX);
-        assert!(next > now && next <= now + TIMING.retry.max);
+        assert!(next > now && next <= now + TIMING.renew);
         waits.push(next - now);
         now = next;
     }
-    assert_eq!(api.calls().len(), 8, "one attempt per step while down");
-    for (n, wait) in waits.iter().enumerate() {
-        let want = TIMING.retry.jittered(n as u32 + 1, u64::MAX).max(MIN_RETRY);
-        assert_eq!(*wait, want, "jittered, capped back-off: {waits:?}");
-    }
+    assert_eq!(api.calls().len(), 360, "one attempt per step while down");
+    assert!(waits[0] <= TIMING.renew, "a random phase first: {waits:?}");
+    assert!(
+        waits[1..].iter().all(|w| *w == TIMING.renew),
+        "then one probe per renewal interval: {waits:?}"
+    );
     assert!(!c.is_registered());
     let report = link.report();
     assert_eq!(report.stage, Stage::Down);
-    assert_eq!(report.failures, 8);
+    assert_eq!(report.failures, 360);
     assert_eq!(report.next_retry, Some(clock.wall(now)));
     *api.down.borrow_mut() = false;
     c.step(&api, now, clock.wall(now), 0);
@@ -379,15 +387,120 @@ fn after_an_outage_the_lease_goes_first_then_full_status_even_if_unchanged() {
     }
     assert_eq!(link.stage(), Stage::Down);
     assert_eq!(api.calls().len(), 3, "one probe per step");
+    // Meanwhile the node controller marked the node Unknown.
+    let unknown = NodeStatus {
+        conditions: Some(vec![NodeCondition {
+            type_: "Ready".into(),
+            status: "Unknown".into(),
+            reason: Some("NodeStatusUnknown".into()),
+            ..NodeCondition::default()
+        }]),
+        ..NodeStatus::default()
+    };
+    if let Some(n) = api.node.borrow_mut().as_mut() {
+        n.status = Some(unknown.clone());
+    }
     *api.down.borrow_mut() = false;
     c.step(&api, now, clock.wall(now), 0);
     assert_eq!(
         api.calls(),
-        ["get_lease", "update_lease", "patch_node_status"],
-        "lease first, then the status although it did not change"
+        ["update_lease", "get_node", "patch_node_status"],
+        "lease first, then the status although it did not change, against the Node as it is"
     );
+    assert_eq!(
+        c.model.patched_from.borrow().as_ref(),
+        Some(&unknown),
+        "the patch turns the cluster's Unknown into Ready, not just heartbeats"
+    );
+    let node = api.node.borrow().clone().expect("node");
+    let cond = &node.status.and_then(|s| s.conditions).expect("conditions")[0];
+    assert_eq!(cond.status, "True");
     assert_eq!(link.stage(), Stage::NodeReady);
     assert_eq!(link.report().since, Some(clock.wall(now)));
+    // Back to the usual schedule: a renewal, no status.
+    c.step(&api, now + TIMING.renew, clock.wall(now + TIMING.renew), 0);
+    assert_eq!(api.calls(), ["update_lease"]);
+}
+
+#[test]
+fn a_node_deleted_under_a_running_agent_is_back_within_a_renewal_interval() {
+    let (api, mut c, _ready, clock) = setup();
+    let t0 = clock.t0;
+    let now = run(&mut c, &api, &clock, t0, t0 + Duration::from_secs(20));
+    let old_uid = c.uid();
+    // Deleted; the garbage collector deletes the Lease it owned.
+    *api.node.borrow_mut() = None;
+    *api.lease.borrow_mut() = None;
+    api.calls();
+    let end = run(&mut c, &api, &clock, now, now + Duration::from_secs(60));
+    let calls = api.calls();
+    assert_eq!(
+        &calls[..5],
+        [
+            "update_lease",
+            "get_node",
+            "create_node",
+            "get_lease",
+            "create_lease"
+        ],
+        "one conflict, then the Node (with its status) and its Lease again: {calls:?}"
+    );
+    assert!(
+        calls[5..].iter().all(|c| c == "update_lease"),
+        "then renewals only: {calls:?}"
+    );
+    let new_uid = c.uid();
+    assert!(new_uid.is_some() && new_uid != old_uid);
+    assert_eq!(
+        new_uid,
+        api.node
+            .borrow()
+            .as_ref()
+            .and_then(|n| n.metadata.uid.clone())
+    );
+    let lease = api.lease.borrow().clone().expect("lease");
+    assert_eq!(
+        lease.metadata.owner_references.expect("owner")[0].uid,
+        new_uid.clone().unwrap_or_default()
+    );
+    assert!(end > now);
+}
+
+#[test]
+fn a_node_made_again_by_someone_else_is_taken_over_with_its_uid() {
+    let (api, mut c, _ready, clock) = setup();
+    let t0 = clock.t0;
+    let now = run(&mut c, &api, &clock, t0, t0 + Duration::from_secs(20));
+    // An operator deleted the Node and made it again; the old Lease is collected.
+    if let Some(n) = api.node.borrow_mut().as_mut() {
+        n.metadata.uid = Some("operator-uid".into());
+    }
+    *api.lease.borrow_mut() = None;
+    api.calls();
+    run(&mut c, &api, &clock, now, now + Duration::from_secs(20));
+    assert_eq!(c.uid().as_deref(), Some("operator-uid"));
+    let lease = api.lease.borrow().clone().expect("lease");
+    assert_eq!(
+        lease.metadata.owner_references.expect("owner")[0].uid,
+        "operator-uid"
+    );
+}
+
+#[test]
+fn a_lease_owned_by_an_old_uid_is_given_the_current_one() {
+    let (api, mut c, _ready, clock) = setup();
+    let t0 = clock.t0;
+    let now = run(&mut c, &api, &clock, t0, t0);
+    let uid = c.uid().expect("uid");
+    if let Some(l) = api.lease.borrow_mut().as_mut() {
+        if let Some(o) = l.metadata.owner_references.as_mut() {
+            o[0].uid = "stale".into();
+        }
+    }
+    c.lease = None;
+    run(&mut c, &api, &clock, now + TIMING.renew, now + TIMING.renew);
+    let lease = api.lease.borrow().clone().expect("lease");
+    assert_eq!(lease.metadata.owner_references.expect("owner")[0].uid, uid);
 }
 
 #[test]
@@ -446,8 +559,8 @@ fn a_lease_written_by_someone_else_is_read_again() {
     c.step(&api, next, clock.wall(next), 0);
     let calls = api.calls();
     assert_eq!(
-        &calls[..3],
-        ["update_lease", "get_lease", "update_lease"],
+        &calls[..4],
+        ["update_lease", "get_node", "get_lease", "update_lease"],
         "{calls:?}"
     );
 }

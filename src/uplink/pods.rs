@@ -95,6 +95,8 @@ struct State {
     statics: HashMap<String, StatusReport>,
     filter: SpamFilter,
     mirror_generation: u64,
+    /// The Node UID the mirror pods were last checked against.
+    mirror_node_uid: Option<String>,
     down_logged: bool,
 }
 
@@ -110,6 +112,7 @@ impl PodUplink {
             statics: HashMap::new(),
             filter: SpamFilter::default(),
             mirror_generation: 0,
+            mirror_node_uid: None,
             down_logged: false,
         };
         let stop = || self.stop.load(Ordering::Relaxed);
@@ -263,10 +266,29 @@ impl PodUplink {
         }
 
         if !down {
+            // The kubelet checks a static pod's mirror on each sync; here, whenever the
+            // cluster's mirror pods change (one deleted, even with grace 0) or the Node
+            // was made again under a new UID (its mirror pods are to name it).
             let generation = lock(&self.mirrors).generation;
-            if generation != st.mirror_generation {
+            let node_uid = lock(&self.node_uid).clone();
+            if generation != st.mirror_generation || node_uid != st.mirror_node_uid {
                 st.mirror_generation = generation;
-                let statics: Vec<StatusReport> = st.statics.values().cloned().collect();
+                st.mirror_node_uid = node_uid;
+                // Only the static pods whose mirror pod is missing or stale: the others
+                // have their status already.
+                let statics: Vec<StatusReport> = {
+                    let set = lock(&self.mirrors);
+                    let uid = st.mirror_node_uid.as_deref();
+                    st.statics
+                        .values()
+                        .filter(|r| {
+                            let key = key_of(&PodRef::of(&r.pod));
+                            let hash = mirror::static_hash(&r.pod);
+                            !set.pods.get(&key).is_some_and(|m| m.is_current(&hash, uid))
+                        })
+                        .cloned()
+                        .collect()
+                };
                 for report in statics {
                     if let Err(e) = self.mirror_status(&report) {
                         if e.is_transient() {
@@ -316,12 +338,14 @@ impl PodUplink {
         let r = PodRef::of(&report.pod);
         let key = key_of(&r);
         let want = mirror::static_hash(&report.pod);
+        let node_uid = lock(&self.node_uid).clone();
+        let node_uid = node_uid.as_deref();
         let (known, synced) = {
             let m = lock(&self.mirrors);
             (m.pods.get(&key).cloned(), m.synced)
         };
         let current = match known {
-            Some(m) if m.hash == want && !m.deleting => Some(m),
+            Some(m) if m.is_current(&want, node_uid) => Some(m),
             Some(stale) => {
                 self.delete_pod(&r, &stale.uid)?;
                 None
@@ -330,7 +354,7 @@ impl PodUplink {
             None => None,
         };
         let mirror = match current {
-            Some(m) if m.hash == want && !m.deleting => m,
+            Some(m) if m.is_current(&want, node_uid) => m,
             Some(stale) => {
                 self.delete_pod(&r, &stale.uid)?;
                 self.create_mirror(&report.pod, &r)?
@@ -375,8 +399,11 @@ impl PodUplink {
         let created = match self.client.post::<_, Pod>(&path, &pod) {
             Ok(p) => p,
             Err(e) if e.is_already_exists() => match self.get_mirror(r)? {
-                Some(m) if m.hash == mirror::static_hash(static_pod) && !m.deleting => {
-                    return Ok(m)
+                Some(m) if m.is_current(&mirror::static_hash(static_pod), Some(&node_uid)) => {
+                    // Known from now on: the watch may not show it (a watch resumed
+                    // after a restart shows only what changed since).
+                    lock(&self.mirrors).pods.insert(key_of(r), m.clone());
+                    return Ok(m);
                 }
                 Some(m) => {
                     self.delete_pod(r, &m.uid)?;
@@ -397,6 +424,7 @@ impl PodUplink {
             uid: created.metadata.uid.clone().unwrap_or_default(),
             hash: mirror::static_hash(static_pod),
             deleting: false,
+            owner: node_uid.clone(),
         });
         log::info!("mirror pod {}/{} created", r.namespace, r.name);
         let mut set = lock(&self.mirrors);

@@ -87,10 +87,7 @@ fn removed_drops_unsent_status_but_not_a_final_one() {
 }
 
 fn link() -> Link {
-    Link::new(crate::backoff::Backoff {
-        initial: Duration::from_secs(1),
-        max: Duration::from_secs(60),
-    })
+    Link::new(Duration::from_secs(60))
 }
 
 /// A status with a container that ended at a fixed time, as its record says.

@@ -125,10 +125,15 @@ pub fn start(
         root_dir: config.root_dir.clone(),
         lease_seconds: config.node_lease_duration_seconds,
     };
-    let link = Link::new(Backoff {
-        initial: super::pods::RETRY.initial,
-        max: config.uplink_retry_max.max(super::pods::RETRY.initial),
-    });
+    // While the link is down it is probed as often as a healthy node renews its Lease
+    // (see `link`): no more load than the node puts on the apiserver when up, and the
+    // node notices the link is back within one renewal interval, however long it was
+    // gone. `uplinkRetryMax` can only make that period shorter.
+    let link = Link::new(
+        config
+            .node_status_update_frequency
+            .min(config.uplink_retry_max),
+    );
     let (reporter, outbox) = Reporter::persistent(store, link.clone())?;
     let stop = Arc::new(AtomicBool::new(false));
     let node_uid = new_node_uid();
@@ -223,7 +228,7 @@ impl Parts {
             report: self.config.node_status_report_frequency,
             retry: Backoff {
                 initial: super::pods::RETRY.initial,
-                max: self.config.uplink_retry_max,
+                max: self.config.node_status_update_frequency,
             },
         };
         let node = NodeLoop {

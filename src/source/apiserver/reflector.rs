@@ -255,6 +255,17 @@ impl<L: PodLister, C: Clock> Reflector<L, C> {
                     if self.tx.is_closed() {
                         return End::Stopped;
                     }
+                    if self.link.as_ref().is_some_and(Link::is_down) {
+                        // The link went down under this watch: its connection may be
+                        // dead without a word (a cut uplink drops packets, it does not
+                        // close connections), and reading on would wait out the whole
+                        // timeout after the link is back. Watch again from here once
+                        // the link is up and the outbox drained.
+                        if !self.send() {
+                            return End::Stopped;
+                        }
+                        return End::Ended;
+                    }
                     if self.due() && !self.send() {
                         return End::Stopped;
                     }

@@ -638,10 +638,7 @@ fn a_resumed_source_lists_once_when_its_version_is_gone() {
 
 #[test]
 fn with_a_link_a_dead_apiserver_is_waited_for_not_retried() {
-    let link = Link::new(Backoff {
-        initial: Duration::from_secs(1),
-        max: Duration::from_secs(60),
-    });
+    let link = Link::new(Duration::from_secs(60));
     link.node_ready(Instant::now(), crate::time::now());
     link.drained();
     let mut h = start_resumed(
@@ -671,5 +668,34 @@ fn with_a_link_a_dead_apiserver_is_waited_for_not_retried() {
     assert_eq!(h.until(&["a", "c"]), 2);
     assert!(h.sleeps().is_empty(), "no back-off of its own");
     assert!(link.report().last_sync.is_some());
+    h.stop();
+}
+
+#[test]
+fn a_watch_open_when_the_link_went_down_is_given_up_and_opened_again_once_it_is_back() {
+    let link = Link::new(Duration::from_secs(60));
+    link.node_ready(Instant::now(), crate::time::now());
+    link.drained();
+    // A watch whose connection went silent: no event, no end (a cut uplink drops
+    // packets; it does not close connections).
+    let (_silent, stalled) = std_mpsc::channel();
+    let mut h = start_resumed(
+        vec![],
+        vec![
+            WatchStep::Live(stalled),
+            WatchStep::Stream(vec![Ok(WatchEvent::Added(pod("c", 42, "app:1")))]),
+        ],
+        options(),
+        resumed(vec![stored("a")], "40", Some(link.clone())),
+    );
+    assert_eq!(h.calls_once(1), [watch_call("40")]);
+    link.report_down(crate::time::now());
+    // Within a wait of the loop the stalled watch is left; nothing more while down.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(h.fake.calls().len(), 1, "{:?}", h.fake.calls());
+    link.node_ready(Instant::now(), crate::time::now());
+    link.drained();
+    assert_eq!(h.calls_once(2)[..2], [watch_call("40"), watch_call("40")]);
+    assert_eq!(h.until(&["a", "c"]), 2);
     h.stop();
 }

@@ -23,8 +23,11 @@ use crate::config::{check_dns1123_label, check_dns1123_subdomain};
 pub struct ObjectManagerOptions {
     /// At most this many watch threads (each blocks in one watch read).
     pub max_watches: usize,
-    /// A watch's `timeoutSeconds` is drawn from `[watch_timeout, 2 * watch_timeout]`,
-    /// as client-go's reflector does with its five minutes.
+    /// A watch's `timeoutSeconds` is drawn from `[watch_timeout, 2 * watch_timeout]`.
+    /// 30 minutes, the apiserver's own choice for a watch that names no timeout
+    /// (`--min-request-timeout`): each followed object costs one request per 30 to 60
+    /// minutes, not client-go's 5 to 10, which with ten referenced ConfigMaps was more
+    /// than the node's whole status.
     pub watch_timeout: Duration,
     /// How often an object beyond `max_watches` is re-listed.
     pub poll_interval: Duration,
@@ -36,7 +39,7 @@ impl Default for ObjectManagerOptions {
     fn default() -> Self {
         ObjectManagerOptions {
             max_watches: 16,
-            watch_timeout: Duration::from_secs(300),
+            watch_timeout: Duration::from_secs(1800),
             poll_interval: Duration::from_secs(60),
             backoff: Backoff {
                 initial: Duration::from_millis(800),

@@ -44,6 +44,8 @@ pub struct Options {
     /// Its `--node-monitor-grace-period`: how long a silent node stays Ready.
     pub node_monitor_grace_period: Duration,
     pub scheduler: bool,
+    /// More kube-apiserver flags (`--audit-policy-file=...`), after the harness's own.
+    pub apiserver_args: Vec<String>,
 }
 
 impl Default for Options {
@@ -53,6 +55,7 @@ impl Default for Options {
             controllers: "*".into(),
             node_monitor_grace_period: Duration::from_secs(40),
             scheduler: true,
+            apiserver_args: Vec::new(),
         }
     }
 }
@@ -148,7 +151,7 @@ impl ControlPlane {
         cp.admin_kubeconfig =
             cp.certs
                 .kubeconfig(&cp.url, "admin", "kubernetes-admin", &["system:masters"]);
-        cp.start_apiserver(port, &etcd_url);
+        cp.start_apiserver(port, &etcd_url, &opts.apiserver_args);
         cp.wait_ready();
         if opts.controller_manager {
             cp.start_controller_manager(&opts);
@@ -187,9 +190,9 @@ impl ControlPlane {
         client
     }
 
-    fn start_apiserver(&mut self, port: u16, etcd: &str) {
+    fn start_apiserver(&mut self, port: u16, etcd: &str, extra: &[String]) {
         let c = &self.certs;
-        let args = vec![
+        let mut args = vec![
             s("--bind-address=127.0.0.1"),
             s("--advertise-address=127.0.0.1"),
             format!("--secure-port={port}"),
@@ -225,6 +228,7 @@ impl ControlPlane {
                 std::env::var("HOLDFAST_TEST_APISERVER_V").unwrap_or_else(|_| "1".into())
             ),
         ];
+        args.extend(extra.iter().cloned());
         self.spawn("kube-apiserver", args);
     }
 
