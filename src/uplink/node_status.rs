@@ -67,6 +67,9 @@ pub struct NodeInput {
     /// The kubelet API port advertised in `daemonEndpoints`.
     pub port: u16,
     pub node_ip: Option<IpAddr>,
+    /// The kubelet API's `address` when it is one address rather than all of them:
+    /// the only address the apiserver can reach the node's API at.
+    pub listen_ip: Option<IpAddr>,
     /// The board profile's name, the node's instance type.
     pub board: Option<String>,
     /// Why the node cannot run pods right now (runtime or network down); empty when it
@@ -121,6 +124,7 @@ impl NodeInput {
             max_pods: config.max_pods,
             port: config.port,
             node_ip: config.node_ip,
+            listen_ip: Some(config.server.address).filter(|a| !a.is_unspecified()),
             board: config.board.clone(),
             not_ready: Vec::new(),
         })
@@ -137,10 +141,14 @@ impl NodeInput {
     }
 
     /// The node's InternalIP: `--node-ip`, else the node name if it is an address, else
-    /// the default route's address, in the kubelet's order (less its DNS lookup).
+    /// the kubelet API's own `address` if it listens on one only (the default route's
+    /// address would send the apiserver's `kubectl logs` and `exec` where nothing
+    /// listens), else the default route's address, in the kubelet's order (less its
+    /// DNS lookup).
     fn internal_ip(&self, facts: &NodeFacts) -> Option<IpAddr> {
         self.node_ip
             .or_else(|| self.node_name.parse().ok())
+            .or(self.listen_ip)
             .or(facts.host_ip)
     }
 

@@ -256,8 +256,11 @@ fn internal_ip_choice() {
     );
     input.node_ip = None;
     assert_eq!(addresses(&input, &facts)[0]["address"], "10.9.9.9");
+    input.listen_ip = Some(IpAddr::from([127, 0, 0, 1]));
+    assert_eq!(addresses(&input, &facts)[0]["address"], "127.0.0.1");
     input.node_name = "10.0.240.5".into();
     assert_eq!(addresses(&input, &facts)[0]["address"], "10.0.240.5");
+    input.listen_ip = None;
     input.node_name = "gw".into();
     let none = NodeFacts {
         host_ip: None,

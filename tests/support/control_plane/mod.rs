@@ -1,0 +1,488 @@
+//! A real Kubernetes control plane for a test: etcd and kube-apiserver (Node and RBAC
+//! authorization, NodeRestriction), optionally kube-controller-manager and
+//! kube-scheduler, all v1.36 from `KUBEBUILDER_ASSETS` (else what
+//! `../shared/envtest/setup.sh` unpacks), on 127.0.0.1 with free ports, with
+//! certificates made here. Each test starts its own; nothing is shared. Dropping it
+//! kills and waits for every process and removes its directory (etcd's data is in
+//! /dev/shm, so the cluster costs no disk writes).
+//!
+//! It gives an admin kubeconfig and [`ControlPlane::kubectl`] running the real kubectl
+//! with it, a node kubeconfig (`system:node:<name>`) and kubelet serving certificate for
+//! an [`Agent`] ([`ControlPlane::join`]), and JSON getters and waits.
+//!
+//! Include with `mod support;` and
+//! `#[path = "support/control_plane/mod.rs"] mod control_plane;`.
+
+#![allow(dead_code)]
+
+mod certs;
+#[path = "../pki.rs"]
+pub mod pki;
+mod process;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::support::agent::{free_port, Agent};
+use certs::{Certs, SERVICE_CIDR};
+use process::Process;
+
+/// What runs beside etcd and the apiserver.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// kube-controller-manager: service accounts, `kube-root-ca.crt`, Deployments and
+    /// ReplicaSets, node lifecycle, garbage collection, namespace deletion.
+    pub controller_manager: bool,
+    /// Its `--controllers` (`*` for all; `*,-root-ca-cert-publisher` leaves one out).
+    pub controllers: String,
+    /// Its `--node-monitor-grace-period`: how long a silent node stays Ready.
+    pub node_monitor_grace_period: Duration,
+    pub scheduler: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            controller_manager: true,
+            controllers: "*".into(),
+            node_monitor_grace_period: Duration::from_secs(40),
+            scheduler: true,
+        }
+    }
+}
+
+impl Options {
+    /// etcd and the apiserver only: the cheapest cluster, for tests that need no
+    /// controller (a test then creates the namespace's `default` ServiceAccount itself).
+    pub fn bare() -> Options {
+        Options {
+            controller_manager: false,
+            scheduler: false,
+            ..Options::default()
+        }
+    }
+}
+
+pub struct ControlPlane {
+    pub dir: PathBuf,
+    /// The folder holding the binaries (`KUBEBUILDER_ASSETS`).
+    pub assets: PathBuf,
+    /// `https://127.0.0.1:<port>`.
+    pub url: String,
+    pub admin_kubeconfig: PathBuf,
+    /// How long the start took, until `/readyz` answered ok.
+    pub started_in: Duration,
+    certs: Certs,
+    /// Stopped in reverse order of start (the scheduler first, etcd last).
+    procs: Vec<Process>,
+}
+
+/// The binaries' folder: `KUBEBUILDER_ASSETS`, else what setup.sh unpacks (once per
+/// test binary).
+pub fn assets() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        if let Some(dir) = std::env::var_os("KUBEBUILDER_ASSETS").filter(|d| !d.is_empty()) {
+            return PathBuf::from(dir);
+        }
+        let setup = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/envtest/setup.sh");
+        let out = Command::new("bash")
+            .arg(&setup)
+            .output()
+            .unwrap_or_else(|e| panic!("run {}: {e}", setup.display()));
+        assert!(
+            out.status.success(),
+            "{} failed: {}",
+            setup.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+    })
+}
+
+/// A directory for one cluster: in /dev/shm when there is one (etcd writes there).
+fn cluster_dir() -> PathBuf {
+    static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let base = Path::new("/dev/shm");
+    let base = if base.is_dir() {
+        base.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    };
+    let dir = base.join(format!("holdfast-cp-{}-{seq}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("control plane dir");
+    dir
+}
+
+fn s(v: impl std::fmt::Display) -> String {
+    v.to_string()
+}
+
+impl ControlPlane {
+    /// Starts a cluster and waits (bounded) until the apiserver is ready.
+    pub fn start(opts: Options) -> ControlPlane {
+        let t0 = Instant::now();
+        let assets = assets().to_path_buf();
+        let dir = cluster_dir();
+        let certs = Certs::new(&dir.join("pki"));
+        let mut cp = ControlPlane {
+            url: String::new(),
+            admin_kubeconfig: PathBuf::new(),
+            started_in: Duration::ZERO,
+            assets,
+            certs,
+            procs: Vec::new(),
+            dir,
+        };
+        let etcd_url = cp.start_etcd();
+        let port = free_port();
+        cp.url = format!("https://127.0.0.1:{port}");
+        cp.admin_kubeconfig =
+            cp.certs
+                .kubeconfig(&cp.url, "admin", "kubernetes-admin", &["system:masters"]);
+        cp.start_apiserver(port, &etcd_url);
+        cp.wait_ready();
+        if opts.controller_manager {
+            cp.start_controller_manager(&opts);
+        }
+        if opts.scheduler {
+            cp.start_scheduler();
+        }
+        cp.started_in = t0.elapsed();
+        cp
+    }
+
+    fn spawn(&mut self, name: &str, args: Vec<String>) {
+        let bin = self.assets.join(name);
+        let p = Process::spawn(name, &bin, &args, &self.dir);
+        self.procs.push(p);
+    }
+
+    fn start_etcd(&mut self) -> String {
+        let (client, peer) = (free_port(), free_port());
+        let client = format!("http://127.0.0.1:{client}");
+        let peer = format!("http://127.0.0.1:{peer}");
+        let config = self.dir.join("etcd.yaml");
+        // This etcd takes only a config file (embed.Config's YAML keys).
+        std::fs::write(
+            &config,
+            format!(
+                "name: test\ndata-dir: {}\nlisten-client-urls: {client}\n\
+                 advertise-client-urls: {client}\nlisten-peer-urls: {peer}\n\
+                 initial-advertise-peer-urls: {peer}\ninitial-cluster: test={peer}\n\
+                 unsafe-no-fsync: true\nlog-level: warn\n",
+                self.dir.join("etcd").display()
+            ),
+        )
+        .expect("etcd config");
+        self.spawn("etcd", vec![s("--config-file"), s(config.display())]);
+        client
+    }
+
+    fn start_apiserver(&mut self, port: u16, etcd: &str) {
+        let c = &self.certs;
+        let args = vec![
+            s("--bind-address=127.0.0.1"),
+            s("--advertise-address=127.0.0.1"),
+            format!("--secure-port={port}"),
+            format!("--etcd-servers={etcd}"),
+            format!("--cert-dir={}", self.dir.join("apiserver-certs").display()),
+            format!("--tls-cert-file={}", c.apiserver.cert.display()),
+            format!("--tls-private-key-file={}", c.apiserver.key.display()),
+            format!("--client-ca-file={}", c.pki.ca.display()),
+            s("--authorization-mode=Node,RBAC"),
+            s("--enable-admission-plugins=NodeRestriction"),
+            // No kube-proxy or Service network here: the apiserver cannot reach the
+            // address it would publish for the `kubernetes` Service.
+            s("--endpoint-reconciler-type=none"),
+            format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+            s("--service-account-issuer=https://kubernetes.default.svc.cluster.local"),
+            format!("--service-account-key-file={}", c.sa_pub.display()),
+            format!("--service-account-signing-key-file={}", c.sa_key.display()),
+            // To kubelets (`kubectl logs`, `exec`, the node proxy): a client
+            // certificate, and their serving certificate checked against the test CA;
+            // a test agent listens on 127.0.0.1 and reports that as its InternalIP.
+            format!(
+                "--kubelet-client-certificate={}",
+                c.kubelet_client.cert.display()
+            ),
+            format!("--kubelet-client-key={}", c.kubelet_client.key.display()),
+            format!("--kubelet-certificate-authority={}", c.pki.ca.display()),
+            s("--kubelet-preferred-address-types=InternalIP"),
+            s("--allow-privileged=true"),
+            s("--profiling=false"),
+        ];
+        self.spawn("kube-apiserver", args);
+    }
+
+    /// Polls `/readyz` until it answers ok, failing at once (with its log) if the
+    /// apiserver or etcd exits, and after a deadline.
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            for p in &mut self.procs {
+                p.assert_running();
+            }
+            let out = self.kubectl(&["get", "--raw", "/readyz", "--request-timeout=2s"]);
+            if out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "ok" {
+                return;
+            }
+            if Instant::now() > deadline {
+                let tail = self.procs.last().map(|p| p.tail(40)).unwrap_or_default();
+                panic!(
+                    "kube-apiserver not ready within 90 s: {}\n--- its log ---\n{tail}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn start_controller_manager(&mut self, opts: &Options) {
+        let kubeconfig = self.certs.kubeconfig(
+            &self.url,
+            "controller-manager",
+            "system:kube-controller-manager",
+            &[],
+        );
+        let c = &self.certs;
+        let grace = opts.node_monitor_grace_period.as_secs().max(2);
+        let args = vec![
+            format!("--kubeconfig={}", kubeconfig.display()),
+            format!("--authentication-kubeconfig={}", kubeconfig.display()),
+            format!("--authorization-kubeconfig={}", kubeconfig.display()),
+            s("--bind-address=127.0.0.1"),
+            format!("--secure-port={}", free_port()),
+            format!("--cert-dir={}", self.dir.join("kcm-certs").display()),
+            s("--leader-elect=false"),
+            format!("--controllers={}", opts.controllers),
+            s("--use-service-account-credentials=true"),
+            format!("--cluster-signing-cert-file={}", c.pki.ca.display()),
+            format!(
+                "--cluster-signing-key-file={}",
+                c.pki.dir.join("ca.key").display()
+            ),
+            format!("--root-ca-file={}", c.pki.ca.display()),
+            format!("--service-account-private-key-file={}", c.sa_key.display()),
+            format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+            format!("--node-monitor-grace-period={grace}s"),
+            s("--node-monitor-period=1s"),
+            s("--profiling=false"),
+        ];
+        self.spawn("kube-controller-manager", args);
+    }
+
+    fn start_scheduler(&mut self) {
+        let kubeconfig =
+            self.certs
+                .kubeconfig(&self.url, "scheduler", "system:kube-scheduler", &[]);
+        let args = vec![
+            format!("--kubeconfig={}", kubeconfig.display()),
+            format!("--authentication-kubeconfig={}", kubeconfig.display()),
+            format!("--authorization-kubeconfig={}", kubeconfig.display()),
+            s("--bind-address=127.0.0.1"),
+            format!("--secure-port={}", free_port()),
+            format!("--cert-dir={}", self.dir.join("scheduler-certs").display()),
+            s("--leader-elect=false"),
+            s("--profiling=false"),
+        ];
+        self.spawn("kube-scheduler", args);
+    }
+
+    /// The CA every certificate of this cluster chains to (PEM file).
+    pub fn ca(&self) -> &Path {
+        &self.certs.pki.ca
+    }
+
+    /// A kubeconfig for node `node` (CN=system:node:<node>, O=system:nodes).
+    pub fn node_kubeconfig(&self, node: &str) -> PathBuf {
+        self.certs.kubeconfig(
+            &self.url,
+            &format!("node-{node}"),
+            &format!("system:node:{node}"),
+            &["system:nodes"],
+        )
+    }
+
+    /// Makes `agent` a node of this cluster: its `node_name`'s kubeconfig, a kubelet
+    /// serving certificate from the cluster CA for 127.0.0.1 and the node name, and the
+    /// CA as `clientCAFile` so the apiserver's client certificate is accepted. Writes
+    /// the agent's config: `holdfast_keys` go under `holdfast:`, `top_level` after.
+    pub fn join(&self, agent: &mut Agent, holdfast_keys: &str, top_level: &str) {
+        let node = agent.node_name.clone();
+        let kubeconfig = self.node_kubeconfig(&node);
+        let serving = self
+            .certs
+            .pki
+            .server(&format!("kubelet-{node}"), &["127.0.0.1", &node]);
+        agent.write_config(&format!(
+            "{holdfast_keys}{top_level}tlsCertFile: {}\ntlsPrivateKeyFile: {}\n\
+             authentication:\n  x509:\n    clientCAFile: {}\n",
+            serving.cert.display(),
+            serving.key.display(),
+            self.certs.pki.ca.display()
+        ));
+        agent
+            .extra_args
+            .extend(["--kubeconfig".into(), kubeconfig.display().to_string()]);
+    }
+
+    /// The real kubectl with the admin kubeconfig.
+    pub fn kubectl(&self, args: &[&str]) -> Output {
+        self.kubectl_cmd(args)
+            .output()
+            .unwrap_or_else(|e| panic!("run kubectl: {e}"))
+    }
+
+    /// kubectl with the admin kubeconfig, to spawn (for `logs -f`, `--watch`).
+    pub fn kubectl_cmd(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(self.assets.join("kubectl"));
+        cmd.arg("--kubeconfig")
+            .arg(&self.admin_kubeconfig)
+            .args(args)
+            .stdin(Stdio::null());
+        cmd
+    }
+
+    /// kubectl's stdout; panics with its stderr if it fails.
+    pub fn kubectl_ok(&self, args: &[&str]) -> String {
+        let out = self.kubectl(args);
+        assert!(
+            out.status.success(),
+            "kubectl {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `kubectl apply -f -` of a YAML or JSON document.
+    pub fn apply(&self, doc: &str) -> String {
+        self.kubectl_stdin(&["apply", "-f", "-"], doc)
+    }
+
+    /// `kubectl create -f -` (server-generated names, no last-applied annotation).
+    pub fn create(&self, doc: &str) -> String {
+        self.kubectl_stdin(&["create", "-f", "-"], doc)
+    }
+
+    fn kubectl_stdin(&self, args: &[&str], input: &str) -> String {
+        use std::io::Write;
+        let mut child = self
+            .kubectl_cmd(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn kubectl");
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin.write_all(input.as_bytes()).expect("kubectl stdin");
+        }
+        let out = child.wait_with_output().expect("kubectl");
+        assert!(
+            out.status.success(),
+            "kubectl {}: {}\n--- input ---\n{input}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `kubectl get <what> -o json` (`what` like `pod/web`, `nodes`), in `ns` if given;
+    /// None when it is not found.
+    pub fn get(&self, what: &str, ns: Option<&str>) -> Option<Value> {
+        let mut args = vec!["get", what, "-o", "json"];
+        if let Some(ns) = ns {
+            args.extend(["-n", ns]);
+        }
+        let out = self.kubectl(&args);
+        if !out.status.success() {
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(err.contains("NotFound"), "kubectl get {what}: {err}");
+            return None;
+        }
+        Some(serde_json::from_slice(&out.stdout).expect("kubectl get -o json"))
+    }
+
+    /// Like [`ControlPlane::get`], as a k8s-openapi type.
+    pub fn get_as<T: serde::de::DeserializeOwned>(
+        &self,
+        what: &str,
+        ns: Option<&str>,
+    ) -> Option<T> {
+        self.get(what, ns)
+            .map(|v| serde_json::from_value(v).expect("object of the asked type"))
+    }
+
+    /// Polls `probe` every 200 ms until it gives a value; panics after `within` with
+    /// `what` and `context()` (an agent's log, say).
+    pub fn wait_for<T>(
+        &self,
+        what: &str,
+        within: Duration,
+        context: impl Fn() -> String,
+        mut probe: impl FnMut(&Self) -> Option<T>,
+    ) -> T {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(v) = probe(self) {
+                return v;
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "timed out after {within:?} waiting for {what}\n{}\n--- kube-apiserver ---\n{}",
+                    context(),
+                    self.log_tail("kube-apiserver", 20)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// The last `lines` lines of a process's log (`etcd`, `kube-apiserver`, ...).
+    pub fn log_tail(&self, name: &str, lines: usize) -> String {
+        self.procs
+            .iter()
+            .find(|p| p.name == name)
+            .map(|p| p.tail(lines))
+            .unwrap_or_default()
+    }
+
+    /// Panics (with its log) if a process of the cluster has exited.
+    pub fn assert_running(&mut self) {
+        for p in &mut self.procs {
+            p.assert_running();
+        }
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        while let Some(p) = self.procs.pop() {
+            drop(p);
+        }
+        if std::thread::panicking() {
+            // Logs are what one reads after a failure; certificates and etcd are not.
+            let keep = std::env::temp_dir().join(
+                self.dir
+                    .file_name()
+                    .map(|n| n.to_os_string())
+                    .unwrap_or_default(),
+            );
+            let _ = std::fs::create_dir_all(&keep);
+            for e in std::fs::read_dir(&self.dir).into_iter().flatten().flatten() {
+                if e.path().extension().is_some_and(|x| x == "log") {
+                    let _ = std::fs::copy(e.path(), keep.join(e.file_name()));
+                }
+            }
+            eprintln!("control plane logs kept in {}", keep.display());
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
