@@ -210,6 +210,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         node_name: config.node_name.clone(),
         host_ip: crate::node::node_address(&config),
         objects,
+        tokens: uplink.as_ref().map(|u| u.tokens.clone()),
         allocatable,
         backoff: Backoff {
             initial: config.crash_loop.initial,

@@ -147,7 +147,6 @@ fn api_object_volumes_are_read_from_inside_and_updates_land_whole() {
                 {"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}}
             ]}},
             {"name": "api", "projected": {"sources": [
-                {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}},
                 {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
                 {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}]}}
             ]}}
@@ -179,20 +178,6 @@ fn api_object_volumes_are_read_from_inside_and_updates_land_whole() {
         "{out:?}"
     );
     assert!(out.contains(&"cfg=ro".to_string()), "{out:?}");
-    // The token is not there, and the pod was told why.
-    let told = |api: &ApiServerDouble| {
-        api.list_events().iter().any(|e| {
-            e.reason.as_deref() == Some("FailedMount")
-                && e.message
-                    .as_deref()
-                    .is_some_and(|m| m.contains("serviceAccountToken"))
-        })
-    };
-    assert!(
-        api.wait_for(WAIT, told),
-        "a FailedMount event about the token"
-    );
-
     // The update, both keys at once.
     api.put_configmap(config_map(
         "app-config",

@@ -54,6 +54,8 @@ pub struct Deps {
     pub host_ip: Option<String>,
     /// The cached ConfigMaps and Secrets that container environments read.
     pub objects: ObjectCache,
+    /// Pods' service-account tokens; `None` on a node with no apiserver.
+    pub tokens: Option<crate::uplink::tokens::TokenManager>,
     /// The node's allocatable resources: what `resourceFieldRef` reports as the limit
     /// of a container that sets none.
     pub allocatable: BTreeMap<String, Quantity>,

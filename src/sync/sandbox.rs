@@ -181,6 +181,7 @@ impl Sandboxes {
                 allocatable: &deps.allocatable,
             },
             fs_group,
+            tokens: deps.tokens.as_ref(),
         };
         let volumes = crate::volume::setup(pod, &dir, &sources)?;
         let mut warnings: Vec<(&'static str, String)> = Vec::new();

@@ -18,6 +18,7 @@ pub mod pods;
 pub mod report;
 pub mod start;
 pub mod tls;
+pub mod tokens;
 pub mod watch;
 
 #[cfg(test)]

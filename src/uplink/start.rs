@@ -20,6 +20,7 @@ use super::objects::{
 };
 use super::pods::{MirrorSet, NodeUid, PodUplink, SharedMirrors};
 use super::report::{Depth, Outbox, Reporter};
+use super::tokens::TokenManager;
 use crate::backoff::Backoff;
 use crate::config::Config;
 use crate::node::facts::NodeFacts;
@@ -41,6 +42,8 @@ pub struct Uplink {
     pub pod_set: Option<PodSetSender>,
     /// The ConfigMaps and Secrets those pods reference, kept for offline use.
     pub objects: ObjectCache,
+    /// The pods' service-account tokens, kept for offline use.
+    pub tokens: TokenManager,
     pub mirrors: SharedMirrors,
     pub node_uid: NodeUid,
     /// The link and the outbox, for `holdfast status`.
@@ -139,11 +142,13 @@ pub fn start(
     let node_uid = new_node_uid();
     let mirrors: SharedMirrors = Arc::new(std::sync::Mutex::new(MirrorSet::default()));
     let objects = ObjectCache::open(store).map_err(|e| crate::Error::Cli(e.to_string()))?;
+    let tokens = TokenManager::open(store, Some(link.clone()))?;
     let (pod_set, wanted) = pod_set();
     let uplink = Uplink {
         reporter,
         pod_set: Some(pod_set),
         objects: objects.clone(),
+        tokens: tokens.clone(),
         mirrors: mirrors.clone(),
         node_uid: node_uid.clone(),
         view: UplinkView {
@@ -156,6 +161,7 @@ pub fn start(
         config: config.clone(),
         model,
         objects,
+        tokens,
         wanted,
         objects_changed,
         seed,
@@ -180,6 +186,7 @@ struct Parts {
     config: Config,
     model: DeviceModel,
     objects: ObjectCache,
+    tokens: TokenManager,
     wanted: PodSetReceiver,
     objects_changed: mpsc::Sender<ObjectKey>,
     seed: ApiSeed,
@@ -222,6 +229,7 @@ impl Parts {
             }
         };
         log::info!("uplink: apiserver {}", client.server());
+        self.tokens.set_minter(Arc::new(client.clone()));
 
         let timing = Timing {
             renew: self.config.node_status_update_frequency,

@@ -56,6 +56,9 @@ pub enum VolumeError {
     Cache { volume: String, reason: String },
     #[error("volume {volume:?}: {reason}")]
     DownwardApi { volume: String, reason: String },
+    /// A serviceAccountToken that could not be had: `failed to fetch token: ...`.
+    #[error("{reason}")]
+    Token { volume: String, reason: String },
     #[error("hostPath type check failed: {path} is not {what}")]
     HostPathType {
         volume: String,
@@ -92,6 +95,7 @@ impl VolumeError {
             | VolumeError::StaticPod { volume, .. }
             | VolumeError::Cache { volume, .. }
             | VolumeError::DownwardApi { volume, .. }
+            | VolumeError::Token { volume, .. }
             | VolumeError::HostPathType { volume, .. }
             | VolumeError::Unsupported { volume, .. } => Some(volume),
             _ => None,

@@ -8,12 +8,14 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
     ConfigMap, DownwardAPIVolumeFile, KeyToPath, Pod, ProjectedVolumeSource, Secret,
+    ServiceAccountTokenProjection,
 };
 
 use super::atomic_writer::{FileProjection, Payload};
 use super::VolumeError;
 use crate::sync::env::EnvInputs;
 use crate::uplink::objects::ObjectCache;
+use crate::uplink::tokens::{TokenKey, TokenManager, DEFAULT_EXPIRATION_SECONDS};
 
 /// The kubelet's default file mode for these volumes.
 pub const DEFAULT_MODE: i32 = 0o644;
@@ -24,6 +26,9 @@ pub struct Sources<'a> {
     pub env: EnvInputs<'a>,
     /// fsGroup of the pod.
     pub fs_group: Option<u32>,
+    /// Service-account tokens; `None` on a node with no apiserver, where a pod that
+    /// asks for one cannot start (the kubelet's standalone mode says the same).
+    pub tokens: Option<&'a TokenManager>,
 }
 
 fn mode(item: Option<i32>, default: Option<i32>) -> u32 {
@@ -286,10 +291,10 @@ pub fn downward_api_payload(
     Ok(())
 }
 
-/// A `projected` volume's payload: its configMap, secret and downwardAPI sources in
-/// order. A serviceAccountToken needs a token minted by the apiserver's TokenRequest
-/// API, which holdfast does not call: the token file is left out and the caller told,
-/// so the pod runs and only a container that reads the token fails.
+/// A `projected` volume's payload: its configMap, secret, downwardAPI and
+/// serviceAccountToken sources in order. A token is minted by the apiserver (or the
+/// last one kept, offline); without one the volume fails as the kubelet's does, and
+/// the pod waits.
 pub fn projected_payload(
     pod: &Pod,
     volume: &str,
@@ -346,10 +351,15 @@ pub fn projected_payload(
             )?;
         }
         if let Some(t) = &source.service_account_token {
-            skipped.push(format!(
-                "volume {volume:?}: serviceAccountToken {:?} is not provided: holdfast does not request tokens from the apiserver",
-                t.path
-            ));
+            let token = service_account_token(pod, volume, t, s)?;
+            out.insert(
+                t.path.clone(),
+                FileProjection {
+                    data: token.into_bytes(),
+                    mode: token_mode(src.default_mode, s.fs_group),
+                    gid: s.fs_group,
+                },
+            );
         }
         if source.cluster_trust_bundle.is_some() {
             skipped.push(format!(
@@ -358,4 +368,51 @@ pub fn projected_payload(
         }
     }
     Ok(out)
+}
+
+/// The token file's mode: `defaultMode`; 0600 with fsGroup, which the writer opens to
+/// the group (0640), as the kubelet leaves SetVolumeOwnership to do.
+fn token_mode(default_mode: Option<i32>, fs_group: Option<u32>) -> u32 {
+    match fs_group {
+        Some(_) => 0o600,
+        None => mode(None, default_mode),
+    }
+}
+
+/// The pod's token for one `serviceAccountToken` source.
+fn service_account_token(
+    pod: &Pod,
+    volume: &str,
+    src: &ServiceAccountTokenProjection,
+    s: &Sources<'_>,
+) -> Result<String, VolumeError> {
+    let fail = |reason: String| VolumeError::Token {
+        volume: volume.to_owned(),
+        reason,
+    };
+    if crate::source::is_static_pod(pod) {
+        return Err(fail(
+            "failed to fetch token: static pods cannot use service-account tokens".into(),
+        ));
+    }
+    let Some(tokens) = s.tokens else {
+        return Err(fail(
+            "failed to fetch token: cannot use the token manager on a node with no apiserver"
+                .into(),
+        ));
+    };
+    let spec = pod.spec.as_ref();
+    let service_account = spec
+        .and_then(|sp| sp.service_account_name.as_deref())
+        .filter(|n| !n.is_empty())
+        .unwrap_or("default");
+    let key = TokenKey {
+        namespace: namespace(pod).to_owned(),
+        service_account: service_account.to_owned(),
+        audience: src.audience.clone().unwrap_or_default(),
+        expiration_seconds: src.expiration_seconds.unwrap_or(DEFAULT_EXPIRATION_SECONDS),
+        pod_name: pod.metadata.name.clone().unwrap_or_default(),
+        pod_uid: pod.metadata.uid.clone().unwrap_or_default(),
+    };
+    tokens.get(&key).map_err(|e| fail(e.to_string()))
 }

@@ -10,12 +10,27 @@ use crate::store::Store;
 use crate::sync::env::EnvInputs;
 use crate::testutil::TempDir;
 use crate::uplink::objects::{ObjectCache, TREE_CONFIG_MAPS, TREE_SECRETS};
+use crate::uplink::tokens::{CachedToken, Minter, TokenKey, TokenManager};
 
 struct Rig {
     tmp: TempDir,
     _store: Store,
     cache: ObjectCache,
     allocatable: BTreeMap<String, Quantity>,
+    tokens: TokenManager,
+}
+
+/// Mints `token-for-<pod>-<expirationSeconds>` for every request.
+struct Mint;
+
+impl Minter for Mint {
+    fn mint(&self, key: &TokenKey) -> Result<CachedToken, crate::uplink::ApiError> {
+        Ok(CachedToken {
+            token: format!("token-for-{}-{}", key.pod_name, key.expiration_seconds),
+            expiration: crate::time::now().as_second() + key.expiration_seconds,
+            expiration_seconds: key.expiration_seconds,
+        })
+    }
 }
 
 impl Rig {
@@ -42,11 +57,13 @@ impl Rig {
             }
         }
         let cache = ObjectCache::open(&store).expect("cache");
+        let tokens = TokenManager::open(&store, None).expect("tokens");
         Rig {
             tmp,
             _store: store,
             cache,
             allocatable: BTreeMap::new(),
+            tokens,
         }
     }
 
@@ -67,6 +84,7 @@ impl Rig {
                 allocatable: &self.allocatable,
             },
             fs_group,
+            tokens: Some(&self.tokens),
         };
         setup(pod, &self.pod_dir(), &sources)
     }
@@ -347,7 +365,7 @@ fn empty_dirs_and_sub_paths() {
 }
 
 #[test]
-fn projected_volumes_skip_what_they_cannot_provide_and_say_so() {
+fn kube_api_access_gets_its_token_ca_and_namespace() {
     if !root() {
         return;
     }
@@ -355,25 +373,38 @@ fn projected_volumes_skip_what_they_cannot_provide_and_say_so() {
         json!({"kind": "ConfigMap", "metadata": {"name": "kube-root-ca.crt"},
                                 "data": {"ca.crt": "PEM"}}),
     ]);
-    let p = pod(
-        json!([{"name": "kube-api-access", "projected": {"defaultMode": 0o444, "sources": [
+    let mut p = pod(
+        json!([{"name": "kube-api-access", "projected": {"defaultMode": 0o644, "sources": [
             {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
             {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
             {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}}
         ]}}]),
         json!([]),
     );
+    // No apiserver yet and nothing kept: the kubelet's FailedMount, and no volume.
+    let e = rig.setup(&p).err().expect("no token yet");
+    assert_eq!(e.volume(), Some("kube-api-access"));
+    assert_eq!(
+        e.to_string(),
+        "failed to fetch token: the node has not reached the apiserver yet"
+    );
+
+    rig.tokens.set_minter(std::sync::Arc::new(Mint));
     let vols = rig.setup(&p).expect("setup");
     let dir = &vols.volumes["kube-api-access"].path;
     assert_eq!(read(&dir.join("ca.crt")), "PEM");
     assert_eq!(read(&dir.join("namespace")), "apps");
-    assert!(!dir.join("token").exists());
-    assert_eq!(vols.warnings.len(), 1);
-    assert!(
-        vols.warnings[0].contains("serviceAccountToken"),
-        "{:?}",
-        vols.warnings
-    );
+    assert_eq!(read(&dir.join("token")), "token-for-web-3607");
+    assert!(vols.warnings.is_empty(), "{:?}", vols.warnings);
+    // With fsGroup: 0600 opened to the group, as SetVolumeOwnership leaves it.
+    let meta = std::fs::metadata(dir.join("token")).expect("token");
+    assert_eq!(meta.mode() & 0o7777, 0o640);
+    assert_eq!(meta.gid(), 2345);
+    // Without: defaultMode.
+    p.spec.as_mut().expect("spec").security_context = None;
+    rig.setup(&p).expect("setup");
+    let meta = std::fs::metadata(dir.join("token")).expect("token");
+    assert_eq!(meta.mode() & 0o7777, 0o644);
 }
 
 #[test]

@@ -175,7 +175,17 @@ impl Worker {
     pub(super) async fn teardown_sandbox(&mut self) {
         let deps = self.deps.clone();
         let uid = self.uid.clone();
-        if let Err(e) = blocking(move || deps.sandboxes.teardown(&uid)).await {
+        if let Err(e) = blocking(move || {
+            // The kubelet's DeleteServiceAccountToken: the pod's tokens go with it.
+            if let Some(tokens) = &deps.tokens {
+                if let Err(e) = tokens.forget(&uid) {
+                    log::warn!("pod {uid}: drop its service-account tokens: {e}");
+                }
+            }
+            deps.sandboxes.teardown(&uid)
+        })
+        .await
+        {
             // The next agent start (or `holdfast reset`) tries again.
             log::warn!("pod {}: tear down its sandbox: {e}", self.name());
         }
