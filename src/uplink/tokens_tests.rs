@@ -5,7 +5,6 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use super::*;
-use crate::backoff::Backoff;
 use crate::testutil::TempDir;
 
 /// 2026-11-25T00:00:00Z.
@@ -77,10 +76,7 @@ fn key(uid: &str, ttl: i64) -> TokenKey {
 }
 
 fn up_link() -> Link {
-    let link = Link::new(Backoff {
-        initial: std::time::Duration::from_millis(100),
-        max: std::time::Duration::from_secs(1),
-    });
+    let link = Link::new(std::time::Duration::from_secs(1));
     link.node_ready(Instant::now(), crate::time::now());
     link
 }
@@ -227,10 +223,7 @@ fn offline_the_stored_token_survives_a_restart_and_is_served_without_asking() {
         store.flush().expect("flush");
     }
     // A reboot with the link down: no minter, the link not up.
-    let down = Link::new(Backoff {
-        initial: std::time::Duration::from_millis(100),
-        max: std::time::Duration::from_secs(1),
-    });
+    let down = Link::new(std::time::Duration::from_secs(1));
     let (_store, tm) = manager(&tmp, down);
     let s = script(vec![]);
     tm.set_minter(s.clone());
