@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use control_plane::cluster::{
     assert_pod_ip, condition, fresh_namespace, node_on_network, pod, settled_namespace, tail,
-    wait_running, Timings, WAIT,
+    wait_node, wait_running, Timings, NO_PRESSURE, WAIT,
 };
 use control_plane::link::NodeAddress;
 use control_plane::{ControlPlane, Options};
@@ -26,7 +26,7 @@ fn node(cp: &ControlPlane, name: &str, node: &str, holdfast_keys: &str) -> Agent
     cp.join(
         &mut a,
         holdfast_keys,
-        "nodeStatusUpdateFrequency: 1s\nnodeStatusReportFrequency: 3s\n",
+        &format!("nodeStatusUpdateFrequency: 1s\nnodeStatusReportFrequency: 3s\n{NO_PRESSURE}"),
     );
     a
 }
@@ -122,6 +122,7 @@ fn pods_run_with_their_own_pod_ip_and_serve_logs_and_stats() {
     timings.add(t);
     assert_pod_ip(&bound, &net, &a);
 
+    wait_node(&cp, &a, "edge-node-1", true);
     let t = Instant::now();
     cp.create(&pod(ns, "scheduled", None, script).to_string());
     let scheduled = wait_running(&cp, &a, ns, "scheduled");

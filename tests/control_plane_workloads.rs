@@ -11,8 +11,8 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use control_plane::cluster::{
-    assert_pod_ip, condition, node_on_network, pod, settled_namespace, tail, wait_running, Timings,
-    WAIT,
+    assert_pod_ip, condition, node_on_network, pod, settled_namespace, tail, wait_node,
+    wait_running, Timings, WAIT,
 };
 use control_plane::link::NodeAddress;
 use control_plane::{ControlPlane, Options};
@@ -22,26 +22,20 @@ use support::cni::{need_plugins, TestNetwork};
 
 const NODE: &str = "edge-node-1";
 
-/// A cluster and a Ready holdfast node on a network of its own.
+/// A cluster and a Ready holdfast node on a network of its own (untainted when the
+/// controller-manager runs).
 fn cluster(
     name: &str,
     index: u32,
     opts: Options,
 ) -> (ControlPlane, NodeAddress, TestNetwork, Agent) {
+    let untainted = opts.controller_manager;
     let cp = ControlPlane::start(opts);
     eprintln!("control plane ready in {:?}", cp.started_in);
     let addr = NodeAddress::new(index);
     let (net, mut a) = node_on_network(&cp, name, NODE, index, Some(&addr));
     a.start();
-    cp.wait_for(
-        "node Ready",
-        WAIT,
-        || tail(&a.agent_log(), 60),
-        |cp| {
-            cp.get(&format!("node/{NODE}"), None)
-                .filter(|n| condition(n, "Ready")["status"] == "True")
-        },
-    );
+    wait_node(&cp, &a, NODE, untainted);
     (cp, addr, net, a)
 }
 
