@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use control_plane::cluster::{
     assert_pod_ip, condition, fresh_namespace, node_on_network, pod, settled_namespace, tail,
-    wait_running, Timings, WAIT,
+    wait_node, wait_running, Timings, NO_PRESSURE, WAIT,
 };
 use control_plane::link::NodeAddress;
 use control_plane::{ControlPlane, Options};
@@ -26,7 +26,7 @@ fn node(cp: &ControlPlane, name: &str, node: &str, holdfast_keys: &str) -> Agent
     cp.join(
         &mut a,
         holdfast_keys,
-        "nodeStatusUpdateFrequency: 1s\nnodeStatusReportFrequency: 3s\n",
+        &format!("nodeStatusUpdateFrequency: 1s\nnodeStatusReportFrequency: 3s\n{NO_PRESSURE}"),
     );
     a
 }
@@ -122,6 +122,7 @@ fn pods_run_with_their_own_pod_ip_and_serve_logs_and_stats() {
     timings.add(t);
     assert_pod_ip(&bound, &net, &a);
 
+    wait_node(&cp, &a, "edge-node-1", true);
     let t = Instant::now();
     cp.create(&pod(ns, "scheduled", None, script).to_string());
     let scheduled = wait_running(&cp, &a, ns, "scheduled");
@@ -264,4 +265,71 @@ fn a_pod_made_with_its_namespace_shows_only_its_own_pod_ip() {
     let t = Instant::now();
     cp.kubectl_ok(&["delete", "pod", "-n", ns, "early", "--timeout=60s"]);
     eprintln!("kubectl delete pod early: {:?}", t.elapsed());
+}
+
+/// A static pod shows in the cluster as its mirror pod (owned by the Node), made again
+/// when deleted there; a Node deleted under a running agent is registered again; the
+/// manifest removed, the mirror pod goes too.
+#[test]
+fn static_pod_shows_as_a_mirror_pod_and_a_deleted_node_comes_back() {
+    if !need_root() {
+        return;
+    }
+    let cp = ControlPlane::start(Options::bare());
+    let mut a = node(&cp, "cp-mirror", "edge-node-1", "");
+    a.write_manifest(
+        "static.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: static-web\nspec:\n  hostNetwork: true\n  \
+         terminationGracePeriodSeconds: 1\n  containers:\n    - name: web\n      image: busybox:demo\n      \
+         command: [\"sleep\", \"3600\"]\n",
+    );
+    a.start();
+    let log = || tail(&a.agent_log(), 60);
+    let mirror = "pod/static-web-edge-node-1";
+    let first = cp.wait_for("the mirror pod Running", WAIT, log, |cp| {
+        cp.get(mirror, Some("default"))
+            .filter(|p| p["status"]["phase"] == "Running")
+    });
+    assert!(
+        first["metadata"]["annotations"]["kubernetes.io/config.mirror"].is_string(),
+        "{}",
+        first["metadata"]
+    );
+    let owner = &first["metadata"]["ownerReferences"][0];
+    assert_eq!(
+        (&owner["kind"], &owner["controller"]),
+        (&Value::from("Node"), &Value::from(true))
+    );
+    // A host-network pod shows the node's address as its own.
+    assert_eq!(first["status"]["podIP"], "127.0.0.1");
+    assert_eq!(first["status"]["hostIP"], "127.0.0.1");
+    // The static pod itself is not run twice: one pod, from the file.
+    assert_eq!(a.pods().len(), 1);
+
+    // Deleted in the cluster: made again (a new UID), the static pod untouched.
+    cp.kubectl_ok(&["delete", mirror, "--wait=false"]);
+    let first_uid = first["metadata"]["uid"].clone();
+    cp.wait_for("a new mirror pod Running", WAIT, log, |cp| {
+        cp.get(mirror, Some("default")).filter(|p| {
+            p["metadata"]["uid"] != first_uid
+                && p["metadata"]["deletionTimestamp"].is_null()
+                && p["status"]["phase"] == "Running"
+        })
+    });
+    assert_eq!(a.pods().len(), 1);
+
+    // The Node deleted under a running agent is registered again.
+    let node_uid = cp.get("node/edge-node-1", None).expect("node")["metadata"]["uid"].clone();
+    cp.kubectl_ok(&["delete", "node", "edge-node-1"]);
+    cp.wait_for("the node registered again", WAIT, log, |cp| {
+        cp.get("node/edge-node-1", None)
+            .filter(|n| n["metadata"]["uid"] != node_uid)
+    });
+
+    // The manifest removed: the mirror pod goes too.
+    a.remove_manifest("static.yaml");
+    cp.wait_for("the mirror pod deleted", WAIT, log, |cp| {
+        cp.get(mirror, Some("default")).is_none().then_some(())
+    });
+    a.wait_gone("static-web", WAIT);
 }

@@ -11,8 +11,8 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use control_plane::cluster::{
-    assert_pod_ip, condition, node_on_network, pod, settled_namespace, tail, wait_running, Timings,
-    WAIT,
+    assert_pod_ip, condition, node_on_network, pod, settled_namespace, tail, wait_node,
+    wait_running, Timings, WAIT,
 };
 use control_plane::link::NodeAddress;
 use control_plane::{ControlPlane, Options};
@@ -22,26 +22,20 @@ use support::cni::{need_plugins, TestNetwork};
 
 const NODE: &str = "edge-node-1";
 
-/// A cluster and a Ready holdfast node on a network of its own.
+/// A cluster and a Ready holdfast node on a network of its own (untainted when the
+/// controller-manager runs).
 fn cluster(
     name: &str,
     index: u32,
     opts: Options,
 ) -> (ControlPlane, NodeAddress, TestNetwork, Agent) {
+    let untainted = opts.controller_manager;
     let cp = ControlPlane::start(opts);
     eprintln!("control plane ready in {:?}", cp.started_in);
     let addr = NodeAddress::new(index);
     let (net, mut a) = node_on_network(&cp, name, NODE, index, Some(&addr));
     a.start();
-    cp.wait_for(
-        "node Ready",
-        WAIT,
-        || tail(&a.agent_log(), 60),
-        |cp| {
-            cp.get(&format!("node/{NODE}"), None)
-                .filter(|n| condition(n, "Ready")["status"] == "True")
-        },
-    );
+    wait_node(&cp, &a, NODE, untainted);
     (cp, addr, net, a)
 }
 
@@ -242,4 +236,68 @@ fn a_deployment_rolls_out_scales_and_goes_away() {
         .get("replicasets", Some(ns))
         .is_some_and(|l| l["items"] == json!([])));
     timings.print("scheduled to Running through the apiserver (Deployment pods)");
+}
+
+/// The Events of `reason` about pod `name`, as `kubectl get events -o json` lists them.
+fn events(cp: &ControlPlane, ns: &str, name: &str, reason: &str) -> Vec<Value> {
+    let list = cp.get("events", Some(ns)).unwrap_or_default();
+    list["items"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| e["involvedObject"]["name"] == name && e["reason"] == reason)
+        .collect()
+}
+
+/// Failing probes show as the kubelet's Unhealthy and Killing events, and the pod's
+/// status shows the restart and Ready False. Only etcd and the apiserver: the pod names
+/// its node and mounts no service-account token, so no controller is needed.
+#[test]
+fn failing_probes_reach_the_cluster_as_the_kubelets_events() {
+    if !need_root() || !need_plugins() {
+        return;
+    }
+    let (cp, _addr, _net, a) = cluster("cp-probes", 2, Options::bare());
+    let ns = "default";
+    cp.kubectl_ok(&["create", "serviceaccount", "default", "-n", ns]);
+    let mut p = pod(ns, "sick", Some(NODE), "exec sleep 3600");
+    p["spec"]["automountServiceAccountToken"] = json!(false);
+    p["spec"]["terminationGracePeriodSeconds"] = json!(1);
+    let exec =
+        |cmd: &[&str]| json!({"exec": {"command": cmd}, "periodSeconds": 1, "failureThreshold": 2});
+    p["spec"]["containers"][0]["readinessProbe"] = exec(&["sh", "-c", "echo not yet; exit 1"]);
+    p["spec"]["containers"][0]["livenessProbe"] = exec(&["false"]);
+    cp.create(&p.to_string());
+
+    let log = || tail(&a.agent_log(), 60);
+    cp.wait_for("Unhealthy and Killing events", WAIT, log, |cp| {
+        let unhealthy = events(cp, ns, "sick", "Unhealthy");
+        let message = |e: &Value| e["message"].as_str().unwrap_or("").to_string();
+        let ok = unhealthy
+            .iter()
+            .any(|e| message(e) == "Readiness probe failed: not yet\n")
+            && unhealthy
+                .iter()
+                .any(|e| message(e).starts_with("Liveness probe failed: "))
+            && events(cp, ns, "sick", "Killing")
+                .iter()
+                .any(|e| message(e) == "Container main failed liveness probe, will be restarted");
+        ok.then(|| unhealthy[0].clone())
+    });
+    let warning = &events(&cp, ns, "sick", "Unhealthy")[0];
+    assert_eq!(warning["type"], "Warning");
+    assert_eq!(
+        warning["involvedObject"]["fieldPath"],
+        "spec.containers{main}"
+    );
+    assert_eq!(warning["source"]["component"], "kubelet");
+    // And the cluster sees it restarted and not ready.
+    let sick = cp.wait_for("a restart in the pod's status", WAIT, log, |cp| {
+        cp.get("pod/sick", Some(ns)).filter(|p| {
+            let c = &p["status"]["containerStatuses"][0];
+            c["restartCount"].as_u64().is_some_and(|n| n >= 1) && c["ready"] == false
+        })
+    });
+    assert_eq!(condition(&sick, "Ready")["status"], "False");
 }

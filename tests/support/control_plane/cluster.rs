@@ -13,6 +13,13 @@ use crate::support::cni::TestNetwork;
 
 pub const WAIT: Duration = Duration::from_secs(90);
 
+/// No eviction threshold: the machine's disk and memory are shared by every test and
+/// build on it, and its pressure (DiskPressure, and the node lifecycle controller's
+/// `disk-pressure` taint that keeps the scheduler away) is no test's business unless
+/// the test makes it itself.
+pub const NO_PRESSURE: &str = "evictionHard:\n  memory.available: \"0%\"\n  \
+                               nodefs.available: \"0%\"\n  imagefs.available: \"0%\"\n";
+
 /// An agent that is node `node` of `cp` on a CNI network of its own (`net_index` tells
 /// apart the networks of one test binary), with short node intervals, listening on
 /// `address` if given (else 127.0.0.1). Not started.
@@ -32,9 +39,35 @@ pub fn node_on_network(
     cp.join(
         &mut a,
         &net.holdfast_keys(),
-        "nodeStatusUpdateFrequency: 1s\nnodeStatusReportFrequency: 3s\n",
+        &format!("nodeStatusUpdateFrequency: 1s\nnodeStatusReportFrequency: 3s\n{NO_PRESSURE}"),
     );
     (net, a)
+}
+
+/// Waits until node `node` is Ready and, if `untainted`, carries no taint (the
+/// `not-ready` taint the apiserver puts on a new Node, which only the node lifecycle
+/// controller takes off, keeps the scheduler away); returns it.
+pub fn wait_node(cp: &ControlPlane, a: &Agent, node: &str, untainted: bool) -> Value {
+    let log = || {
+        let n = cp.get(&format!("node/{node}"), None).unwrap_or_default();
+        format!(
+            "--- node spec ---\n{}\n--- node conditions ---\n{}\n--- agent log ---\n{}",
+            n["spec"],
+            n["status"]["conditions"],
+            tail(&a.agent_log(), 60)
+        )
+    };
+    cp.wait_for(
+        &format!("node {node} Ready (untainted: {untainted})"),
+        WAIT,
+        log,
+        |cp| {
+            cp.get(&format!("node/{node}"), None).filter(|n| {
+                condition(n, "Ready")["status"] == "True"
+                    && (!untainted || n["spec"]["taints"].as_array().is_none_or(|t| t.is_empty()))
+            })
+        },
+    )
 }
 
 /// A condition of an object's status, or Null.
