@@ -382,7 +382,7 @@ fn kube_api_access_gets_its_token_ca_and_namespace() {
         json!([]),
     );
     // No apiserver yet and nothing kept: the kubelet's FailedMount, and no volume.
-    let e = rig.setup(&p).err().expect("no token yet");
+    let e = rig.setup(&p).expect_err("no token yet");
     assert_eq!(e.volume(), Some("kube-api-access"));
     assert_eq!(
         e.to_string(),
