@@ -17,7 +17,7 @@ use std::time::Duration;
 use base64::Engine;
 use control_plane::{ControlPlane, Options};
 use serde_json::{json, Value};
-use support::agent::{need_root, Agent};
+use support::agent::{need_root, power_cut, Agent};
 
 const NODE: &str = "sa-node-1";
 const WAIT: Duration = Duration::from_secs(90);
@@ -296,4 +296,41 @@ fn pods_get_service_account_tokens_the_apiserver_accepts() {
         "{review}"
     );
     eprintln!("kube-api-access volume {volume}: token accepted as the pod's service account");
+
+    // A power cut, and the device comes back with no uplink (its kubeconfig's server
+    // is a port nobody listens on): the pod runs again with the token it had, from
+    // the store (its tmpfs volume went with the power).
+    let first = token.to_string();
+    power_cut(&mut a);
+    let at = a
+        .extra_args
+        .iter()
+        .position(|x| x == "--kubeconfig")
+        .expect("kubeconfig arg");
+    let kubeconfig = a.extra_args[at + 1].clone();
+    let text = std::fs::read_to_string(&kubeconfig).expect("kubeconfig");
+    let dead = format!("https://127.0.0.1:{}", support::agent::free_port());
+    std::fs::write(&kubeconfig, text.replace(&cp.url, &dead)).expect("kubeconfig");
+    a.start();
+    let mut again = Vec::new();
+    a.wait_until("reader to run again offline", WAIT, |a| {
+        let Some(p) = a.pod("reader") else {
+            return false;
+        };
+        again = (1..4)
+            .map(|n| a.container_log(&p, "main", n))
+            .filter(|l| l.contains(" READY"))
+            .flat_map(|l| {
+                l.lines()
+                    .filter_map(|l| l.splitn(4, ' ').nth(3).map(str::to_owned))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        !again.is_empty()
+    });
+    assert!(
+        again.iter().any(|l| *l == format!("TOKEN={first}")),
+        "the stored token, offline"
+    );
+    assert_eq!(value(&again, "NS"), "default");
 }
