@@ -224,9 +224,14 @@ fn pods_get_service_account_tokens_the_apiserver_accepts() {
         "",
         "nodeStatusUpdateFrequency: 1s\nnodeStatusReportFrequency: 3s\n",
     );
+    let t0 = std::time::Instant::now();
     a.start();
 
     let out = output_until_ready(&a, "reader");
+    eprintln!(
+        "agent start to the pod printing its token: {:?}",
+        t0.elapsed()
+    );
     let token = value(&out, "TOKEN");
     assert_eq!(value(&out, "NS"), "default");
     assert_eq!(value(&out, "CA"), md5(ca.as_bytes()));
@@ -289,13 +294,24 @@ fn pods_get_service_account_tokens_the_apiserver_accepts() {
                 "metadata": {"name": "late", "namespace": "default"}})
         .to_string(),
     );
+    let back = std::time::Instant::now();
     let out = output_until_ready(&a, "waiter");
+    eprintln!(
+        "service account back to the waiter running: {:?}",
+        back.elapsed()
+    );
     let review = whoami(&cp, value(&out, "TOKEN"));
     assert_eq!(
         review["status"]["userInfo"]["username"], "system:serviceaccount:default:late",
         "{review}"
     );
     eprintln!("kube-api-access volume {volume}: token accepted as the pod's service account");
+    let waiter_uid = cp
+        .get("pod/waiter", Some("default"))
+        .and_then(|p| p["metadata"]["uid"].as_str().map(str::to_owned))
+        .expect("waiter uid");
+    cp.kubectl_ok(&["delete", "pod", "waiter", "-n", "default", "--wait=false"]);
+    a.wait_gone("waiter", WAIT);
 
     // A power cut, and the device comes back with no uplink (its kubeconfig's server
     // is a port nobody listens on): the pod runs again with the token it had, from
@@ -333,4 +349,25 @@ fn pods_get_service_account_tokens_the_apiserver_accepts() {
         "the stored token, offline"
     );
     assert_eq!(value(&again, "NS"), "default");
+
+    // The store holds the reader's two tokens and none of the deleted waiter's; no
+    // token ever reached the log.
+    let log = a.agent_log();
+    a.stop();
+    assert!(!log.contains(&first), "a token in the agent's log");
+    let store = holdfast::store::Store::open(&a.root.join("db")).expect("store");
+    let tokens = store
+        .tree::<Value>("serviceaccounttokens")
+        .expect("tree")
+        .keys()
+        .expect("keys");
+    let reader_uid = admitted["metadata"]["uid"].as_str().unwrap_or_default();
+    assert_eq!(tokens.len(), 2, "{tokens:?}");
+    assert!(
+        tokens
+            .iter()
+            .all(|k| k.starts_with(&format!("{reader_uid}/"))),
+        "{tokens:?}"
+    );
+    assert!(!tokens.iter().any(|k| k.starts_with(&waiter_uid)));
 }
