@@ -17,7 +17,7 @@ use std::time::Duration;
 use base64::Engine;
 use control_plane::{ControlPlane, Options};
 use serde_json::{json, Value};
-use support::agent::{need_root, Agent};
+use support::agent::{need_root, power_cut, Agent};
 
 const NODE: &str = "sa-node-1";
 const WAIT: Duration = Duration::from_secs(90);
@@ -224,9 +224,14 @@ fn pods_get_service_account_tokens_the_apiserver_accepts() {
         "",
         "nodeStatusUpdateFrequency: 1s\nnodeStatusReportFrequency: 3s\n",
     );
+    let t0 = std::time::Instant::now();
     a.start();
 
     let out = output_until_ready(&a, "reader");
+    eprintln!(
+        "agent start to the pod printing its token: {:?}",
+        t0.elapsed()
+    );
     let token = value(&out, "TOKEN");
     assert_eq!(value(&out, "NS"), "default");
     assert_eq!(value(&out, "CA"), md5(ca.as_bytes()));
@@ -289,11 +294,80 @@ fn pods_get_service_account_tokens_the_apiserver_accepts() {
                 "metadata": {"name": "late", "namespace": "default"}})
         .to_string(),
     );
+    let back = std::time::Instant::now();
     let out = output_until_ready(&a, "waiter");
+    eprintln!(
+        "service account back to the waiter running: {:?}",
+        back.elapsed()
+    );
     let review = whoami(&cp, value(&out, "TOKEN"));
     assert_eq!(
         review["status"]["userInfo"]["username"], "system:serviceaccount:default:late",
         "{review}"
     );
     eprintln!("kube-api-access volume {volume}: token accepted as the pod's service account");
+    let waiter_uid = cp
+        .get("pod/waiter", Some("default"))
+        .and_then(|p| p["metadata"]["uid"].as_str().map(str::to_owned))
+        .expect("waiter uid");
+    cp.kubectl_ok(&["delete", "pod", "waiter", "-n", "default", "--wait=false"]);
+    a.wait_gone("waiter", WAIT);
+
+    // A power cut, and the device comes back with no uplink (its kubeconfig's server
+    // is a port nobody listens on): the pod runs again with the token it had, from
+    // the store (its tmpfs volume went with the power).
+    let first = token.to_string();
+    power_cut(&mut a);
+    let at = a
+        .extra_args
+        .iter()
+        .position(|x| x == "--kubeconfig")
+        .expect("kubeconfig arg");
+    let kubeconfig = a.extra_args[at + 1].clone();
+    let text = std::fs::read_to_string(&kubeconfig).expect("kubeconfig");
+    let dead = format!("https://127.0.0.1:{}", support::agent::free_port());
+    std::fs::write(&kubeconfig, text.replace(&cp.url, &dead)).expect("kubeconfig");
+    a.start();
+    let mut again = Vec::new();
+    a.wait_until("reader to run again offline", WAIT, |a| {
+        let Some(p) = a.pod("reader") else {
+            return false;
+        };
+        again = (1..4)
+            .map(|n| a.container_log(&p, "main", n))
+            .filter(|l| l.contains(" READY"))
+            .flat_map(|l| {
+                l.lines()
+                    .filter_map(|l| l.splitn(4, ' ').nth(3).map(str::to_owned))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        !again.is_empty()
+    });
+    assert!(
+        again.iter().any(|l| *l == format!("TOKEN={first}")),
+        "the stored token, offline"
+    );
+    assert_eq!(value(&again, "NS"), "default");
+
+    // The store holds the reader's two tokens and none of the deleted waiter's; no
+    // token ever reached the log.
+    let log = a.agent_log();
+    a.stop();
+    assert!(!log.contains(&first), "a token in the agent's log");
+    let store = holdfast::store::Store::open(&a.root.join("db")).expect("store");
+    let tokens = store
+        .tree::<Value>("serviceaccounttokens")
+        .expect("tree")
+        .keys()
+        .expect("keys");
+    let reader_uid = admitted["metadata"]["uid"].as_str().unwrap_or_default();
+    assert_eq!(tokens.len(), 2, "{tokens:?}");
+    assert!(
+        tokens
+            .iter()
+            .all(|k| k.starts_with(&format!("{reader_uid}/"))),
+        "{tokens:?}"
+    );
+    assert!(!tokens.iter().any(|k| k.starts_with(&waiter_uid)));
 }

@@ -390,7 +390,16 @@ impl SyncLoop {
             .chain(states.iter().map(|(uid, _)| uid.clone()))
             .collect();
         let deps = self.deps.clone();
-        let _ = tokio::task::spawn_blocking(move || deps.sandboxes.remove_orphans(&known)).await;
+        let _ = tokio::task::spawn_blocking(move || {
+            deps.sandboxes.remove_orphans(&known);
+            // And their service-account tokens.
+            if let Some(tokens) = &deps.tokens {
+                if let Err(e) = tokens.retain(|uid| known.contains(uid)) {
+                    log::warn!("drop the service-account tokens of removed pods: {e}");
+                }
+            }
+        })
+        .await;
     }
 }
 

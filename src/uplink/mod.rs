@@ -1,6 +1,8 @@
 //! uplink: everything that talks to the kube-apiserver: the client (kubeconfig, TLS,
 //! retries), node registration and status, the lease, pod status patches, mirror pods
-//! and events. It runs on its own threads and never blocks the sync loop.
+//! and events, and the pods' service-account tokens. It runs on its own threads and
+//! never blocks the sync loop (tokens are asked for on the blocking thread that sets a
+//! pod's volumes up).
 
 pub mod client;
 pub mod credentials;

@@ -267,12 +267,12 @@ impl TokenManager {
         Ok(keys.len())
     }
 
-    /// Drops the tokens of every pod not in `uids` (pods removed while the agent was
-    /// not running).
-    pub fn retain(&self, uids: &std::collections::BTreeSet<String>) -> Result<(), StoreError> {
+    /// Drops the tokens of every pod whose uid `keep` refuses (pods removed while the
+    /// agent was not running).
+    pub fn retain(&self, keep: impl Fn(&str) -> bool) -> Result<(), StoreError> {
         for k in self.tree.keys()? {
             let uid = k.split('/').next().unwrap_or_default();
-            if !uids.contains(uid) {
+            if !keep(uid) {
                 self.tree.remove(&k)?;
             }
         }

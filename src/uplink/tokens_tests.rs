@@ -185,14 +185,14 @@ fn with_nothing_cached_a_failure_is_the_kubelets_failed_mount() {
     let tmp = TempDir::new("tokens-fail");
     let (_store, tm) = manager(&tmp, up_link());
     let k = key("u1", 3607);
-    let e = tm.get_at(&k, NOW, 0).err().expect("no apiserver yet");
+    let e = tm.get_at(&k, NOW, 0).expect_err("no apiserver yet");
     assert_eq!(
         e.to_string(),
         "failed to fetch token: the node has not reached the apiserver yet"
     );
     let s = script(vec![Err(forbidden()), Err(transport())]);
     tm.set_minter(s.clone());
-    let e = tm.get_at(&k, NOW, 0).err().expect("refused");
+    let e = tm.get_at(&k, NOW, 0).expect_err("refused");
     // The apiserver's message, as client-go's error carries it.
     assert_eq!(
         e.to_string(),
@@ -204,7 +204,7 @@ fn with_nothing_cached_a_failure_is_the_kubelets_failed_mount() {
             }
         )
     );
-    let e = tm.get_at(&k, NOW, 0).err().expect("transport");
+    let e = tm.get_at(&k, NOW, 0).expect_err("transport");
     assert!(
         e.to_string()
             .starts_with("failed to fetch token: POST /api/v1/namespaces/apps/serviceaccounts/default/token: connection refused"),
@@ -251,7 +251,6 @@ fn tokens_go_with_their_pod() {
     assert_eq!(tm.tree.keys().expect("keys"), vec!["u2/apps/default//3607"]);
     // Asked again, it is minted again.
     assert_eq!(tm.get_at(&key("u1", 3607), NOW, 0).expect("a2"), "a2");
-    tm.retain(&["u2".to_string()].into_iter().collect())
-        .expect("retain");
+    tm.retain(|uid| uid == "u2").expect("retain");
     assert_eq!(tm.tree.keys().expect("keys"), vec!["u2/apps/default//3607"]);
 }

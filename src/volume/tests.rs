@@ -364,6 +364,45 @@ fn empty_dirs_and_sub_paths() {
     assert!(Path::new("/etc/passwd").exists());
 }
 
+/// Mints tokens already past 80 % of their 600 s, numbered.
+struct Stale(std::sync::atomic::AtomicU32);
+
+impl Minter for Stale {
+    fn mint(&self, _: &TokenKey) -> Result<CachedToken, crate::uplink::ApiError> {
+        let n = self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        Ok(CachedToken {
+            token: format!("stale-{n}"),
+            expiration: crate::time::now().as_second() + 100,
+            expiration_seconds: 600,
+        })
+    }
+}
+
+#[test]
+fn a_token_due_for_refresh_is_minted_again_and_swapped_in_whole() {
+    if !root() {
+        return;
+    }
+    let rig = Rig::new(&[]);
+    rig.tokens
+        .set_minter(std::sync::Arc::new(Stale(Default::default())));
+    let p = pod(
+        json!([{"name": "t", "projected": {"sources": [
+            {"serviceAccountToken": {"expirationSeconds": 600, "path": "token"}}
+        ]}}]),
+        json!([]),
+    );
+    let vols = rig.setup(&p).expect("setup");
+    let dir = vols.volumes["t"].path.clone();
+    assert_eq!(read(&dir.join("token")), "stale-1");
+    let before = std::fs::read_link(dir.join("..data")).expect("..data");
+    // The pod's next resync.
+    rig.setup(&p).expect("setup");
+    assert_eq!(read(&dir.join("token")), "stale-2");
+    let after = std::fs::read_link(dir.join("..data")).expect("..data");
+    assert_ne!(before, after, "a new timestamped directory, swapped in");
+}
+
 #[test]
 fn kube_api_access_gets_its_token_ca_and_namespace() {
     if !root() {
@@ -382,7 +421,7 @@ fn kube_api_access_gets_its_token_ca_and_namespace() {
         json!([]),
     );
     // No apiserver yet and nothing kept: the kubelet's FailedMount, and no volume.
-    let e = rig.setup(&p).err().expect("no token yet");
+    let e = rig.setup(&p).expect_err("no token yet");
     assert_eq!(e.volume(), Some("kube-api-access"));
     assert_eq!(
         e.to_string(),
