@@ -10,8 +10,8 @@
 //! - (b) A fleet of `HOLDFAST_BENCH_FLEET` (default 200) uplink client instances (node
 //!   controller and pod-status thread each, one pending status each) through the same
 //!   outage, reconnecting to one double at the same moment: peak (per second) and mean
-//!   request rate over the first minute, with full jitter and without (every instance
-//!   waits the whole back-off).
+//!   request rate over the first minute, with a random probe phase and without (every
+//!   instance probes at the end of the whole period, all at one moment).
 //!
 //! Prints a table and writes `target/bench/reconnect.json`.
 
@@ -46,6 +46,7 @@ const WAIT: Duration = Duration::from_secs(120);
 /// The kubelet's and holdfast's defaults.
 const RENEW: Duration = Duration::from_secs(10);
 const RETRY_INITIAL: Duration = Duration::from_millis(800);
+/// `uplinkRetryMax`: only a value under `RENEW` shortens the probe period.
 const RETRY_MAX: Duration = Duration::from_secs(300);
 const WINDOW: Duration = Duration::from_secs(60);
 
@@ -187,8 +188,8 @@ impl NodeModel for Model {
     }
 }
 
-/// One uplink: a node controller on its own thread (stepped with full jitter, or with
-/// the whole back-off each time) and a pod-status thread, sharing a link.
+/// One uplink: a node controller on its own thread (probing at a random phase of the
+/// period, or all at its end) and a pod-status thread, sharing a link.
 struct Instance {
     link: Link,
     reporter: Reporter,
@@ -200,9 +201,11 @@ impl Instance {
     fn start(client: Client, node: &str, jitter: bool) -> Instance {
         let backoff = Backoff {
             initial: RETRY_INITIAL,
-            max: RETRY_MAX,
+            max: RENEW,
         };
-        let link = Link::new(backoff);
+        // A dead link is probed once per period, as `uplink::start` sets it up.
+        let period = RENEW.min(RETRY_MAX);
+        let link = Link::new(period);
         let (reporter, outbox) = Reporter::connected();
         let stop = Arc::new(AtomicBool::new(false));
         let node_uid = new_node_uid();
@@ -219,7 +222,7 @@ impl Instance {
         .with_link(link.clone());
         let mut threads = Vec::new();
         {
-            let (client, stop, link) = (client.clone(), stop.clone(), link.clone());
+            let (client, stop) = (client.clone(), stop.clone());
             threads.push(
                 std::thread::Builder::new()
                     .name(format!("bench-node-{node}"))
@@ -228,10 +231,9 @@ impl Instance {
                             let random = if jitter {
                                 holdfast::backoff::random()
                             } else {
-                                // `jittered` draws `random % (delay + 1)`: the delay
-                                // itself is the whole back-off.
-                                let next = link.report().failures.saturating_add(1);
-                                backoff.delay(next).as_nanos() as u64
+                                // The phase is drawn as `random % (period + 1)`: the
+                                // period itself, for every instance alike.
+                                period.as_nanos() as u64
                             };
                             let next = controller.step(
                                 &client,

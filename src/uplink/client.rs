@@ -4,7 +4,7 @@
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::DeleteOptions;
@@ -56,7 +56,10 @@ pub struct Client {
 }
 
 struct Inner {
-    agent: Agent,
+    /// Replaced by a fresh one when the link is back after an outage.
+    agent: RwLock<Agent>,
+    tls: Arc<rustls::ClientConfig>,
+    tls_server_name: Option<rustls_pki_types::ServerName<'static>>,
     server: String,
     token: Option<BearerToken>,
     requests: AtomicU64,
@@ -88,6 +91,55 @@ impl Client {
     /// Builds a client for a loaded kubeconfig.
     pub fn new(kc: &Kubeconfig) -> Result<Client, KubeconfigError> {
         let tls = tls::client_config(kc)?;
+        let agent = make_agent(&tls, &kc.tls_server_name);
+        Ok(Client {
+            inner: Arc::new(Inner {
+                agent: RwLock::new(agent),
+                tls,
+                tls_server_name: kc.tls_server_name.clone(),
+                server: kc.server.clone(),
+                token: kc
+                    .token
+                    .as_ref()
+                    .map(|t| BearerToken::new(t, TOKEN_FILE_PERIOD)),
+                requests: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// Closes every connection, idle or in use (a watch blocked in a read returns with
+    /// an error), and goes on with fresh ones. Called when the link is back after an
+    /// outage: a connection from before may be dead without a word (its peer reset it
+    /// while no packet could pass, or a NAT forgot it), and a watch reading on it would
+    /// wait out its whole timeout. Each watch is opened again from where it was.
+    pub fn reset_connections(&self) {
+        let fresh = make_agent(&self.inner.tls, &self.inner.tls_server_name);
+        let old = {
+            let mut agent = self
+                .inner
+                .agent
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            std::mem::replace(&mut *agent, fresh)
+        };
+        old.shutdown();
+    }
+
+    fn agent(&self) -> Agent {
+        self.inner
+            .agent
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// The ureq agent for the apiserver: its TLS, no redirects, no proxy, the timeouts.
+fn make_agent(
+    tls: &Arc<rustls::ClientConfig>,
+    tls_server_name: &Option<rustls_pki_types::ServerName<'static>>,
+) -> Agent {
+    {
         let config = Agent::config_builder()
             .http_status_as_error(false)
             // A redirect would take the credentials elsewhere; the apiserver sends none.
@@ -101,23 +153,14 @@ impl Client {
             .timeout_connect(Some(CONNECT_TIMEOUT))
             .timeout_global(Some(REQUEST_TIMEOUT))
             .build();
-        let connector = ()
-            .chain(TcpConnector::default())
-            .chain(TlsConnector::new(tls, kc.tls_server_name.clone()).describing(tls::describe));
-        let agent = Agent::with_parts(config, connector, DefaultResolver::default());
-        Ok(Client {
-            inner: Arc::new(Inner {
-                agent,
-                server: kc.server.clone(),
-                token: kc
-                    .token
-                    .as_ref()
-                    .map(|t| BearerToken::new(t, TOKEN_FILE_PERIOD)),
-                requests: AtomicU64::new(0),
-            }),
-        })
+        let connector = ().chain(TcpConnector::default()).chain(
+            TlsConnector::new(tls.clone(), tls_server_name.clone()).describing(tls::describe),
+        );
+        Agent::with_parts(config, connector, DefaultResolver::default())
     }
+}
 
+impl Client {
     /// The server URL, for log lines.
     pub fn server(&self) -> &str {
         &self.inner.server
@@ -222,7 +265,7 @@ impl Client {
             builder = builder.header("Authorization", token.header());
         }
         self.inner.requests.fetch_add(1, Ordering::Relaxed);
-        let agent = &self.inner.agent;
+        let agent = &self.agent();
         let result = match body {
             Some((content_type, bytes)) => {
                 let request = builder

@@ -40,6 +40,9 @@ pub trait NodeApi {
     fn get_lease(&self, name: &str) -> Result<Lease, ApiError>;
     fn create_lease(&self, lease: &Lease) -> Result<Lease, ApiError>;
     fn update_lease(&self, lease: &Lease) -> Result<Lease, ApiError>;
+    /// The link is back after an outage: connections from before are not to be
+    /// trusted (see [`Client::reset_connections`]).
+    fn reconnected(&self) {}
 }
 
 const LEASE_NS: &str = "kube-node-lease";
@@ -78,6 +81,9 @@ impl NodeApi for Client {
             &format!("/apis/coordination.k8s.io/v1/namespaces/{LEASE_NS}/leases"),
             lease,
         )
+    }
+    fn reconnected(&self) {
+        self.reset_connections();
     }
     fn update_lease(&self, lease: &Lease) -> Result<Lease, ApiError> {
         let name = lease.metadata.name.as_deref().unwrap_or_default();
@@ -184,6 +190,7 @@ impl<M: NodeModel> NodeController<M> {
         if !crate::time::is_sane(wall) {
             return now + self.timing.renew;
         }
+        let reconnecting = self.link.is_down() && self.link.report().ever_up;
         if self.link.is_down() {
             // Back from an outage (or another thread saw one): the cluster may have
             // marked the node Unknown meanwhile, so full status goes right after the
@@ -199,6 +206,11 @@ impl<M: NodeModel> NodeController<M> {
                 }
                 self.failures = 0;
                 self.last_error = None;
+                if reconnecting {
+                    // Before the other threads go: their requests use fresh
+                    // connections, and the watches left on old ones are opened again.
+                    api.reconnected();
+                }
                 self.link.node_ready(now, wall);
                 next
             }

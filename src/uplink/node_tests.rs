@@ -49,6 +49,9 @@ impl Fake {
 }
 
 impl NodeApi for Fake {
+    fn reconnected(&self) {
+        self.calls.borrow_mut().push("reconnected".into());
+    }
     fn create_node(&self, node: &Node) -> Result<Node, ApiError> {
         self.call("create_node")?;
         if self.node.borrow().is_some() {
@@ -404,8 +407,14 @@ fn after_an_outage_the_lease_goes_first_then_full_status_even_if_unchanged() {
     c.step(&api, now, clock.wall(now), 0);
     assert_eq!(
         api.calls(),
-        ["update_lease", "get_node", "patch_node_status"],
-        "lease first, then the status although it did not change, against the Node as it is"
+        [
+            "update_lease",
+            "get_node",
+            "patch_node_status",
+            "reconnected"
+        ],
+        "lease first, then the status although it did not change, against the Node as it \
+         is; then connections from before the outage go, before the other threads use them"
     );
     assert_eq!(
         c.model.patched_from.borrow().as_ref(),
