@@ -157,6 +157,15 @@ pub fn control(kind: u16, flags: u8, payload: &[u8]) -> Vec<u8> {
     f
 }
 
+/// GOAWAY with status OK, naming the last stream of the client's that was taken (as
+/// spdystream's Close does; 0 when none was).
+pub fn goaway(last_good: u32) -> Vec<u8> {
+    let mut p = Vec::with_capacity(8);
+    p.extend_from_slice(&(last_good & 0x7fff_ffff).to_be_bytes());
+    p.extend_from_slice(&0u32.to_be_bytes());
+    control(GOAWAY, 0, &p)
+}
+
 pub fn data(stream: u32, flags: u8, payload: &[u8]) -> Vec<u8> {
     let mut f = Vec::with_capacity(8 + payload.len());
     f.extend_from_slice(&(stream & 0x7fff_ffff).to_be_bytes());
@@ -455,10 +464,8 @@ where
             wr.write_all(&data(*id, FLAG_FIN, &[])).await?;
         }
     }
-    let mut goaway = Vec::new();
-    goaway.extend_from_slice(&0u32.to_be_bytes());
-    goaway.extend_from_slice(&0u32.to_be_bytes());
-    wr.write_all(&control(GOAWAY, 0, &goaway)).await?;
+    let last = streams.values().copied().max().unwrap_or(0);
+    wr.write_all(&goaway(last)).await?;
     wr.flush().await?;
     let _ = wr.shutdown().await;
     reader.abort();
@@ -620,6 +627,17 @@ mod tests {
                 kind: PING,
                 flags: 0,
                 payload: 7u32.to_be_bytes().to_vec()
+            }
+        );
+        let mut wire = goaway(7);
+        wire.extend(data(5, FLAG_FIN, b"hi"));
+        let mut g = &wire[..];
+        assert_eq!(
+            read_frame(&mut g).await.expect("goaway"),
+            Frame::Control {
+                kind: GOAWAY,
+                flags: 0,
+                payload: [7u32.to_be_bytes(), 0u32.to_be_bytes()].concat()
             }
         );
         assert_eq!(
