@@ -281,6 +281,24 @@ fn exec_attach_and_cp_through_the_apiserver() {
     assert_eq!(&out.stdout[..big.len()], &big[..]);
     assert_eq!(text(&out.stderr), "done\n");
 
+    // A command that ends without reading its input: its exit code still arrives.
+    let unread = vec![b'x'; 4_000_000];
+    let out = kubectl_with(
+        &cp,
+        &[
+            "exec",
+            "-i",
+            "shell",
+            "--",
+            "sh",
+            "-c",
+            "echo early; exit 4",
+        ],
+        &unread,
+    );
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "early\n");
+
     // -it on a terminal: the command sees one, what is typed reaches it, and the
     // shell's exit code is kubectl's.
     let (screen, code) = kubectl_on_pty(
