@@ -207,11 +207,17 @@ fn exec_attach_and_cp_through_the_apiserver() {
         ("out\n".into(), "err\n".into(), Some(0))
     );
     // Several execs in a row (each a session of its own, streams opened anew).
+    let t0 = Instant::now();
     for i in 0..3 {
         let out = kubectl_with(&cp, &["exec", "shell", "--", "echo", &i.to_string()], b"");
         assert_eq!(text(&out.stdout), format!("{i}\n"), "{}", text(&out.stderr));
     }
+    eprintln!(
+        "kubectl exec -- echo, whole command: {:?} each",
+        t0.elapsed() / 3
+    );
     // Much output, then the end at once: none of it is lost at the session's end.
+    let t0 = Instant::now();
     let out = kubectl_with(
         &cp,
         &[
@@ -225,6 +231,7 @@ fn exec_attach_and_cp_through_the_apiserver() {
         b"",
     );
     assert_eq!(out.stdout.len(), 8_000_000, "{}", text(&out.stderr));
+    eprintln!("kubectl exec of 8 MB of output: {:?}", t0.elapsed());
     assert!(out.stdout.iter().all(|b| *b == 0));
     assert_eq!(text(&out.stderr), "end\n");
     // The command's exit code is kubectl's.
@@ -273,6 +280,24 @@ fn exec_attach_and_cp_through_the_apiserver() {
     assert_eq!(out.stdout.len(), big.len() + 1);
     assert_eq!(&out.stdout[..big.len()], &big[..]);
     assert_eq!(text(&out.stderr), "done\n");
+
+    // A command that ends without reading its input: its exit code still arrives.
+    let unread = vec![b'x'; 4_000_000];
+    let out = kubectl_with(
+        &cp,
+        &[
+            "exec",
+            "-i",
+            "shell",
+            "--",
+            "sh",
+            "-c",
+            "echo early; exit 4",
+        ],
+        &unread,
+    );
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "early\n");
 
     // -it on a terminal: the command sees one, what is typed reaches it, and the
     // shell's exit code is kubectl's.
@@ -423,10 +448,16 @@ fn port_forward_through_the_apiserver_to_host_and_pod_networks() {
     ] {
         let (mut child, local) = port_forward(&cp, name, port);
         // Several connections on the one session, one after the other and at once.
+        let t0 = Instant::now();
         for i in 0..3 {
             let body = http_get(local).unwrap_or_else(|e| panic!("{name} get {i}: {e}"));
             assert!(body.contains(want), "{name} get {i}: {body}");
         }
+        let per_get = t0.elapsed() / 3;
+        eprintln!("port-forward to {name}: an HTTP GET in {per_get:?}");
+        // The pod's close reaches kubectl at once (it closes the local connection
+        // only then), not after the second the client's late input may take.
+        assert!(per_get < Duration::from_millis(800), "{per_get:?} per GET");
         let at_once: Vec<_> = (0..4)
             .map(|_| std::thread::spawn(move || http_get(local)))
             .collect();

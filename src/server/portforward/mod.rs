@@ -287,19 +287,24 @@ pub async fn forward(
     };
     let mut to_pod = std::pin::pin!(to_pod);
     let mut from_pod = std::pin::pin!(from_pod);
-    // The client half-closing does not end the answer; the pod closing ends it,
-    // after what the client still sends has had a moment to reach the pod.
-    let failure = tokio::select! {
+    // The client half-closing does not end the answer; the pod closing ends it at
+    // once (kubectl closes its local connection only once both streams have ended),
+    // and what the client still sends has a moment more to reach the pod.
+    tokio::select! {
         e = &mut from_pod => {
+            if let Some(e) = e {
+                down.error(&failed(e)).await;
+            }
+            down.close().await;
             let _ = tokio::time::timeout(LINGER, &mut to_pod).await;
-            e
         }
-        () = &mut to_pod => from_pod.await,
-    };
-    if let Some(e) = failure {
-        down.error(&failed(e)).await;
+        () = &mut to_pod => {
+            if let Some(e) = from_pod.await {
+                down.error(&failed(e)).await;
+            }
+            down.close().await;
+        }
     }
-    down.close().await;
 }
 
 #[cfg(test)]

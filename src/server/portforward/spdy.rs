@@ -20,8 +20,8 @@ use tokio::time::Instant;
 
 use super::{forward, parse_port, Downlink, Target, INPUT_QUEUE, MAX_CONNECTIONS};
 use crate::server::spdy::{
-    control, data, read_frame, Frame, Headers, Upgraded, FLAG_FIN, GOAWAY, PING, RST_STREAM,
-    STREAM_WAIT, SYN_REPLY, SYN_STREAM,
+    control, data, goaway, read_frame, Frame, Headers, Upgraded, FLAG_FIN, GOAWAY, PING,
+    RST_STREAM, STREAM_WAIT, SYN_REPLY, SYN_STREAM,
 };
 use crate::server::ApiDeps;
 
@@ -314,9 +314,12 @@ async fn start_complete(
 
 async fn write_loop(mut wr: WriteHalf<Upgraded>, mut rx: mpsc::Receiver<Out>) {
     let mut headers = Headers::default();
+    // The last stream of the client's that was taken, for the GOAWAY.
+    let mut last = 0;
     while let Some(out) = rx.recv().await {
         let frame = match out {
             Out::Reply(id) => {
+                last = last.max(id);
                 let mut p = id.to_be_bytes().to_vec();
                 p.extend_from_slice(&headers.encode(&[]));
                 control(SYN_REPLY, 0, &p)
@@ -328,9 +331,7 @@ async fn write_loop(mut wr: WriteHalf<Upgraded>, mut rx: mpsc::Receiver<Out>) {
             return;
         }
     }
-    let mut goaway = 0u32.to_be_bytes().to_vec();
-    goaway.extend_from_slice(&0u32.to_be_bytes());
-    let _ = wr.write_all(&control(GOAWAY, 0, &goaway)).await;
+    let _ = wr.write_all(&goaway(last)).await;
     let _ = wr.flush().await;
     let _ = wr.shutdown().await;
 }
