@@ -208,7 +208,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         podstates,
         root_dir: root.clone(),
         node_name: config.node_name.clone(),
-        host_ip: crate::node::host_ip(),
+        host_ip: pods_host_ip(&config),
         objects,
         allocatable,
         backoff: Backoff {
@@ -264,6 +264,18 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
 /// The node's allocatable resources as its status reports them, which
 /// `resourceFieldRef` gives a container without limits. Empty if the config cannot
 /// describe the node (the uplink reports that).
+/// The pods' `hostIP`: the Node's InternalIP, chosen as the node status chooses it
+/// (`--node-ip`, the node name if it is an address, the kubelet API's one address,
+/// the default route's address), as the kubelet takes it from its Node.
+fn pods_host_ip(config: &Config) -> Option<String> {
+    config
+        .node_ip
+        .or_else(|| config.node_name.parse().ok())
+        .or(Some(config.server.address).filter(|a| !a.is_unspecified()))
+        .map(|ip| ip.to_string())
+        .or_else(crate::node::host_ip)
+}
+
 async fn allocatable(config: &Config, root: &std::path::Path) -> BTreeMap<String, Quantity> {
     let input = match NodeInput::from_config(config) {
         Ok(i) => i,
