@@ -63,6 +63,17 @@ fn main_status(p: &Value) -> &Value {
         .unwrap_or(&Value::Null)
 }
 
+/// The repo digest the Node lists for the busybox image.
+fn image_id_digest(node: &Value) -> Option<String> {
+    node["status"]["images"].as_array()?.iter().find_map(|i| {
+        i["names"].as_array()?.iter().find_map(|n| {
+            n.as_str()
+                .filter(|n| n.starts_with("docker.io/library/busybox@sha256:"))
+                .map(str::to_string)
+        })
+    })
+}
+
 /// A namespace of its own, once the controller-manager gave it its `default`
 /// ServiceAccount (before that, the apiserver refuses pods in it).
 fn namespace(cp: &ControlPlane, a: &Agent, ns: &str) {
@@ -93,6 +104,18 @@ fn a_pod_in_a_fresh_namespace_runs_with_its_own_address_restarts_and_goes() {
         })
     });
 
+    // What the Node says of its runtime and hardware.
+    let n = cp.get(&format!("node/{NODE}"), None).expect("node");
+    let digest = image_id_digest(&n);
+    assert!(digest.is_some(), "images: {}", n["status"]["images"]);
+    assert_eq!(n["status"]["runtimeHandlers"][0]["name"], "");
+    assert_eq!(n["status"]["features"]["supplementalGroupsPolicy"], false);
+    let info = &n["status"]["nodeInfo"];
+    assert_ne!(info["systemUUID"], info["machineID"]);
+    if let Ok(uuid) = std::fs::read_to_string("/sys/class/dmi/id/product_uuid") {
+        assert_eq!(info["systemUUID"], uuid.trim());
+    }
+
     // The first pod of a new namespace: its service-account volume waits for
     // kube-root-ca.crt, and meanwhile the pod has no address of its own.
     namespace(&cp, &a, "fresh");
@@ -114,6 +137,18 @@ fn a_pod_in_a_fresh_namespace_runs_with_its_own_address_restarts_and_goes() {
     );
     assert_eq!(web["status"]["podIPs"], serde_json::json!([{"ip": ip}]));
     assert_eq!(web["status"]["hostIP"], "127.0.0.1");
+    // The kubelet's fields: containerd's repo digest as imageID, the generation the
+    // status describes.
+    let image_id = main_status(&web)["imageID"].as_str().unwrap_or_default();
+    assert!(
+        image_id.starts_with("docker.io/library/busybox@sha256:"),
+        "imageID {image_id}"
+    );
+    assert_eq!(digest.as_deref(), Some(image_id), "the Node lists the same");
+    assert_eq!(
+        web["status"]["observedGeneration"],
+        web["metadata"]["generation"]
+    );
     let table = cp.kubectl_ok(&["get", "pods", "-n", "fresh", "-o", "wide"]);
     assert!(
         table
