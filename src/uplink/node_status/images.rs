@@ -17,7 +17,7 @@ const MAX_NAMES: usize = 5;
 /// its tags (up to five names), and its size in bytes.
 pub fn images(records: &[ImageRecord], max: usize) -> Vec<ContainerImage> {
     let mut sorted: Vec<&ImageRecord> = records.iter().collect();
-    sorted.sort_by(|a, b| b.size.cmp(&a.size));
+    sorted.sort_by_key(|r| std::cmp::Reverse(r.size));
     sorted
         .into_iter()
         .take(max)
