@@ -219,3 +219,32 @@ fn a_pod_in_a_fresh_namespace_runs_with_its_own_address_restarts_and_goes() {
     assert!(cp.get("pod/web", Some("fresh")).is_none());
     a.stop();
 }
+
+/// A namespace being deleted: its pods stop, their statuses still land, and the events
+/// the apiserver refuses there (403, the namespace is terminating) are said in the
+/// agent's log with the apiserver's message rather than dropped without a word.
+#[test]
+fn a_terminating_namespace_refuses_events_and_its_pods_still_go() {
+    if !need_root() || !need_plugins() {
+        return;
+    }
+    let cp = cluster();
+    let (_net, mut a) = node(&cp, "status-ns-gone");
+    a.start();
+    let log = || format!("--- agent log ---\n{}", a.agent_log());
+    namespace(&cp, &a, "leaving");
+    cp.create(&pod("leaving", "web", "Always", "exec sleep 3600"));
+    cp.wait_for("pod web Running", WAIT, log, |cp| {
+        cp.get("pod/web", Some("leaving"))
+            .filter(|p| p["status"]["phase"] == "Running")
+    });
+    cp.kubectl_ok(&["delete", "namespace", "leaving", "--wait=false"]);
+    a.wait_until("the refused event in the log", WAIT, |a| {
+        let l = a.agent_log();
+        l.contains("refused") && l.contains("because it is being terminated")
+    });
+    cp.wait_for("the namespace gone", WAIT, log, |cp| {
+        cp.get("namespace/leaving", None).is_none().then_some(())
+    });
+    a.stop();
+}
