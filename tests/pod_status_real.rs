@@ -119,6 +119,7 @@ fn a_pod_in_a_fresh_namespace_runs_with_its_own_address_restarts_and_goes() {
     // The first pod of a new namespace: its service-account volume waits for
     // kube-root-ca.crt, and meanwhile the pod has no address of its own.
     namespace(&cp, &a, "fresh");
+    let created = std::time::Instant::now();
     cp.create(&pod("fresh", "web", "Always", "echo up; exec sleep 3600"));
     cp.create(&pod(
         "fresh",
@@ -130,6 +131,10 @@ fn a_pod_in_a_fresh_namespace_runs_with_its_own_address_restarts_and_goes() {
         cp.get("pod/web", Some("fresh"))
             .filter(|p| p["status"]["phase"] == "Running" && main_status(p)["ready"] == true)
     });
+    eprintln!(
+        "first pod of a new namespace: create to Running and ready in the API in {:?}",
+        created.elapsed()
+    );
     let ip = web["status"]["podIP"].as_str().unwrap_or_default();
     assert!(
         ip.starts_with(&net.prefix),
