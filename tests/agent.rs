@@ -56,7 +56,10 @@ fn static_pod_runs_logs_in_cri_format_and_shows_running() {
     assert_eq!(c["restartCount"], 0);
     assert_eq!(c["image"], "busybox:demo");
     assert!(
-        c["imageID"].as_str().unwrap_or("").starts_with("sha256:"),
+        c["imageID"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("docker.io/library/busybox@sha256:"),
         "{c}"
     );
     assert!(

@@ -54,7 +54,8 @@ impl InUse {
                     .chain(s.init_container_statuses.iter().flatten())
             }) {
                 if !cs.image_id.is_empty() {
-                    u.ids.insert(cs.image_id.clone());
+                    // `repo@sha256:<manifest>`: the manifest digest is what names it.
+                    u.ids.insert(super::id_digest(&cs.image_id).to_string());
                 }
             }
         }

@@ -27,12 +27,29 @@ pub use store::ImageStore;
 pub struct ResolvedImage {
     /// The normalised reference the pod asked for (`docker.io/library/busybox:latest`).
     pub reference: String,
-    /// `sha256:<config digest>`, the kubelet's `imageID`.
+    /// `sha256:<config digest>`, the image's id in the store.
     pub image_id: String,
+    /// `<repository>@sha256:<manifest digest>`: the repo digest containerd gives the
+    /// kubelet as a container's `imageID`.
+    pub repo_digest: String,
     /// The image's config (Entrypoint, Cmd, Env, WorkingDir, User).
     pub config: oci_spec::image::ImageConfiguration,
     /// Unpacked layer directories, lowest (base) layer first.
     pub layers: Vec<PathBuf>,
+}
+
+/// `<repository>@<manifest digest>` for an image named `reference`, as containerd
+/// makes a repo digest; the bare digest when the reference cannot be read.
+pub fn repo_digest(reference: &str, manifest_digest: &str) -> String {
+    match Reference::parse(reference) {
+        Ok(r) => format!("{}@{manifest_digest}", r.name()),
+        Err(_) => manifest_digest.to_string(),
+    }
+}
+
+/// The digest an `imageID` names: the part after `@` of a repo digest, or all of it.
+pub fn id_digest(image_id: &str) -> &str {
+    image_id.rsplit('@').next().unwrap_or(image_id)
 }
 
 /// One image in the index, as `holdfast image ls` shows it.
@@ -144,4 +161,29 @@ pub(crate) fn io_err(context: String) -> impl FnOnce(std::io::Error) -> ImageErr
 fn json_err(what: impl Into<String>) -> impl FnOnce(serde_json::Error) -> ImageError {
     let what = what.into();
     move |source| ImageError::Json { what, source }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn image_ids_are_containerds_repo_digests() {
+        assert_eq!(
+            repo_digest("busybox:demo", "sha256:abc"),
+            "docker.io/library/busybox@sha256:abc"
+        );
+        assert_eq!(
+            repo_digest(
+                &format!("registry.local:5000/team/app@sha256:{}", "0".repeat(64)),
+                "sha256:abc"
+            ),
+            "registry.local:5000/team/app@sha256:abc"
+        );
+        assert_eq!(
+            id_digest("docker.io/library/busybox@sha256:abc"),
+            "sha256:abc"
+        );
+        assert_eq!(id_digest("sha256:abc"), "sha256:abc");
+    }
 }

@@ -259,6 +259,7 @@ impl ImageStore {
             );
         }
         Ok(Some(ResolvedImage {
+            repo_digest: super::repo_digest(&shown, &record.manifest_digest),
             reference: shown,
             image_id: record.config_digest.clone(),
             config,

@@ -83,7 +83,7 @@ impl NodeFacts {
             storage: read_fs_stats(root_dir),
             kernel_version: read_trimmed(&at("proc/sys/kernel/osrelease")).unwrap_or_default(),
             os_image: read_os_image(host_root),
-            system_uuid: read_system_uuid(host_root, &machine_id),
+            system_uuid: read_system_uuid(host_root),
             machine_id,
             boot_id: read_trimmed(&at("proc/sys/kernel/random/boot_id")).unwrap_or_default(),
             architecture: go_arch(std::env::consts::ARCH).to_string(),
@@ -222,18 +222,21 @@ pub fn read_machine_id(host_root: &Path) -> String {
         .unwrap_or_default()
 }
 
-/// The hardware's UUID: the firmware's DMI product UUID where there is one (x86 and
-/// UEFI ARM servers), else the device-tree serial number most ARM boards carry (a
-/// Raspberry Pi's SoC serial), else the machine ID, which at least stays the same
-/// across reboots of the same image.
-pub fn read_system_uuid(host_root: &Path, machine_id: &str) -> String {
+/// The hardware's UUID, where cadvisor finds it for the kubelet: the firmware's DMI
+/// product UUID (x86 and UEFI ARM servers), else a device tree's `system-id` or
+/// `vm,uuid`; else the device-tree serial number most ARM boards carry (a Raspberry
+/// Pi's SoC serial), which names the board as the kubelet has nothing to. Empty when
+/// there is none: the machine ID is `machineID`, not the hardware's.
+pub fn read_system_uuid(host_root: &Path) -> String {
     [
         "sys/class/dmi/id/product_uuid",
+        "proc/device-tree/system-id",
+        "proc/device-tree/vm,uuid",
         "proc/device-tree/serial-number",
     ]
     .iter()
     .find_map(|p| read_trimmed(&host_root.join(p)))
-    .unwrap_or_else(|| machine_id.to_string())
+    .unwrap_or_default()
 }
 
 /// The kernel's limit on processes: the lower of `pid_max` and `threads-max`, as the
@@ -371,17 +374,17 @@ mod tests {
         let tmp = TempDir::new("facts-id");
         let root = &tmp.0;
         assert_eq!(read_machine_id(root), "");
-        assert_eq!(read_system_uuid(root, ""), "");
+        assert_eq!(read_system_uuid(root), "");
         write(root, "var/lib/dbus/machine-id", "dbus-id\n");
         assert_eq!(read_machine_id(root), "dbus-id");
         write(root, "etc/machine-id", "3f2b8c1e9a7d4e6f8b0c1d2e3f4a5b6c\n");
         let id = read_machine_id(root);
         assert_eq!(id, "3f2b8c1e9a7d4e6f8b0c1d2e3f4a5b6c");
-        // No DMI, no device tree: the machine ID.
-        assert_eq!(read_system_uuid(root, &id), id);
+        // No DMI, no device tree: none (the machine ID is not the hardware's).
+        assert_eq!(read_system_uuid(root), "");
         // A board's device-tree serial ends in a NUL.
         write(root, "proc/device-tree/serial-number", "10000000abcdef01\0");
-        assert_eq!(read_system_uuid(root, &id), "10000000abcdef01");
+        assert_eq!(read_system_uuid(root), "10000000abcdef01");
         // Firmware's DMI UUID first.
         write(
             root,
@@ -389,7 +392,7 @@ mod tests {
             "4c4c4544-0042-3510-8053-b7c04f4e3132\n",
         );
         assert_eq!(
-            read_system_uuid(root, &id),
+            read_system_uuid(root),
             "4c4c4544-0042-3510-8053-b7c04f4e3132"
         );
     }
@@ -456,7 +459,7 @@ mod tests {
         assert_eq!(f.boot_id, "6a0e3b0c-2f4e-4d59-9d8a-1b2c3d4e5f60");
         assert_eq!(f.os_image, "Linux");
         assert_eq!(f.machine_id, "m1");
-        assert_eq!(f.system_uuid, "m1");
+        assert_eq!(f.system_uuid, "");
         assert_eq!((f.pid_max, f.processes), (Some(32768), Some(99)));
         assert!(f.storage.is_some());
         assert_eq!(f.host_ip, None);

@@ -69,6 +69,12 @@ fn mount_message(e: &VolumeError) -> String {
 }
 
 impl SetupError {
+    /// An object a volume needs has not come from the apiserver yet: the pod waits,
+    /// and no event says it is missing.
+    pub fn is_waiting(&self) -> bool {
+        matches!(self, SetupError::Volume(v) if v.is_waiting())
+    }
+
     /// The event reason the kubelet gives this failure.
     pub fn reason(&self) -> &'static str {
         match self {

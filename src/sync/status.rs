@@ -157,13 +157,18 @@ pub fn pod_status(
     };
     let (initialized, init_reason, init_message) =
         initialized(inits, &init_statuses, &statuses, phase);
-    let conditions = vec![
+    let mut conditions = vec![
         condition(i, "PodReadyToStartContainers", sandbox, None, None),
         condition(i, "Initialized", initialized, init_reason, init_message),
         condition(i, "Ready", ready, ready_reason, ready_message.clone()),
         condition(i, "ContainersReady", ready, ready_reason, ready_message),
         condition(i, "PodScheduled", "True", None, None),
     ];
+    // The spec this status describes (v1.34+): the pod's, and each condition's.
+    let generation = pod.metadata.generation;
+    for c in &mut conditions {
+        c.observed_generation = generation;
+    }
 
     let ip = i.host_ip.map(str::to_string);
     let (pod_ip, pod_ips) = pod_addresses(pod, i, terminal || i.terminal);
@@ -179,6 +184,7 @@ pub fn pod_status(
         pod_ips,
         qos_class: Some(qos_class(&qos_containers).to_string()),
         start_time: i.start_time.map(Time),
+        observed_generation: generation,
         ..PodStatus::default()
     }
 }
@@ -310,7 +316,9 @@ fn terminated_state(t: &Terminated) -> ContainerState {
     ContainerState {
         terminated: Some(ContainerStateTerminated {
             exit_code: t.exit_code,
-            signal: t.signal,
+            // The kubelet never fills `signal` (a killed container shows 137 and the
+            // reason); the record keeps it for the agent's own use.
+            signal: None,
             reason: Some(t.reason.clone()),
             message: t.message.clone(),
             started_at: t.started_at.map(Time),
@@ -779,5 +787,46 @@ mod tests {
     fn an_ended_pod_keeps_its_addresses_when_its_sandbox_is_gone() {
         let s = addresses(false, Some(&SandboxStatus::default()), true);
         assert_eq!(s.pod_ip.as_deref(), Some("10.77.0.9"));
+    }
+
+    #[test]
+    fn the_status_names_the_generation_it_describes_and_no_signal() {
+        let mut p = pod("Never");
+        p.metadata.generation = Some(3);
+        let backoff = Backoff {
+            initial: Duration::from_secs(10),
+            max: Duration::from_secs(300),
+        };
+        let mut records = ended(137);
+        if let Some(InstanceState::Terminated(t)) = records
+            .get_mut("main")
+            .and_then(|r| r.current.as_mut())
+            .map(|c| &mut c.state)
+        {
+            t.signal = Some(9);
+        }
+        let inputs = StatusInputs {
+            now: Timestamp::from_second(1_800_000_001).expect("ts"),
+            backoff: &backoff,
+            start_time: None,
+            host_ip: None,
+            previous: None,
+            terminal: false,
+            sandbox: None,
+            probes: None,
+        };
+        let s = pod_status(&p, &records, &inputs);
+        assert_eq!(s.observed_generation, Some(3));
+        assert!(s
+            .conditions
+            .iter()
+            .flatten()
+            .all(|c| c.observed_generation == Some(3)));
+        let t = s.container_statuses.expect("statuses")[0]
+            .state
+            .clone()
+            .and_then(|st| st.terminated)
+            .expect("terminated");
+        assert_eq!((t.exit_code, t.signal), (137, None));
     }
 }

@@ -6,6 +6,7 @@
 mod conditions;
 #[cfg(test)]
 mod fixtures;
+mod images;
 mod patch;
 mod resources;
 
@@ -23,6 +24,7 @@ use crate::config::{check_label, Config};
 use crate::node::NodeFacts;
 use crate::time::Timestamp;
 
+pub use images::{images, MAX_IMAGES};
 pub use patch::{needs_report, status_patch};
 pub use resources::{
     binary_si, capacity_and_allocatable, decimal_si, Resources, Threshold, DEFAULT_EVICTION_HARD,
@@ -251,6 +253,8 @@ pub fn node_status(
             system_uuid: facts.system_uuid.clone(),
             swap: None,
         }),
+        runtime_handlers: Some(images::runtime_handlers()),
+        features: Some(images::features()),
         ..previous.cloned().unwrap_or_default()
     }
 }

@@ -86,16 +86,41 @@ pub struct DeviceModel {
     input: NodeInput,
     root_dir: std::path::PathBuf,
     lease_seconds: i32,
+    /// The image store's index, for `status.images`.
+    images: Option<crate::store::Tree<crate::image::ImageRecord>>,
+}
+
+impl DeviceModel {
+    /// The node's images, as the kubelet lists them; none if the index cannot be read.
+    fn images(&self) -> Vec<k8s_openapi::api::core::v1::ContainerImage> {
+        let records: Vec<crate::image::ImageRecord> = match &self.images {
+            Some(tree) => match tree.entries() {
+                Ok(entries) => entries.into_iter().map(|(_, r)| r).collect(),
+                Err(e) => {
+                    log::warn!("node status: read the image index: {e}");
+                    Vec::new()
+                }
+            },
+            None => Vec::new(),
+        };
+        node_status::images(&records, node_status::MAX_IMAGES)
+    }
 }
 
 impl NodeModel for DeviceModel {
     fn registration(&self, now: Timestamp) -> Node {
         let facts = NodeFacts::read(&self.root_dir);
-        node_status::registration_node(&self.input, &facts, now)
+        let mut node = node_status::registration_node(&self.input, &facts, now);
+        if let Some(s) = node.status.as_mut() {
+            s.images = Some(self.images());
+        }
+        node
     }
     fn status(&self, previous: Option<&NodeStatus>, now: Timestamp) -> NodeStatus {
         let facts = NodeFacts::read(&self.root_dir);
-        node_status::node_status(&self.input, &facts, previous, now)
+        let mut s = node_status::node_status(&self.input, &facts, previous, now);
+        s.images = Some(self.images());
+        s
     }
     fn status_patch(&self, old: Option<&NodeStatus>, new: &NodeStatus) -> Value {
         node_status::status_patch(old, new)
@@ -127,6 +152,10 @@ pub fn start(
         input: NodeInput::from_config(config).map_err(crate::Error::Node)?,
         root_dir: config.root_dir.clone(),
         lease_seconds: config.node_lease_duration_seconds,
+        images: store
+            .tree("images")
+            .map_err(|e| log::warn!("node status: open the image index: {e}"))
+            .ok(),
     };
     // While the link is down it is probed as often as a healthy node renews its Lease
     // (see `link`): no more load than the node puts on the apiserver when up, and the

@@ -38,6 +38,14 @@ pub enum VolumeError {
         kind: &'static str,
         name: String,
     },
+    /// Not fetched from the apiserver yet: the pod waits for it, and no event says
+    /// it is missing.
+    #[error("failed to sync {kind} cache: {kind} {name:?} not fetched from the apiserver yet")]
+    NotSynced {
+        volume: String,
+        kind: &'static str,
+        name: String,
+    },
     /// As the kubelet: `configmap references non-existent config key: k`.
     #[error("{} references non-existent {} key: {key}", kind, if *kind == "secret" { "secret" } else { "config" })]
     MissingKey {
@@ -87,10 +95,16 @@ impl VolumeError {
         matches!(self, VolumeError::Mount(_))
     }
 
+    /// An object the volume needs is on its way from the apiserver: wait, say nothing.
+    pub fn is_waiting(&self) -> bool {
+        matches!(self, VolumeError::NotSynced { .. })
+    }
+
     /// The volume a set-up failure is about, for the FailedMount event.
     pub fn volume(&self) -> Option<&str> {
         match self {
             VolumeError::NotFound { volume, .. }
+            | VolumeError::NotSynced { volume, .. }
             | VolumeError::MissingKey { volume, .. }
             | VolumeError::StaticPod { volume, .. }
             | VolumeError::Cache { volume, .. }

@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::{
 use super::atomic_writer::{FileProjection, Payload};
 use super::VolumeError;
 use crate::sync::env::EnvInputs;
-use crate::uplink::objects::ObjectCache;
+use crate::uplink::objects::{ObjectCache, ObjectKind};
 use crate::uplink::tokens::{TokenKey, TokenManager, DEFAULT_EXPIRATION_SECONDS};
 
 /// The kubelet's default file mode for these volumes.
@@ -134,6 +134,13 @@ fn config_map(
     match found {
         Some(cm) => Ok(Some(cm)),
         None if optional => Ok(None),
+        None if !objects.known(ObjectKind::ConfigMap, namespace(pod), name) => {
+            Err(VolumeError::NotSynced {
+                volume: volume.to_owned(),
+                kind: "configmap",
+                name: name.to_owned(),
+            })
+        }
         None => Err(VolumeError::NotFound {
             volume: volume.to_owned(),
             kind: "configmap",
@@ -165,6 +172,13 @@ fn secret(
     match found {
         Some(s) => Ok(Some(s)),
         None if optional => Ok(None),
+        None if !objects.known(ObjectKind::Secret, namespace(pod), name) => {
+            Err(VolumeError::NotSynced {
+                volume: volume.to_owned(),
+                kind: "secret",
+                name: name.to_owned(),
+            })
+        }
         None => Err(VolumeError::NotFound {
             volume: volume.to_owned(),
             kind: "secret",

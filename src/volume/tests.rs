@@ -203,6 +203,7 @@ fn missing_objects_and_keys_are_the_kubelets_errors_and_optional_is_fine() {
         .expect_err("missing");
     assert_eq!(err.to_string(), "configmap \"nope\" not found");
     assert_eq!(err.volume(), Some("v"));
+    assert!(!err.is_waiting());
     let err = rig
         .setup(&pod(
             json!([{"name": "v", "configMap": {"name": "cfg", "items": [{"key": "b", "path": "b"}]}}]),
@@ -463,4 +464,23 @@ fn static_pods_cannot_read_api_objects() {
     );
     let err = rig.setup(&p).expect_err("static");
     assert!(matches!(err, VolumeError::StaticPod { .. }), "{err}");
+}
+
+#[test]
+fn an_object_not_fetched_yet_is_waited_for_not_called_missing() {
+    if !root() {
+        return;
+    }
+    let rig = Rig::new(&[]);
+    rig.cache.follow();
+    for vol in [
+        json!({"name": "v", "configMap": {"name": "kube-root-ca.crt"}}),
+        json!({"name": "v", "secret": {"secretName": "s"}}),
+    ] {
+        let err = rig
+            .setup(&pod(json!([vol]), json!([])))
+            .expect_err("not fetched yet");
+        assert!(err.is_waiting(), "{err}");
+        assert!(!err.to_string().contains("not found"), "{err}");
+    }
 }

@@ -63,6 +63,7 @@ impl Env {
         let image = ResolvedImage {
             reference: "local/busybox:test".into(),
             image_id: "sha256:test".into(),
+            repo_digest: "local/busybox@sha256:test".into(),
             config: ImageConfigurationBuilder::default()
                 .config(config)
                 .build()

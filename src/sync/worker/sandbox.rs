@@ -19,6 +19,8 @@ use crate::uplink::report::EventType;
 /// How soon a sandbox that failed to set up is tried again (a changed ConfigMap or
 /// Secret wakes the worker at once).
 const RETRY: Duration = Duration::from_secs(10);
+/// How soon a sandbox waiting for a ConfigMap or Secret from the apiserver looks again.
+const WAIT_OBJECTS: Duration = Duration::from_secs(1);
 
 /// How a pod ended that the agent ended: its status reason and message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -89,6 +91,15 @@ impl Worker {
                 self.sandbox_error = None;
                 self.sandbox = Some(ready);
                 true
+            }
+            Err(e) if e.is_waiting() => {
+                let message = e.to_string();
+                if self.sandbox_error.as_ref() != Some(&message) {
+                    log::info!("pod {}: waits: {message}", self.name());
+                    self.sandbox_error = Some(message);
+                }
+                self.wake_at(Instant::now() + WAIT_OBJECTS);
+                self.sandbox.is_some()
             }
             Err(e) => {
                 let message = e.to_string();

@@ -86,8 +86,8 @@ impl Worker {
         let container = c.clone();
         let node = self.deps.node_name.clone();
         let restart_count = rec.restart_count;
-        let image_id = image.image_id.clone();
-        let image_id_used = image_id.clone();
+        let image_id = image.repo_digest.clone();
+        let image_id_used = image.image_id.clone();
         let start_id = id.clone();
         let started = blocking(move || {
             let req = StartRequest {
@@ -180,7 +180,7 @@ impl Worker {
         let images = self.deps.images.clone();
         let r = reference.to_string();
         match blocking(move || images.resolve(&r)).await {
-            Ok(Some(image)) => image.image_id,
+            Ok(Some(image)) => image.repo_digest,
             _ => String::new(),
         }
     }

@@ -64,6 +64,10 @@ fn expected_registration() -> Value {
     info["kubeletVersion"] = json!(KUBELET_VERSION);
     info["containerRuntimeVersion"] = json!(CONTAINER_RUNTIME_VERSION);
     info["kubeProxyVersion"] = json!("");
+    // What holdfast's runtime does and does not do (the recording's runtime differs).
+    want["status"]["runtimeHandlers"] = json!([{"name": "", "features":
+        {"recursiveReadOnlyMounts": false, "userNamespaces": false}}]);
+    want["status"]["features"] = json!({"supplementalGroupsPolicy": false});
     want
 }
 

@@ -2,6 +2,7 @@
 //! image-pull code and written by the object manager.
 
 use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
@@ -30,6 +31,12 @@ pub struct ObjectCache {
     /// while writing, so a write for an object just dropped cannot land after its
     /// removal.
     wanted: Arc<Mutex<Option<BTreeSet<ObjectKey>>>>,
+    /// An object manager follows the cluster for this cache: an object it has not
+    /// answered for yet is not known to be missing.
+    followed: Arc<AtomicBool>,
+    /// The referenced keys the apiserver has answered for since the agent started
+    /// (the object, or that there is none).
+    answered: Arc<Mutex<BTreeSet<ObjectKey>>>,
 }
 
 impl ObjectCache {
@@ -38,7 +45,27 @@ impl ObjectCache {
             config_maps: store.tree(TREE_CONFIG_MAPS)?,
             secrets: store.tree(TREE_SECRETS)?,
             wanted: Arc::new(Mutex::new(None)),
+            followed: Arc::new(AtomicBool::new(false)),
+            answered: Arc::new(Mutex::new(BTreeSet::new())),
         })
+    }
+
+    /// Whether an object missing from the cache is missing from the cluster: the
+    /// apiserver said so, or no object manager follows the cluster (nothing will
+    /// come). False while the manager has not answered for it yet (a pod in a
+    /// namespace made a moment ago references an object not fetched so far).
+    pub fn known(&self, kind: ObjectKind, namespace: &str, name: &str) -> bool {
+        !self.followed.load(Ordering::Relaxed)
+            || self
+                .answered
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .contains(&ObjectKey::new(kind, namespace, name))
+    }
+
+    /// An object manager follows the cluster for this cache from now on.
+    pub fn follow(&self) {
+        self.followed.store(true, Ordering::Relaxed);
     }
 
     /// The cached ConfigMap, if the apiserver has ever sent it (and it still exists as
@@ -127,6 +154,10 @@ impl ObjectCache {
     ) -> Result<Vec<ObjectKey>, ObjectsError> {
         let mut guard = self.wanted.lock().unwrap_or_else(PoisonError::into_inner);
         *guard = Some(wanted.clone());
+        self.answered
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|k| wanted.contains(k));
         let mut removed = Vec::new();
         for key in self.keys()? {
             if wanted.contains(&key) {
@@ -157,6 +188,10 @@ impl ObjectCache {
                 return Ok(false);
             }
         }
+        self.answered
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(key.clone());
         let tree = T::tree(self);
         let changed = match object {
             Some(o) => tree.put(&key.store_key(), &o.trimmed())?,
@@ -201,6 +236,23 @@ mod tests {
             .iter()
             .map(|(k, ns, n)| ObjectKey::new(*k, ns, n))
             .collect()
+    }
+
+    #[test]
+    fn a_missing_object_is_known_missing_once_the_apiserver_said_so() {
+        let tmp = TempDir::new("objects-known");
+        let (_store, cache) = cache(&tmp);
+        // Nobody follows the cluster: missing is missing.
+        assert!(cache.known(ObjectKind::ConfigMap, "new", "kube-root-ca.crt"));
+        cache.follow();
+        assert!(!cache.known(ObjectKind::ConfigMap, "new", "kube-root-ca.crt"));
+        let key = ObjectKey::new(ObjectKind::ConfigMap, "new", "kube-root-ca.crt");
+        cache.apply::<ConfigMap>(&key, None).expect("apply");
+        assert!(cache.known(ObjectKind::ConfigMap, "new", "kube-root-ca.crt"));
+        assert!(!cache.known(ObjectKind::Secret, "new", "kube-root-ca.crt"));
+        // No longer referenced: forgotten, and not known again until answered.
+        cache.retain(&BTreeSet::new()).expect("retain");
+        assert!(!cache.known(ObjectKind::ConfigMap, "new", "kube-root-ca.crt"));
     }
 
     #[test]

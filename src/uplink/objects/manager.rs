@@ -189,6 +189,7 @@ pub fn spawn_object_manager_with<F: ObjectFetcher>(
     changed: mpsc::Sender<ObjectKey>,
     options: ObjectManagerOptions,
 ) -> Result<JoinHandle<()>, ObjectsError> {
+    cache.follow();
     let manager = Manager {
         follow: Arc::new(Follow {
             fetcher: client,
