@@ -18,16 +18,24 @@ const SCRIPT: &str = "echo uid=$(id -u); grep -E '^(Seccomp|NoNewPrivs|CapEff):'
      if unshare -U true 2>/tmp/err; then echo unshare=allowed; else echo unshare=$(cat /tmp/err); fi; \
      echo work > /tmp/w && echo work=$(cat /tmp/w); echo END; exec sleep 3600";
 
-/// A host-network static pod of one container `main` running [`SCRIPT`], with an exec
-/// readiness probe (an exec joins the filtered container).
+/// An exec probe that passes only when the command runs under a filter with the
+/// container's own capabilities, those of its init.
+const PROBE: &str = "grep -q 'Seccomp:.*2' /proc/self/status && \
+     grep -E '^Cap(Bnd|Eff|Prm)' /proc/self/status > /tmp/exec-caps && \
+     grep -E '^Cap(Bnd|Eff|Prm)' /proc/1/status | cmp -s - /tmp/exec-caps";
+
+/// A host-network static pod of one container `main` running [`SCRIPT`], with the
+/// [`PROBE`] as its readiness probe: a command run by exec gets the container's filter
+/// too.
 fn pod_yaml(name: &str, pod_sc: &str, container_sc: &str) -> String {
     format!(
         "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  hostNetwork: true\n  \
          terminationGracePeriodSeconds: 1\n  securityContext:\n{pod_sc}  containers:\n    \
          - name: main\n      image: busybox:demo\n      command: [\"sh\", \"-c\", {}]\n      \
-         readinessProbe:\n        exec:\n          command: [\"true\"]\n        \
+         readinessProbe:\n        exec:\n          command: [\"sh\", \"-c\", {}]\n        \
          periodSeconds: 1\n      securityContext:\n{container_sc}",
-        serde_json::to_string(SCRIPT).expect("json string")
+        serde_json::to_string(SCRIPT).expect("json string"),
+        serde_json::to_string(PROBE).expect("json string")
     )
 }
 
@@ -106,7 +114,7 @@ fn runtime_default_runs_the_restricted_shape_and_refuses_what_it_blocks() {
         assert_eq!(line(&out, "CapEff:"), cap_eff, "{name}: {out:?}");
         assert_eq!(line(&out, "unshare="), eperm, "{name}: {out:?}");
         assert_eq!(line(&out, "work="), "work", "{name}: {out:?}");
-        a.wait_pod(name, "Ready through its exec probe", WAIT, |p| {
+        a.wait_pod(name, "Ready: its exec probe runs filtered", WAIT, |p| {
             condition(p, "Ready")["status"] == "True"
         });
     }

@@ -27,6 +27,7 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
 use super::exec::{ExecExit, ExecRequest, Frame};
+use super::exec_seccomp::Filtered;
 use crate::error::chain;
 
 /// After the command exits, output still in flight is read for at most this long.
@@ -74,9 +75,10 @@ fn run(state_root: &Path, id: &str, req: &ExecRequest, out: &mut impl Write) -> 
     let state_dir = state_root.join(id);
     let me = std::process::id();
     let process_path = state_dir.join(format!("exec-{me}.json"));
-    if let Err(e) = write_process(&state_dir, &process_path, req) {
-        return fail(e);
-    }
+    let filter = match write_process(&state_dir, &process_path, req) {
+        Ok(filter) => filter,
+        Err(e) => return fail(e),
+    };
     let console_name = format!("exec-{me}.sock");
     let built = if req.tty {
         match super::unix_socket::bind_in(&state_dir, &console_name) {
@@ -85,13 +87,14 @@ fn run(state_root: &Path, id: &str, req: &ExecRequest, out: &mut impl Write) -> 
                 id,
                 &process_path,
                 Stdio3::Console(state_dir.join(&console_name)),
+                filter,
             )
             .map(|pid| (pid, Some(l), None)),
             Err(e) => Err(format!("console socket: {e}")),
         }
     } else {
         match pipes(req) {
-            Ok((mine, theirs)) => build(state_root, id, &process_path, Stdio3::Fds(theirs))
+            Ok((mine, theirs)) => build(state_root, id, &process_path, Stdio3::Fds(theirs), filter)
                 .map(|pid| (pid, None, Some(mine))),
             Err(e) => Err(e),
         }
@@ -135,10 +138,20 @@ enum Stdio3 {
     Console(std::path::PathBuf),
 }
 
-fn build(state_root: &Path, id: &str, process: &Path, stdio: Stdio3) -> Result<Pid, String> {
+fn build(
+    state_root: &Path,
+    id: &str,
+    process: &Path,
+    stdio: Stdio3,
+    filter: Option<Filtered>,
+) -> Result<Pid, String> {
     ContainerBuilder::new(id.to_owned(), SyscallType::default())
         .with_root_path(state_root)
         .map(|b| {
+            let b = match filter {
+                Some(f) => b.with_executor(f),
+                None => b,
+            };
             let b = match stdio {
                 Stdio3::Fds([tin, tout, terr]) => {
                     b.with_stdin(tin).with_stdout(tout).with_stderr(terr)
@@ -153,7 +166,13 @@ fn build(state_root: &Path, id: &str, process: &Path, stdio: Stdio3) -> Result<P
 
 /// Writes the command's process spec to `path` (0600: the environment may hold
 /// Secret values): the container's own, with the command and terminal of `req`.
-fn write_process(state_dir: &Path, path: &Path, req: &ExecRequest) -> Result<(), String> {
+/// Returns the executor that puts the command under the container's seccomp filter,
+/// if it has one (see [`super::exec_seccomp`]).
+fn write_process(
+    state_dir: &Path,
+    path: &Path,
+    req: &ExecRequest,
+) -> Result<Option<Filtered>, String> {
     let container = libcontainer::container::Container::load(state_dir.to_owned())
         .map_err(|e| format!("load container: {}", chain(&e)))?;
     let config = container.bundle().join("config.json");
@@ -166,6 +185,7 @@ fn write_process(state_dir: &Path, path: &Path, req: &ExecRequest) -> Result<(),
     process.set_args(Some(req.command.clone()));
     process.set_terminal(Some(req.tty));
     process.set_console_size(None);
+    let filter = super::exec_seccomp::lend(&spec, &mut process);
     let json = serde_json::to_vec(&process).map_err(|e| format!("process spec: {e}"))?;
     use std::os::unix::fs::OpenOptionsExt;
     let _ = std::fs::remove_file(path);
@@ -175,7 +195,8 @@ fn write_process(state_dir: &Path, path: &Path, req: &ExecRequest) -> Result<(),
         .mode(0o600)
         .open(path)
         .and_then(|mut f| f.write_all(&json))
-        .map_err(|e| format!("write {}: {e}", path.display()))
+        .map_err(|e| format!("write {}: {e}", path.display()))?;
+    Ok(filter)
 }
 
 /// The relay's side of a terminal whose master libcontainer sent.

@@ -46,6 +46,7 @@ pub mod attach;
 mod cgroup;
 mod command;
 pub mod exec;
+mod exec_seccomp;
 mod exec_shim;
 mod exits;
 mod libcontainer_runtime;

@@ -5,11 +5,10 @@
 //! failure waits a jittered, growing back-off, and nothing but a complete, consistent
 //! LIST or an explicit DELETED event takes a pod away.
 //!
-//! Pods the cluster records as finished (phase Succeeded or Failed) are left out of the
-//! snapshot, whether a LIST or a MODIFIED event says so: the mux then removes them and
-//! the sync loop stops them and never starts them again, as the kubelet never restarts
-//! a pod the apiserver calls terminal. The cost is that such a pod's containers and logs
-//! go when the cluster records it finished, not when its object is deleted.
+//! Pods the cluster records as finished (phase Succeeded or Failed) stay in the
+//! snapshot with that phase until they are deleted: the sync loop stops what still runs
+//! of them and never starts them again, as the kubelet never restarts a pod the
+//! apiserver calls terminal, and keeps their logs and final status until the deletion.
 //!
 //! Runs on its own thread (ureq blocks); never starts containers.
 

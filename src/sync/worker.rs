@@ -98,6 +98,13 @@ pub(super) struct Worker {
     /// A running container was found gone with no exit record (a reboot or a power
     /// cut): the pod's sandbox is new, and its init containers run again.
     lost: bool,
+    /// The pod ran its course: its phase is Succeeded or Failed, by its own containers
+    /// or as the cluster records it. Nothing of it runs again (see [`finish`]).
+    ///
+    /// [`finish`]: Worker::finish
+    finished: bool,
+    /// Its sandbox was torn down since this worker started.
+    freed: bool,
 }
 
 impl Worker {
@@ -128,6 +135,7 @@ impl Worker {
             .map(|s| s.start_time)
             .unwrap_or_else(time::now);
         let ended = state.as_ref().and_then(|s| Ended::from_status(&s.status));
+        let finished = state.as_ref().is_some_and(|s| is_terminal(&s.status));
         Worker {
             deps,
             pod,
@@ -152,6 +160,8 @@ impl Worker {
             probes: probes::Probes::default(),
             kill_reasons: BTreeMap::new(),
             lost: false,
+            finished,
+            freed: false,
         }
     }
 
@@ -235,6 +245,18 @@ impl Worker {
     async fn sync_once(&mut self) {
         self.wake = None;
         self.refresh().await;
+        if !self.finished && self.pod.status.as_ref().is_some_and(is_terminal) {
+            // The cluster records the pod as finished: what still runs of it stops.
+            log::info!("pod {} is finished in the cluster", self.name());
+            self.stop_containers(self.grace_period()).await;
+            self.refresh().await;
+            self.finished = true;
+        }
+        if self.finished {
+            self.persist().await;
+            self.finish().await;
+            return;
+        }
         // A pod the agent ended runs nothing more; one without a sandbox cannot start
         // containers yet (the failure is said, and tried again).
         if self.ended.is_some() || !self.ensure_sandbox().await {
@@ -262,6 +284,28 @@ impl Worker {
         }
         self.refresh_probes();
         self.persist().await;
+        if self.state.as_ref().is_some_and(|s| is_terminal(&s.status)) {
+            self.finished = true;
+            self.finish().await;
+        }
+    }
+
+    /// A finished pod, as the kubelet's syncTerminatedPod leaves it: what it held goes
+    /// (its volumes, network, `/dev/shm` and cgroups), while its container records, its
+    /// final status and its containers' logs stay until the pod is removed (deleted in
+    /// the cluster, or its manifest removed), so that `kubectl logs` of a finished Job
+    /// still answers.
+    async fn finish(&mut self) {
+        if self.freed {
+            return;
+        }
+        self.refresh_probes();
+        self.teardown_sandbox().await;
+        self.freed = true;
+        log::info!(
+            "pod {} finished; its logs and status stay until it is removed",
+            self.name()
+        );
     }
 
     /// Brings one container toward its spec under restart policy `policy`.
@@ -428,7 +472,7 @@ impl Worker {
             host_ip,
             previous: self.state.as_ref().map(|s| &s.status),
             // An ended pod restarts nothing: its containers show how they ended.
-            terminal: self.ended.is_some(),
+            terminal: self.ended.is_some() || self.finished,
             sandbox: Some(&sandbox),
             probes: Some(&views),
         };
@@ -480,6 +524,11 @@ impl Worker {
         self.deps.reporter.status(&self.pod, &state.status, false);
         self.state = Some(state);
     }
+}
+
+/// Succeeded or Failed: phases a pod never leaves.
+fn is_terminal(status: &PodStatus) -> bool {
+    matches!(status.phase.as_deref(), Some("Succeeded" | "Failed"))
 }
 
 /// The status as the store and the apiserver keep it: their times have whole seconds.

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, PodStatus};
 
 use super::SOURCE_API;
 use crate::source::static_pod::{set_seen, CONFIG_SOURCE};
@@ -31,15 +31,6 @@ impl PodSet {
                 log::warn!("api pod source: pod {} has no uid; ignored", name(&pod));
                 continue;
             };
-            if let Some(phase) = terminal_phase(&pod) {
-                if self.pods.contains_key(&uid) {
-                    log::info!(
-                        "api pod source: pod {} is {phase} in the cluster; it will not run again",
-                        name(&pod)
-                    );
-                }
-                continue;
-            }
             let pod = self.normalise(&uid, pod);
             new.insert(uid, pod);
         }
@@ -83,22 +74,13 @@ impl PodSet {
     }
 
     /// ADDED or MODIFIED: the pod as it is now. A pod the cluster considers finished
-    /// (Succeeded or Failed, phases it never leaves) goes, so it is never started again.
+    /// (Succeeded or Failed, phases it never leaves) stays, with that phase, until it
+    /// is deleted: its logs are read until then, and it is never started again.
     pub(super) fn upsert(&mut self, pod: Pod) {
         let Some(uid) = uid(&pod) else {
             log::warn!("api pod source: pod {} has no uid; ignored", name(&pod));
             return;
         };
-        if let Some(phase) = terminal_phase(&pod) {
-            if self.pods.contains_key(&uid) {
-                log::info!(
-                    "api pod source: pod {} is {phase} in the cluster; it will not run again",
-                    name(&pod)
-                );
-            }
-            self.forget(&uid);
-            return;
-        }
         let pod = self.normalise(&uid, pod);
         if self.pods.get(&uid) != Some(&pod) {
             self.pods.insert(uid, pod);
@@ -147,9 +129,13 @@ impl PodSet {
 /// The pod as the mux keeps it: without what changes on every status update
 /// (`status`, `managedFields`, `resourceVersion`), and marked as coming from the
 /// apiserver, as the kubelet marks it. UID, generation, deletion, labels, annotations,
-/// owners and spec are kept.
+/// owners and spec are kept, and of the status a terminal phase (Succeeded or Failed),
+/// which never changes again and tells the sync loop the pod is finished.
 pub fn normalise(mut pod: Pod) -> Pod {
-    pod.status = None;
+    pod.status = terminal_phase(&pod).map(|phase| PodStatus {
+        phase: Some(phase.to_owned()),
+        ..PodStatus::default()
+    });
     let meta = &mut pod.metadata;
     meta.managed_fields = None;
     meta.resource_version = None;

@@ -324,7 +324,7 @@ fn backoff_grows_to_its_cap_and_resets_after_a_success() {
 }
 
 #[test]
-fn finished_pods_are_left_out() {
+fn finished_pods_stay_with_their_phase_until_deleted() {
     let mut h = start(
         vec![page(
             10,
@@ -340,16 +340,44 @@ fn finished_pods_are_left_out() {
                 pod("a", 11, "app:1"),
                 "Succeeded",
             ))),
-            Ok(WatchEvent::Added(pod("d", 12, "app:1"))),
+            Ok(WatchEvent::Deleted(with_phase(
+                pod("b", 12, "app:1"),
+                "Succeeded",
+            ))),
         ])],
     );
     h.calls_once(3);
-    let seen: Vec<Vec<String>> = h.sent().iter().map(names).collect();
+    let phases = |snapshot: &SourceSnapshot| -> Vec<(String, Option<String>)> {
+        let mut v: Vec<_> = snapshot
+            .pods
+            .iter()
+            .map(|p| {
+                (
+                    p.metadata.name.clone().unwrap_or_default(),
+                    p.status.as_ref().and_then(|s| s.phase.clone()),
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let sent = h.sent();
+    let succeeded = || Some("Succeeded".to_string());
     assert_eq!(
-        seen.first().map(Vec::as_slice),
-        Some(&["a".to_string()][..])
+        sent.first().map(phases),
+        Some(vec![
+            ("a".to_string(), None),
+            ("b".to_string(), succeeded()),
+            ("c".to_string(), Some("Failed".to_string())),
+        ])
     );
-    assert_eq!(seen.last().map(Vec::as_slice), Some(&["d".to_string()][..]));
+    assert_eq!(
+        sent.last().map(phases),
+        Some(vec![
+            ("a".to_string(), succeeded()),
+            ("c".to_string(), Some("Failed".to_string())),
+        ])
+    );
     h.stop();
 }
 
