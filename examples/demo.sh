@@ -8,9 +8,11 @@ cd "$(dirname "$0")/.."
 
 [ "$(id -u)" = 0 ] || { echo "demo: run as root (containers need it)" >&2; exit 1; }
 export DEBIAN_FRONTEND=noninteractive
-if ! command -v busybox >/dev/null || ! command -v cargo >/dev/null; then
+# libseccomp-dev: the default build links libseccomp for RuntimeDefault seccomp profiles.
+if ! command -v busybox >/dev/null || ! command -v cargo >/dev/null \
+    || ! dpkg -s libseccomp-dev >/dev/null 2>&1; then
   apt-get update -qq
-  apt-get install -y -qq busybox-static gcc ca-certificates >/dev/null
+  apt-get install -y -qq busybox-static gcc libseccomp-dev ca-certificates >/dev/null
   command -v cargo >/dev/null || { apt-get install -y -qq rustup >/dev/null && rustup default stable; }
 fi
 
