@@ -10,7 +10,7 @@ mod support;
 
 use std::time::Duration;
 
-use support::agent::{condition, need_root, Agent};
+use support::agent::{condition, line, need_root, Agent};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -42,27 +42,6 @@ fn pod_yaml(name: &str, pod_sc: &str, container_sc: &str) -> String {
 const RESTRICTED_POD: &str = "    runAsNonRoot: true\n    runAsUser: 1000\n    \
                               seccompProfile:\n      type: RuntimeDefault\n";
 const DROP_ALL: &str = "        capabilities:\n          drop: [ALL]\n";
-
-fn output(a: &Agent, name: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    a.wait_until(&format!("pod {name} to print its output"), WAIT, |a| {
-        let Some(p) = a.pod(name) else { return false };
-        out = a
-            .container_log(&p, "main", 0)
-            .lines()
-            .filter_map(|l| l.splitn(4, ' ').nth(3).map(str::to_owned))
-            .collect();
-        out.iter().any(|l| l == "END")
-    });
-    out
-}
-
-fn line<'a>(out: &'a [String], prefix: &str) -> &'a str {
-    out.iter()
-        .find(|l| l.starts_with(prefix))
-        .map(|l| l[prefix.len()..].trim())
-        .unwrap_or_else(|| panic!("no line {prefix:?} in {out:?}"))
-}
 
 #[test]
 fn runtime_default_runs_the_restricted_shape_and_refuses_what_it_blocks() {
@@ -107,7 +86,7 @@ fn runtime_default_runs_the_restricted_shape_and_refuses_what_it_blocks() {
         ("escalating", "1000", "0", "0000000000000000"),
         ("rootdefault", "0", "0", "00000000a80425fb"),
     ] {
-        let out = output(&a, name);
+        let out = a.output(name);
         assert_eq!(line(&out, "uid="), uid, "{name}: {out:?}");
         assert_eq!(line(&out, "Seccomp:"), "2", "{name}: filter mode: {out:?}");
         assert_eq!(line(&out, "NoNewPrivs:"), nnp, "{name}: {out:?}");
@@ -119,7 +98,7 @@ fn runtime_default_runs_the_restricted_shape_and_refuses_what_it_blocks() {
         });
     }
     // Without the filter the same call is allowed: it is the filter that refuses it.
-    let out = output(&a, "unconfined");
+    let out = a.output("unconfined");
     assert_eq!(line(&out, "Seccomp:"), "0", "{out:?}");
     assert_eq!(line(&out, "unshare="), "allowed", "{out:?}");
 

@@ -8,7 +8,7 @@ mod support;
 use std::time::Duration;
 
 use serde_json::Value;
-use support::agent::{container, need_root, Agent};
+use support::agent::{container, line, need_root, Agent};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -20,27 +20,6 @@ fn pod_yaml(name: &str, script: &str, spec_extra: &str, container_extra: &str) -
          image: busybox:demo\n      command: [\"sh\", \"-c\", {}]\n{container_extra}",
         serde_json::to_string(script).expect("json string")
     )
-}
-
-fn output(a: &Agent, name: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    a.wait_until(&format!("pod {name} to print its output"), WAIT, |a| {
-        let Some(p) = a.pod(name) else { return false };
-        out = a
-            .container_log(&p, "main", 0)
-            .lines()
-            .filter_map(|l| l.splitn(4, ' ').nth(3).map(str::to_owned))
-            .collect();
-        out.iter().any(|l| l == "END")
-    });
-    out
-}
-
-fn line<'a>(out: &'a [String], prefix: &str) -> &'a str {
-    out.iter()
-        .find(|l| l.starts_with(prefix))
-        .map(|l| l[prefix.len()..].trim())
-        .unwrap_or_else(|| panic!("no line {prefix:?} in {out:?}"))
 }
 
 fn waiting(p: &Value) -> (String, String) {
@@ -76,7 +55,7 @@ fn a_restricted_container_sees_only_what_it_was_given() {
              add: [NET_BIND_SERVICE]\n      volumeMounts:\n        - name: data\n          mountPath: /data\n",
         ),
     );
-    let out = output(&a, "locked");
+    let out = a.output("locked");
     assert_eq!(line(&out, "uid="), "1000 gid=3000 groups=3000 2000 4000");
     // NET_BIND_SERVICE is capability 10; nothing else is in the bounding set. A
     // non-root process keeps no effective capability across exec.
@@ -99,7 +78,7 @@ fn a_restricted_container_sees_only_what_it_was_given() {
             "",
         ),
     );
-    let out = output(&a, "plain");
+    let out = a.output("plain");
     assert_eq!(line(&out, "uid="), "0");
     assert_eq!(line(&out, "CapEff:"), "00000000a80425fb");
     assert_eq!(line(&out, "NoNewPrivs:"), "0");
@@ -235,7 +214,7 @@ fn privileged_runs_when_the_config_allows_it() {
             "      securityContext:\n        privileged: true\n",
         ),
     );
-    let out = output(&a, "privileged");
+    let out = a.output("privileged");
     // Every capability the agent itself holds (its bounding set, as this test's).
     let own = std::fs::read_to_string("/proc/self/status").expect("status");
     let own = own

@@ -436,6 +436,36 @@ impl Drop for Agent {
     }
 }
 
+impl Agent {
+    /// The lines container `main` of pod `name` printed in its first run (the CRI log's
+    /// text), once one of them is `END`.
+    pub fn output(&self, name: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        self.wait_until(
+            &format!("pod {name} to print its output"),
+            std::time::Duration::from_secs(60),
+            |a| {
+                let Some(p) = a.pod(name) else { return false };
+                out = a
+                    .container_log(&p, "main", 0)
+                    .lines()
+                    .filter_map(|l| l.splitn(4, ' ').nth(3).map(str::to_owned))
+                    .collect();
+                out.iter().any(|l| l == "END")
+            },
+        );
+        out
+    }
+}
+
+/// What follows `prefix` on the first line of `out` that starts with it.
+pub fn line<'a>(out: &'a [String], prefix: &str) -> &'a str {
+    out.iter()
+        .find(|l| l.starts_with(prefix))
+        .map(|l| l[prefix.len()..].trim())
+        .unwrap_or_else(|| panic!("no line {prefix:?} in {out:?}"))
+}
+
 /// A field of a container's status, by container name.
 pub fn container<'a>(pod: &'a Value, name: &str) -> &'a Value {
     pod["status"]["containerStatuses"]
