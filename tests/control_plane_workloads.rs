@@ -301,3 +301,90 @@ fn failing_probes_reach_the_cluster_as_the_kubelets_events() {
     });
     assert_eq!(condition(&sick, "Ready")["status"], "False");
 }
+
+/// A pod as Pod Security's `restricted` level and the upstream e2e framework shape it
+/// (non-root, RuntimeDefault seccomp, no privilege escalation, every capability dropped,
+/// the service-account token volume the apiserver adds), in a namespace that enforces
+/// `restricted`: it runs to Succeeded, and its logs stay readable after it finished,
+/// until the pod is deleted.
+#[test]
+fn a_restricted_pod_runs_to_completion_and_keeps_its_logs() {
+    if !need_root() || !need_plugins() {
+        return;
+    }
+    let (cp, _addr, _net, a) = cluster(
+        "cp-restricted",
+        3,
+        Options {
+            scheduler: false,
+            ..Options::default()
+        },
+    );
+    let ns = "restricted";
+    settled_namespace(&cp, ns);
+    cp.kubectl_ok(&[
+        "label",
+        "namespace",
+        ns,
+        "pod-security.kubernetes.io/enforce=restricted",
+    ]);
+    let sa = "/var/run/secrets/kubernetes.io/serviceaccount";
+    let script = format!(
+        "echo uid=$(id -u); grep '^Seccomp:' /proc/self/status; \
+         grep '^NoNewPrivs:' /proc/self/status; grep '^CapEff:' /proc/self/status; \
+         echo namespace=$(cat {sa}/namespace); \
+         test -s {sa}/token && echo token=present; echo END"
+    );
+    let mut p = pod(ns, "job", Some(NODE), &script);
+    p["spec"]["restartPolicy"] = json!("Never");
+    p["spec"]["securityContext"] = json!({
+        "runAsNonRoot": true,
+        "runAsUser": 1000,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    });
+    p["spec"]["containers"][0]["securityContext"] = json!({
+        "allowPrivilegeEscalation": false,
+        "capabilities": {"drop": ["ALL"]},
+    });
+    // The namespace enforces `restricted`: the apiserver admits only a pod of that shape.
+    cp.create(&p.to_string());
+    let admitted = cp.get("pod/job", Some(ns)).expect("pod");
+    let volumes = admitted["spec"]["volumes"].to_string();
+    assert!(
+        volumes.contains("serviceAccountToken"),
+        "no token volume: {volumes}"
+    );
+
+    let log = || tail(&a.agent_log(), 60);
+    let done = cp.wait_for("the pod to Succeed", WAIT, log, |cp| {
+        cp.get("pod/job", Some(ns))
+            .filter(|p| p["status"]["phase"] == "Succeeded")
+    });
+    let terminated = &done["status"]["containerStatuses"][0]["state"]["terminated"];
+    assert_eq!(terminated["exitCode"], 0, "{}", done["status"]);
+    assert_eq!(terminated["reason"], "Completed", "{}", done["status"]);
+
+    // Read after the pod finished, as `kubectl logs` of a Job's pod is.
+    let logs = cp.kubectl_ok(&["logs", "-n", ns, "job"]);
+    let lines: Vec<&str> = logs.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "uid=1000",
+            "Seccomp:\t2",
+            "NoNewPrivs:\t1",
+            "CapEff:\t0000000000000000",
+            "namespace=restricted",
+            "token=present",
+            "END",
+        ],
+        "{logs}"
+    );
+
+    let t = Instant::now();
+    cp.kubectl_ok(&["delete", "pod", "-n", ns, "job", "--timeout=60s"]);
+    eprintln!("finished pod deleted in {:?}", t.elapsed());
+    a.wait_until("the finished pod to leave the node", WAIT, |a| {
+        !local_pods(a, ns).iter().any(|n| n == "job")
+    });
+}
