@@ -3,7 +3,10 @@
 //! relay on 127.0.0.1 in front of the apiserver, blackholed for shorter and for longer
 //! than the grace period. Measured (and printed, never asserted as a timing): how long
 //! the node stays NotReady/Unknown after the link returns. Asserted: it goes Ready
-//! again, and its pod kept running throughout, in the same container.
+//! again, and its pod kept running throughout, in the same container; a pod whose
+//! toleration of `node.kubernetes.io/unreachable` ran out during the outage was deleted
+//! in the cluster meanwhile (taint-based eviction), and the gateway stops it once the
+//! link is back.
 
 mod support;
 
@@ -57,6 +60,15 @@ fn pod_yaml(name: &str) -> String {
          nodeName: {NODE}\n  automountServiceAccountToken: false\n  hostNetwork: true\n  \
          terminationGracePeriodSeconds: 1\n  containers:\n    - name: main\n      \
          image: busybox:demo\n      command: [\"sh\", \"-c\", \"exec sleep 100000\"]\n"
+    )
+}
+
+/// [`pod_yaml`], tolerating the node's being unreachable for only `seconds`.
+fn short_tolerance_pod_yaml(name: &str, seconds: u32) -> String {
+    format!(
+        "{}  tolerations:\n    - key: node.kubernetes.io/unreachable\n      \
+         operator: Exists\n      effect: NoExecute\n      tolerationSeconds: {seconds}\n",
+        pod_yaml(name)
     )
 }
 
@@ -142,6 +154,11 @@ fn a_gateway_cut_off_shorter_and_longer_than_the_grace_period_keeps_its_pod_and_
             .filter(|p| p["status"]["phase"] == "Running" && !container_id(p).is_empty())
     });
     let id = container_id(&running);
+    cp.apply(&short_tolerance_pod_yaml("brief", 1));
+    cp.wait_for("brief Running in the cluster", WAIT, log, |cp| {
+        cp.get("pod/brief", Some("default"))
+            .filter(|p| p["status"]["phase"] == "Running")
+    });
 
     let (worst, took) = outage(&cp, &relay, &a, GRACE / 2, false);
     eprintln!(
@@ -157,6 +174,26 @@ fn a_gateway_cut_off_shorter_and_longer_than_the_grace_period_keeps_its_pod_and_
     eprintln!(
         "outage of {:?} (over the {GRACE:?} grace period): node {worst} until {took:?} after the link returned",
         GRACE * 2
+    );
+
+    // `brief` tolerated the unreachable taint for 1 s: the cluster deleted it while the
+    // gateway could not hear (it waits, Terminating, for the node), and the gateway stops
+    // it and lets it go once the link is back.
+    let back = Instant::now();
+    cp.wait_for("brief gone from the cluster", WAIT, log, |cp| {
+        cp.get("pod/brief", Some("default")).is_none().then_some(())
+    });
+    a.wait_until("brief stopped on the gateway", WAIT, |a| {
+        a.pod("brief").is_none()
+    });
+    eprintln!(
+        "evicted pod gone from the cluster and the gateway {:?} after the node was Ready again",
+        back.elapsed()
+    );
+    let events = cp.kubectl_ok(&["get", "events", "-n", "default", "-o", "json"]);
+    assert!(
+        events.contains("TaintManagerEviction"),
+        "no taint-based eviction event for brief: {events}"
     );
 
     // The pod ran on through both, in the same container, and the cluster says so.
