@@ -153,15 +153,8 @@ impl LibcontainerRuntime {
             None => self.write_etc_files(req, dir)?,
         };
 
-        let image_user = req
-            .image
-            .config
-            .config()
-            .as_ref()
-            .and_then(|c| c.user().clone())
-            .unwrap_or_default();
+        let image_user = image_user(req);
         let sc = security::effective(req.pod, req.container);
-        security::verify_run_as_non_root(req.pod, req.container, &sc, &image_user)?;
         let user_spec = security::user_string(&sc, &image_user).map_err(|e| e.with_id(&req.id))?;
         let ids = user::resolve(&user_spec, &req.image.layers)?;
         let gids =
@@ -403,6 +396,16 @@ impl LibcontainerRuntime {
     }
 }
 
+/// The user the image's config names (`USER`), empty if none.
+fn image_user(req: &StartRequest<'_>) -> String {
+    req.image
+        .config
+        .config()
+        .as_ref()
+        .and_then(|c| c.user().clone())
+        .unwrap_or_default()
+}
+
 /// The end of a shim's log, for error messages.
 fn log_tail(path: &Path) -> String {
     let text = std::fs::read(path).unwrap_or_default();
@@ -423,6 +426,11 @@ impl Runtime for LibcontainerRuntime {
 
     fn start(&self, req: &StartRequest<'_>) -> Result<Started, RuntimeError> {
         Self::check_id(&req.id)?;
+        // A container refused for running as root is refused before anything of it is
+        // written: its pod retries with back-off, and each retry would otherwise make and
+        // remove a directory on the device's flash.
+        let sc = security::effective(req.pod, req.container);
+        security::verify_run_as_non_root(req.pod, req.container, &sc, &image_user(req))?;
         let dir = self.container_dir(&req.id);
         match std::fs::create_dir(&dir) {
             Ok(()) => {}
