@@ -4,6 +4,8 @@
 #
 #   cross/apt-foreign.sh arm64 libseccomp-dev            # prints the paths of the .debs
 #   cross/apt-foreign.sh -x DIR armhf libseccomp-dev     # and unpacks them into DIR
+#   cross/apt-foreign.sh -d arm64 linux-image-arm64      # prints what PKG depends on
+#                                                        # (a metapackage's real package)
 #
 # `dpkg --add-architecture` would make every later `apt-get update` of the host fetch
 # that architecture's indexes too, and one index caught mid-sync on a mirror then fails
@@ -15,7 +17,11 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 
 unpack=""
-if [ "${1:-}" = "-x" ]; then
+depends=""
+if [ "${1:-}" = "-d" ]; then
+  depends=1
+  shift
+elif [ "${1:-}" = "-x" ]; then
   unpack="${2:?usage: apt-foreign.sh [-x DIR] ARCH PKG...}"
   shift 2
 fi
@@ -69,13 +75,21 @@ if [ -z "$(find "$stamp" -mmin -1440 2>/dev/null)" ] || ! have_all "$@"; then
 fi
 have_all "$@" || { log "not in the $arch indexes: $*"; exit 1; }
 
+if [ -n "$depends" ]; then
+  for p in "$@"; do
+    apt-cache "${apt_opts[@]}" depends "$p:$arch" | sed -n 's/^ *Depends: *\([^: ]*\).*/\1/p'
+  done
+  exit 0
+fi
+
 debs=()
 for p in "$@"; do
   version="$(apt-cache "${apt_opts[@]}" policy "$p:$arch" | sed -n 's/^ *Candidate: *//p')"
-  file="$(ls "$dir/debs/${p}_${version/*:/}_${arch}.deb" 2>/dev/null || true)"
-  if [ -z "$file" ]; then
+  # apt names the file with the version's epoch colon as %3a (busybox-static_1%3a1.35...).
+  file="$dir/debs/${p}_${version/:/%3a}_${arch}.deb"
+  if [ ! -f "$file" ]; then
     (cd "$dir/debs" && apt-get "${apt_opts[@]}" download "$p:$arch" >&2)
-    file="$(ls "$dir/debs/${p}_${version/*:/}_${arch}.deb")"
+    [ -f "$file" ] || { log "apt-get download left no $file"; exit 1; }
   fi
   debs+=("$file")
 done
