@@ -188,8 +188,29 @@ pub fn module_names(text: &str) -> BTreeSet<String> {
 }
 
 /// The root cgroup has no `cgroup.freeze` or `cgroup.kill`: look in our own cgroup, or,
-/// when we run in the root one, in any child.
+/// when we run in the root one, in any child; when the root has none yet (a device's
+/// first boot, before any service or pod), in a child made for the look and removed.
 fn v2_core_files(mount: &Path) -> BTreeSet<String> {
+    let found = v2_core_files_in(mount);
+    if !found.is_empty() {
+        return found;
+    }
+    let probe = mount.join(format!("holdfast-check.{}", std::process::id()));
+    if std::fs::create_dir(&probe).is_err() {
+        return found;
+    }
+    let found = ["cgroup.freeze", "cgroup.kill"]
+        .into_iter()
+        .filter(|f| probe.join(f).exists())
+        .map(str::to_string)
+        .collect();
+    if let Err(e) = std::fs::remove_dir(&probe) {
+        log::warn!("remove {}: {e}", probe.display());
+    }
+    found
+}
+
+fn v2_core_files_in(mount: &Path) -> BTreeSet<String> {
     let own = read("/proc/self/cgroup").and_then(|c| {
         c.lines()
             .find_map(|l| l.strip_prefix("0::"))
