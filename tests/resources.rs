@@ -139,10 +139,10 @@ fn each_qos_class_gets_the_kubelets_cgroups() {
     );
 
     if v2() {
-        assert_eq!(read("", &gp, "cpu.weight"), "20");
+        assert_eq!(read("", &gp, "cpu.weight"), "59");
         assert_eq!(read("", &gp, "cpu.max"), "50000 100000");
         assert_eq!(read("", &gp, "memory.max"), mi64);
-        assert_eq!(read("", &bp, "cpu.weight"), "4");
+        assert_eq!(read("", &bp, "cpu.weight"), "17");
         assert_eq!(read("", &bp, "cpu.max"), "max 100000");
         assert_eq!(read("", &bp, "memory.max"), mi64);
         assert_eq!(read("", &ep, "cpu.weight"), "1");

@@ -67,12 +67,27 @@ pub fn quota(milli: u64) -> u64 {
     (milli * CPU_PERIOD / 1000).max(MIN_QUOTA)
 }
 
-/// cgroup v2 weight from v1 shares, as runc and the kubelet convert it.
+/// cgroup v2 weight from v1 shares, as the kubelet (Kubernetes 1.35 on), runc 1.3.2 on,
+/// crun 1.23 on and libcontainer (which sets the containers' own) convert it: the
+/// quadratic map that keeps 2 -> 1, 1024 (one CPU) -> 100 and 262144 -> 10000. The
+/// linear map before it (1 + (shares - 2) * 9999 / 262142) gave one CPU a weight of 39,
+/// below the 100 of every system service, and pods would disagree with their containers.
 pub fn weight(shares: u64) -> u64 {
     if shares == 0 {
         return 0;
     }
-    1 + (shares.saturating_sub(2) * 9999) / 262_142
+    if shares <= MIN_SHARES {
+        return 1;
+    }
+    if shares >= MAX_SHARES {
+        return 10_000;
+    }
+    #[allow(clippy::cast_precision_loss)] // shares < 2^18: exact in an f64
+    let l = (shares as f64).log2();
+    let w = 10f64.powf((l * l + 125.0 * l) / 612.0 - 7.0 / 34.0).ceil();
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // 1..=10000
+    let w = w as u64;
+    w.clamp(1, 10_000)
 }
 
 /// What one cgroup is given.

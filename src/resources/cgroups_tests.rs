@@ -20,9 +20,11 @@ fn the_kubelets_formulas() {
     assert_eq!(quota(250), 25_000);
     assert_eq!(quota(2000), 200_000);
     assert_eq!(weight(2), 1);
-    assert_eq!(weight(1024), 39);
+    assert_eq!(weight(1024), 100);
     assert_eq!(weight(262_144), 10_000);
-    assert_eq!(weight(102), 4);
+    assert_eq!(weight(256), 35);
+    assert_eq!(weight(102), 17);
+    assert_eq!(weight(0), 0);
 }
 
 #[test]
@@ -103,7 +105,7 @@ fn v2_tree_paths_values_and_delegation() {
         pids: Some(64),
     };
     tree.ensure(&rel, &limits).expect("ensure");
-    assert_eq!(tree.read("", &rel, "cpu.weight").as_deref(), Some("39"));
+    assert_eq!(tree.read("", &rel, "cpu.weight").as_deref(), Some("100"));
     assert_eq!(
         tree.read("", &rel, "cpu.max").as_deref(),
         Some("50000 100000")
