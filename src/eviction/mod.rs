@@ -163,7 +163,9 @@ impl Manager {
         // Memory first, as the kubelet orders its thresholds.
         met.sort_by_key(|m| m.resource != Resource::Memory);
         let first = met.into_iter().next()?;
-        let ranked = rank::rank(self.candidates(first.resource));
+        let candidates = self.candidates(first.resource);
+        let running = candidates.len();
+        let ranked = rank::rank(candidates);
         match ranked.into_iter().next() {
             Some(victim) => {
                 self.said_stuck = false;
@@ -174,8 +176,12 @@ impl Manager {
                 if !self.said_stuck {
                     self.said_stuck = true;
                     log::warn!(
-                        "eviction: {} below its threshold, but no pod may be evicted",
-                        first.signal
+                        "eviction: {} is {} bytes, below its threshold of {} bytes, but no \
+                         pod may be evicted: {running} pod(s) run, all static or critical \
+                         (the kubelet never evicts those)",
+                        first.signal,
+                        first.observed.available,
+                        first.threshold
                     );
                 }
                 None
