@@ -25,6 +25,11 @@ struct Attachment {
     /// The ADD's result; None while the ADD runs (a crash then still leaves what DEL
     /// needs to release the lease).
     result: Option<Value>,
+    /// Why this attachment is never CHECKed: CHECK failed on an attachment of this
+    /// network just made (portmap before CNI plugins 1.3 fails every CHECK of an IPv4
+    /// pod where ip6tables works), so its failure says nothing about the pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    unchecked: Option<String>,
 }
 
 /// The pod's network as its containers see it.
@@ -46,6 +51,9 @@ pub struct Network {
     root: PathBuf,
     /// holdfast itself, run as the namespace holder.
     binary: PathBuf,
+    /// Whether CHECK holds on a fresh attachment of a network list (the list, and
+    /// CHECK's error if it failed): tried once per list on the first pod attached.
+    check_verdict: std::sync::Mutex<Option<(Value, Option<String>)>>,
 }
 
 impl Network {
@@ -54,6 +62,7 @@ impl Network {
             config,
             root: root.to_owned(),
             binary,
+            check_verdict: std::sync::Mutex::new(None),
         }
     }
 
@@ -155,6 +164,17 @@ impl Network {
         let net = netns::path(&dir.join(NS_DIR), NamespaceKind::Net);
         if netns::held(&net) {
             self.attach(pod, dir, &net)?;
+            // CHECK again on what was just made: when that fails too, CHECK says nothing
+            // about this network (a plugin's CHECK can depend on state its own first
+            // run makes, as portmap's on ip6tables' nat table): stop acting on it.
+            if let Some(mut a) = read_attachment(dir)? {
+                if a.unchecked.is_none() {
+                    if let Some(e) = self.check_now(&a) {
+                        a.unchecked = Some(e);
+                        write_attachment(dir, &a)?;
+                    }
+                }
+            }
         }
         Ok(())
     }
@@ -199,6 +219,7 @@ impl Network {
                 runtime_config,
             },
             result: None,
+            unchecked: None,
         };
         write_attachment(dir, &attachment)?;
         let result = cni::run_list(
@@ -209,7 +230,57 @@ impl Network {
             None,
         )?;
         attachment.result = Some(result.unwrap_or(Value::Null));
+        attachment.unchecked = self.check_fresh(&attachment);
         write_attachment(dir, &attachment)
+    }
+
+    /// CHECK of an attachment just made, once per network list: the error when CHECK
+    /// fails on it (and is therefore no guide to a pod's network), None when it holds.
+    fn check_fresh(&self, a: &Attachment) -> Option<String> {
+        let verdict = self
+            .check_verdict
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((list, error)) = verdict.as_ref() {
+            if *list == a.list {
+                return error.clone();
+            }
+        }
+        drop(verdict);
+        self.check_now(a)
+    }
+
+    /// CHECK of `a` now; its error, also remembered as the verdict on `a`'s network
+    /// list (and said) when it fails.
+    fn check_now(&self, a: &Attachment) -> Option<String> {
+        let error = match &a.result {
+            Some(result) if !result.is_null() => cni::run_list(
+                &a.bin_dirs,
+                &a.list,
+                CniCommand::Check,
+                &a.runtime,
+                Some(result),
+            )
+            .err()
+            .map(|e| e.to_string()),
+            _ => None,
+        };
+        if let Some(e) = &error {
+            log::warn!(
+                "CNI network {}: CHECK fails on a pod's attachment just made ({e}); \
+                 pods on it are not CHECKed, so a failure that says nothing does not \
+                 re-attach them",
+                a.list["name"].as_str().unwrap_or("?")
+            );
+        }
+        let mut verdict = self
+            .check_verdict
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if error.is_some() || verdict.as_ref().is_none_or(|(list, _)| *list != a.list) {
+            *verdict = Some((a.list.clone(), error.clone()));
+        }
+        error
     }
 }
 
@@ -222,6 +293,9 @@ pub fn check(dir: &Path) -> Result<(), NetworkError> {
     let Some(result) = &a.result else {
         return Ok(());
     };
+    if a.unchecked.is_some() {
+        return Ok(());
+    }
     cni::run_list(
         &a.bin_dirs,
         &a.list,
