@@ -80,11 +80,11 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         }
     }
 
-    let (mut mux, initial) = Mux::open(&store)?;
+    let (mut mux, mut initial) = Mux::open(&store)?;
     let (snap_tx, mut snap_rx) = mpsc::channel(8);
     let snap_tx_api = snap_tx.clone();
     let known_file_pods = mux.source_pods(source::SOURCE_FILE);
-    source::spawn_file_source(
+    let (_, first_files) = source::spawn_file_source(
         config.static_pod_path.clone(),
         config.node_name.clone(),
         config.file_check_frequency,
@@ -95,6 +95,14 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         context: "start the file pod source".into(),
         source,
     })?;
+    // The manifest folder is here and now: the pods to start are what it holds, not what
+    // the store held (a manifest removed while the agent was down, or one whose rename a
+    // power cut undid, is not started once before it is stopped). The api source's
+    // pods stay as stored until the apiserver speaks.
+    if let Some(first) = first_files {
+        mux.apply(first)?;
+        initial = mux.desired();
+    }
     // With a kubeconfig, pods the cluster binds to this node join the file source's;
     // mirror pods (the cluster's view of our static pods) go to the uplink instead.
     let (api_tx, mut api_rx) = mpsc::channel::<source::SourceSnapshot>(8);

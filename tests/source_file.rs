@@ -297,7 +297,8 @@ async fn watcher_follows_the_folder() {
         Vec::new(),
         tx,
     )
-    .expect("spawn");
+    .expect("spawn")
+    .0;
 
     let first = next(&mut rx).await;
     assert_eq!(first.source, "file");
@@ -348,7 +349,8 @@ async fn unchanged_folder_sends_nothing_on_resync() {
         Vec::new(),
         tx,
     )
-    .expect("spawn");
+    .expect("spawn")
+    .0;
     let first = next(&mut rx).await;
     assert_eq!(names(&first.pods), ["default/sleep-gw-1"]);
     nothing_within(&mut rx, Duration::from_millis(800)).await;
@@ -366,7 +368,8 @@ async fn a_folder_that_appears_later_is_picked_up() {
         Vec::new(),
         tx,
     )
-    .expect("spawn");
+    .expect("spawn")
+    .0;
     assert!(next(&mut rx).await.pods.is_empty());
 
     std::fs::create_dir(&dir).expect("mkdir");
@@ -385,4 +388,59 @@ async fn a_folder_that_appears_later_is_picked_up() {
         names(&found.pods),
         ["default/first-gw-1", "edge/second-gw-1"]
     );
+}
+
+/// A restart after a power cut: the first scan comes back from the call itself, a
+/// manifest the cut left empty keeps the pods the store holds from it, and one whose
+/// file is gone gives none.
+#[tokio::test]
+async fn after_a_power_cut_an_empty_manifest_keeps_its_pods_and_a_missing_one_has_none() {
+    let dir = TempDir::new("cut");
+    let sleep = std::fs::read_to_string(fixture("sleep.yaml")).expect("read");
+    std::fs::write(
+        dir.0.join("kept.yaml"),
+        sleep.replace("name: sleep", "name: kept"),
+    )
+    .expect("write");
+    std::fs::write(
+        dir.0.join("gone.yaml"),
+        sleep.replace("name: sleep", "name: gone"),
+    )
+    .expect("write");
+    let (before, errors) = read_manifests(&dir.0, NODE);
+    assert!(errors.is_empty(), "{errors:?}");
+    assert_eq!(names(&before), ["default/gone-gw-1", "default/kept-gw-1"]);
+
+    // What a power cut leaves: kept.yaml's name with no content, gone.yaml not at all.
+    std::fs::write(dir.0.join("kept.yaml"), "").expect("truncate");
+    std::fs::remove_file(dir.0.join("gone.yaml")).expect("rm");
+    let (alone, errors) = read_manifests(&dir.0, NODE);
+    assert!(alone.is_empty(), "{:?}", names(&alone));
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.to_string().contains("file is empty")),
+        "{errors:?}"
+    );
+
+    let (tx, mut rx) = mpsc::channel(4);
+    let (_handle, first) = spawn_file_source(
+        dir.0.clone(),
+        NODE.into(),
+        Duration::from_secs(600),
+        before.clone(),
+        tx,
+    )
+    .expect("spawn");
+    let first = first.expect("the first scan");
+    assert_eq!(names(&first.pods), ["default/kept-gw-1"]);
+    assert_eq!(first.pods[0].metadata.uid, before[1].metadata.uid);
+    // The thread sends the same at once.
+    assert_eq!(names(&next(&mut rx).await.pods), ["default/kept-gw-1"]);
+
+    // Still empty after another write: still kept. Removed: the pods go.
+    write_atomic(&dir.0.join("kept.yaml"), "");
+    nothing_within(&mut rx, Duration::from_millis(500)).await;
+    std::fs::remove_file(dir.0.join("kept.yaml")).expect("rm");
+    assert!(next(&mut rx).await.pods.is_empty());
 }

@@ -39,8 +39,11 @@ pub fn read_manifests(dir: &Path, node_name: &str) -> (Vec<Pod>, Vec<SourceError
     }
 }
 
-/// Starts the file source on its own thread. It sends a snapshot at once, then again
-/// whenever the pods change, and ends when the receiver is dropped.
+/// Starts the file source: its first scan here, returned so the agent starts from what
+/// the folder holds now (a pod whose manifest went while the agent was down, or was lost
+/// in a power cut, is never started again), then its own thread, which sends a snapshot
+/// at once and whenever the pods change, and ends when the receiver is dropped. None for the first
+/// scan when the folder cannot be listed (the store's pods stand until it can).
 ///
 /// `known` are the file pods the store holds from before a restart: a manifest that
 /// cannot be read at the first scan (a power cut in the middle of a save) keeps them,
@@ -51,13 +54,55 @@ pub fn spawn_file_source(
     period: Duration,
     known: Vec<Pod>,
     tx: Sender<SourceSnapshot>,
-) -> io::Result<JoinHandle<()>> {
+) -> io::Result<(JoinHandle<()>, Option<SourceSnapshot>)> {
     let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)?;
     let mut source = FileSource::new(dir, node_name);
     source.remember(known);
-    std::thread::Builder::new()
+    let mut state = ScanState::default();
+    let first = scan_once(&mut source, &mut state);
+    // The thread sends its first snapshot too (the same pods: no change for the mux), so
+    // a receiver that did not take this one misses nothing.
+    state.last_sent = None;
+    let handle = std::thread::Builder::new()
         .name("source-file".into())
-        .spawn(move || run(source, inotify, period, tx))
+        .spawn(move || run(source, state, inotify, period, tx))?;
+    Ok((handle, first))
+}
+
+/// What the source thread remembers between scans: the pods it last sent and the
+/// errors it last said.
+#[derive(Default)]
+struct ScanState {
+    last_sent: Option<Vec<Pod>>,
+    last_errors: HashSet<String>,
+}
+
+/// One scan: the snapshot to send when the pods changed since the last one sent. Each
+/// error is logged once while it lasts.
+fn scan_once(source: &mut FileSource, state: &mut ScanState) -> Option<SourceSnapshot> {
+    match source.scan() {
+        Ok((pods, errors)) => {
+            // A broken file stays broken between rescans; say so once.
+            let errors: HashSet<String> = errors.iter().map(|e| e.to_string()).collect();
+            for e in errors.difference(&state.last_errors) {
+                log::error!("{e}");
+            }
+            state.last_errors = errors;
+            if state.last_sent.as_ref() == Some(&pods) {
+                return None;
+            }
+            state.last_sent = Some(pods.clone());
+            Some(SourceSnapshot {
+                source: SOURCE_FILE,
+                pods,
+                resource_version: None,
+            })
+        }
+        Err(e) => {
+            log::error!("{e}");
+            None
+        }
+    }
 }
 
 /// What the source remembers between scans.
@@ -227,10 +272,14 @@ fn is_manifest_name(name: &str) -> bool {
             .any(|ext| name.len() > ext.len() && name.ends_with(ext))
 }
 
-fn run(mut source: FileSource, inotify: Inotify, period: Duration, tx: Sender<SourceSnapshot>) {
+fn run(
+    mut source: FileSource,
+    mut state: ScanState,
+    inotify: Inotify,
+    period: Duration,
+    tx: Sender<SourceSnapshot>,
+) {
     let mut watch: Option<WatchDescriptor> = None;
-    let mut last_sent: Option<Vec<Pod>> = None;
-    let mut last_errors: HashSet<String> = HashSet::new();
     let mut next_resync = Instant::now();
     let mut dirty = true;
     loop {
@@ -248,27 +297,10 @@ fn run(mut source: FileSource, inotify: Inotify, period: Duration, tx: Sender<So
         }
         if dirty {
             dirty = false;
-            match source.scan() {
-                Ok((pods, errors)) => {
-                    // A broken file stays broken between rescans; say so once.
-                    let errors: HashSet<String> = errors.iter().map(|e| e.to_string()).collect();
-                    for e in errors.difference(&last_errors) {
-                        log::error!("{e}");
-                    }
-                    last_errors = errors;
-                    if last_sent.as_ref() != Some(&pods) {
-                        let snapshot = SourceSnapshot {
-                            source: SOURCE_FILE,
-                            pods: pods.clone(),
-                            resource_version: None,
-                        };
-                        if tx.blocking_send(snapshot).is_err() {
-                            return;
-                        }
-                        last_sent = Some(pods);
-                    }
+            if let Some(snapshot) = scan_once(&mut source, &mut state) {
+                if tx.blocking_send(snapshot).is_err() {
+                    return;
                 }
-                Err(e) => log::error!("{e}"),
             }
         }
         let wait = next_resync

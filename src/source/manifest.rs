@@ -46,6 +46,14 @@ pub(super) fn read_manifest_file(path: &Path, node_name: &str) -> FileRead {
                 ))],
             }
         }
+        // An empty file is what a power cut leaves of a manifest written but not yet
+        // flushed (ext4 gives the new name with no blocks): as unreadable as a save cut
+        // short, so it keeps the pods it gave before. Removing them takes removing it.
+        Ok(m) if m.len() == 0 => {
+            return FileRead::Unreadable(manifest_err(
+                "file is empty (a write cut short by a power cut?)".into(),
+            ))
+        }
         Ok(_) => {}
         Err(source) => {
             return FileRead::Unreadable(SourceError::Io {

@@ -67,6 +67,15 @@ impl Mux {
         Ok((mux, changes))
     }
 
+    /// Every desired pod, of every source, as an `Add` (what a starting agent runs).
+    pub fn desired(&self) -> Vec<PodChange> {
+        self.sets
+            .values()
+            .flat_map(BTreeMap::values)
+            .map(|p| PodChange::Add(Box::new(p.clone())))
+            .collect()
+    }
+
     /// Replaces one source's set with `snapshot` and returns what changed: removes
     /// first (so a replaced pod frees its name and ports before its successor starts),
     /// then updates, then adds, each by UID. Writes to the store only what changed.
