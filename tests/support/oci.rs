@@ -8,7 +8,7 @@
 
 use std::fs;
 use std::io::{self, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::{json, Value};
@@ -145,8 +145,22 @@ pub fn hex(digest: &str) -> &str {
     digest.trim_start_matches("sha256:")
 }
 
-/// The host architecture in GOARCH terms.
+/// The architecture images are built for, and the busybox binary they carry, when not the
+/// host's: set once, before any image is built (the VM test builds images for its guest).
+static TARGET: std::sync::OnceLock<(&'static str, Option<&'static str>, PathBuf)> =
+    std::sync::OnceLock::new();
+
+/// Build images for `arch` (GOARCH, with `variant` for arm) holding `busybox` (a static
+/// busybox of that architecture) instead of the host's. False if already set.
+pub fn set_target(arch: &'static str, variant: Option<&'static str>, busybox: PathBuf) -> bool {
+    TARGET.set((arch, variant, busybox)).is_ok()
+}
+
+/// The architecture images are built for in GOARCH terms: the host's unless `set_target`.
 pub fn goarch() -> (&'static str, Option<&'static str>) {
+    if let Some((arch, variant, _)) = TARGET.get() {
+        return (arch, *variant);
+    }
     match std::env::consts::ARCH {
         "x86_64" => ("amd64", None),
         "aarch64" => ("arm64", None),
@@ -412,13 +426,16 @@ impl Image {
 /// A layer holding the host's static busybox with a symlink in /bin for every applet,
 /// the usual top-level directories, and a passwd/group with root and nobody.
 pub fn busybox_layer() -> io::Result<Layer> {
+    // The applet list comes from the host's busybox (the same Debian package, so the same
+    // list), which runs here whatever the target architecture is.
     let busybox = Path::new("/bin/busybox");
-    let binary = fs::read(busybox).map_err(|e| {
+    let binary_path = TARGET.get().map_or(busybox, |(_, _, p)| p.as_path());
+    let binary = fs::read(binary_path).map_err(|e| {
         io::Error::new(
             e.kind(),
             format!(
                 "read {}: {e} (install the busybox-static package)",
-                busybox.display()
+                binary_path.display()
             ),
         )
     })?;
