@@ -43,6 +43,8 @@ pub struct PodNetwork {
     pub hostname: PathBuf,
     /// Said to the user as events (MissingClusterDNS).
     pub warnings: Vec<String>,
+    /// The namespaces were made by this call, not found held.
+    pub fresh: bool,
 }
 
 /// Sets up pods' networks.
@@ -90,9 +92,9 @@ impl Network {
         let ns_dir = dir.join(NS_DIR);
         let all_held = kinds.iter().all(|k| netns::held(&netns::path(&ns_dir, *k)));
         let attached = read_attachment(dir)?;
-        let namespaces = if all_held
-            && (host_network || attached.as_ref().is_some_and(|a| a.result.is_some()))
-        {
+        let fresh =
+            !(all_held && (host_network || attached.as_ref().is_some_and(|a| a.result.is_some())));
+        let namespaces = if !fresh {
             kinds
                 .iter()
                 .map(|k| (*k, netns::path(&ns_dir, *k)))
@@ -134,6 +136,7 @@ impl Network {
             resolv_conf: dir.join("resolv.conf"),
             hostname: dir.join("hostname"),
             warnings: warning.into_iter().collect(),
+            fresh,
         };
         write_if_changed(&net.hosts, hosts.as_bytes())?;
         write_if_changed(&net.resolv_conf, resolver.render().as_bytes())?;

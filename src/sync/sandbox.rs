@@ -48,6 +48,9 @@ pub struct Ready {
     pub ips: Vec<String>,
     /// Warning events to give: (reason, message).
     pub warnings: Vec<(&'static str, String)>,
+    /// The namespaces were made anew by this call (a first start, or a reboot took the
+    /// old ones): a new sandbox, in which the kubelet runs init containers again.
+    pub fresh: bool,
 }
 
 /// Why a sandbox could not be set up, as the kubelet's event says it.
@@ -227,6 +230,7 @@ impl Sandboxes {
             volumes,
             ips: net.ips,
             warnings,
+            fresh: net.fresh,
         })
     }
 

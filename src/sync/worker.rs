@@ -245,6 +245,12 @@ impl Worker {
     async fn sync_once(&mut self) {
         self.wake = None;
         self.refresh().await;
+        if self.lost {
+            // A reboot took the containers: say so now, not once the sandbox is back
+            // (after a power cut `holdfast pods` showed them Running and ready, from the
+            // store, for the half minute that takes on a slow board).
+            self.persist().await;
+        }
         if !self.finished && self.pod.status.as_ref().is_some_and(is_terminal) {
             // The cluster records the pod as finished: what still runs of it stops.
             log::info!("pod {} is finished in the cluster", self.name());
@@ -262,6 +268,12 @@ impl Worker {
         if self.ended.is_some() || !self.ensure_sandbox().await {
             self.persist().await;
             return;
+        }
+        // A new sandbox for a pod that ran before (a reboot, or a power cut before any
+        // app container ran, which leaves no running container to find lost): its
+        // completed init containers run again.
+        if self.sandbox.as_ref().is_some_and(|s| s.fresh) {
+            self.lost = true;
         }
         let spec = self.pod.spec.clone().unwrap_or_default();
         let policy = spec
