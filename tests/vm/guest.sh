@@ -170,6 +170,13 @@ scenario_static_pod() {
 
 # The cgroup of pod UID (kubelet's cgroupfs names: .../kubepods[/<qos>]/pod<uid>).
 pod_cgroup() { find /sys/fs/cgroup -type d -name "pod$1" | head -n 1; }
+live() { # live POD: the number of its container cgroups with a process in them
+  pcg=$(pod_cgroup "$(pod_uid "$1")")
+  k=0
+  # (cgroup files have no size: -s would never be true)
+  [ -n "$pcg" ] && for d in "$pcg"/*/; do [ -n "$(cat "$d/cgroup.procs" 2>/dev/null)" ] && k=$((k + 1)); done
+  echo $k
+}
 container_cgroup() { # container_cgroup PODCG: the one child of the pod's cgroup
   for d in "$1"/*/; do [ -f "$d/memory.max" ] && echo "${d%/}" && return; done
 }
@@ -452,6 +459,15 @@ phase2() {
   start_agent || { fail 8 power-cut "agent did not answer in 60 s after the cut"; agent_tail; off; }
   info "agent answering $(($(now) - t)) s after start, uptime $(up) s"
   bad=""
+  # What the agent reports is true from its first answers: no pod ready whose container
+  # the cut took (the store holds the statuses from before it).
+  honest() {
+    for n in $(ls $MAN | sed -n 's/\.yaml$//p'); do
+      pod "$n" | grep -q '"ready":true' && [ "$(live "$n")" != 1 ] && return 1
+    done
+    return 0
+  }
+  wait_for 10 honest || bad="$bad; 10 s after the start a pod still reported ready with no container running"
   grep -q "moved aside" $STATE/agent.log && bad="$bad; the store was moved aside"
   holdfast pods --root-dir $ROOT 2>&1 | grep -q WARNING && bad="$bad; holdfast pods warns"
   for f in $(cat $STATE/synced-manifests); do
@@ -461,15 +477,7 @@ phase2() {
   # gone, and one the cut left empty keeps the pods the agent read from it before.
   names=$(ls $MAN | sed -n 's/\.yaml$//p')
   info "manifests after the cut: $(ls -s $MAN | tr '\n' ' ')"
-  # Running as reported, and running for real: right after the boot the store still
-  # holds the statuses from before the cut until each pod's worker has looked.
-  live() { # live POD: the number of its container cgroups with a process in them
-    pcg=$(pod_cgroup "$(pod_uid "$1")")
-    k=0
-    # (cgroup files have no size: -s would never be true)
-    [ -n "$pcg" ] && for d in "$pcg"/*/; do [ -n "$(cat "$d/cgroup.procs" 2>/dev/null)" ] && k=$((k + 1)); done
-    echo $k
-  }
+  # Running as reported, and running for real.
   all_running() { for n in $names; do running "$n" && [ "$(live "$n")" = 1 ] || return 1; done; }
   wait_for 300 all_running && info "every pod Running $(($(now) - t)) s after the agent's start"
   for n in $names; do
