@@ -178,23 +178,52 @@ fn a_gateway_cut_off_shorter_and_longer_than_the_grace_period_keeps_its_pod_and_
 
     // `brief` tolerated the unreachable taint for 1 s: the cluster deleted it while the
     // gateway could not hear (it waits, Terminating, for the node), and the gateway stops
-    // it and lets it go once the link is back.
+    // it and lets it go once the link is back. But this cluster has one node: when the
+    // node lifecycle controller sees every node not ready before it has tainted this one
+    // (a race of its monitor period), it enters "master disruption mode", takes the
+    // NoExecute taints back and evicts nothing, by design. Then brief stays, rightly.
     let back = Instant::now();
-    cp.wait_for("brief gone from the cluster", WAIT, log, |cp| {
-        cp.get("pod/brief", Some("default")).is_none().then_some(())
-    });
-    a.wait_until("brief stopped on the gateway", WAIT, |a| {
-        a.pod("brief").is_none()
-    });
-    eprintln!(
-        "evicted pod gone from the cluster and the gateway {:?} after the node was Ready again",
-        back.elapsed()
-    );
-    let events = cp.kubectl_ok(&["get", "events", "-n", "default", "-o", "json"]);
-    assert!(
-        events.contains("TaintManagerEviction"),
-        "no taint-based eviction event for brief: {events}"
-    );
+    let deadline = back + WAIT;
+    let gone = loop {
+        if cp.get("pod/brief", Some("default")).is_none() {
+            break true;
+        }
+        let events = cp.kubectl_ok(&["get", "events", "-n", "default", "-o", "json"]);
+        let disruption = cp
+            .log_tail("kube-controller-manager", 5000)
+            .contains("Entering master disruption mode");
+        if disruption && !events.contains("TaintManagerEviction") && back.elapsed() > GRACE {
+            break false;
+        }
+        assert!(Instant::now() < deadline, "brief not gone from the cluster\n{}", log());
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    if gone {
+        a.wait_until("brief stopped on the gateway", WAIT, |a| {
+            a.pod("brief").is_none()
+        });
+        eprintln!(
+            "evicted pod gone from the cluster and the gateway {:?} after the node was Ready again",
+            back.elapsed()
+        );
+        let events = cp.kubectl_ok(&["get", "events", "-n", "default", "-o", "json"]);
+        assert!(
+            events.contains("TaintManagerEviction"),
+            "no taint-based eviction event for brief: {events}"
+        );
+    } else {
+        eprintln!(
+            "the one-node cluster entered master disruption mode before tainting: nothing \
+             evicted, brief runs on"
+        );
+        let p = cp
+            .get("pod/brief", Some("default"))
+            .expect("brief in the cluster");
+        assert!(
+            p["metadata"]["deletionTimestamp"].is_null(),
+            "brief is being deleted: {p}"
+        );
+    }
 
     // The pod ran on through both, in the same container, and the cluster says so.
     let p = cp.wait_for("web Running and Ready in the cluster", WAIT, log, |cp| {
