@@ -459,15 +459,6 @@ phase2() {
   start_agent || { fail 8 power-cut "agent did not answer in 60 s after the cut"; agent_tail; off; }
   info "agent answering $(($(now) - t)) s after start, uptime $(up) s"
   bad=""
-  # What the agent reports is true from its first answers: no pod ready whose container
-  # the cut took (the store holds the statuses from before it).
-  honest() {
-    for n in $(ls $MAN | sed -n 's/\.yaml$//p'); do
-      pod "$n" | grep -q '"ready":true' && [ "$(live "$n")" != 1 ] && return 1
-    done
-    return 0
-  }
-  wait_for 10 honest || bad="$bad; 10 s after the start a pod still reported ready with no container running"
   grep -q "moved aside" $STATE/agent.log && bad="$bad; the store was moved aside"
   holdfast pods --root-dir $ROOT 2>&1 | grep -q WARNING && bad="$bad; holdfast pods warns"
   for f in $(cat $STATE/synced-manifests); do
