@@ -195,7 +195,11 @@ fn a_gateway_cut_off_shorter_and_longer_than_the_grace_period_keeps_its_pod_and_
         if disruption && !events.contains("TaintManagerEviction") && back.elapsed() > GRACE {
             break false;
         }
-        assert!(Instant::now() < deadline, "brief not gone from the cluster\n{}", log());
+        assert!(
+            Instant::now() < deadline,
+            "brief not gone from the cluster\n{}",
+            log()
+        );
         std::thread::sleep(Duration::from_millis(500));
     };
     if gone {
