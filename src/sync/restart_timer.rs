@@ -5,6 +5,10 @@
 //! was down. Once a worker has started waiting, the wait is a monotonic deadline: a
 //! wall clock set forward by years (NTP on a board that booted in 1970) does not cut
 //! the back-off short, and one set backward does not stretch it past its delay.
+//!
+//! A container the runtime failed to create or start never ran and has no exit to plan
+//! from: its next try waits here all the same ([`RestartTimers::failed`]), or each
+//! failure (whose shim reports it at once) would set off the next try at once.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -29,6 +33,27 @@ pub struct RestartTimers {
 }
 
 impl RestartTimers {
+    /// A try to create and start `container`'s instance `restart_count` failed: the
+    /// next try of the same instance waits `delay` from `now`. Returns when it is due.
+    pub fn failed(
+        &mut self,
+        container: &str,
+        restart_count: u32,
+        delay: Duration,
+        now: Instant,
+    ) -> Instant {
+        let at = now + delay;
+        self.due.insert(
+            container.to_string(),
+            Due {
+                restart_count,
+                at,
+                delay,
+            },
+        );
+        at
+    }
+
     /// `action` as planned from wall times, held to the monotonic deadline this worker
     /// set when the wait began. Returns the action and, while backing off, when to look
     /// again.
@@ -60,10 +85,14 @@ impl RestartTimers {
                         delay,
                     },
                 );
-                self.hold(container, at, delay, wall, now)
+                self.hold(container, at, delay, wall, now, Action::Restart)
             }
             (Action::BackOff { .. } | Action::Restart, Some(d)) => {
-                self.hold(container, d.at, d.delay, wall, now)
+                self.hold(container, d.at, d.delay, wall, now, Action::Restart)
+            }
+            // An instance whose create failed is tried again once its delay is over.
+            (Action::Start, Some(d)) => {
+                self.hold(container, d.at, d.delay, wall, now, Action::Start)
             }
             (action, _) => {
                 self.due.remove(container);
@@ -72,6 +101,7 @@ impl RestartTimers {
         }
     }
 
+    /// Holds back until `at`, then `due`.
     fn hold(
         &mut self,
         container: &str,
@@ -79,10 +109,11 @@ impl RestartTimers {
         delay: Duration,
         wall: Timestamp,
         now: Instant,
+        due: Action,
     ) -> (Action, Option<Instant>) {
         if now >= at {
             self.due.remove(container);
-            return (Action::Restart, None);
+            return (due, None);
         }
         let until = time::add(wall, at - now);
         (Action::BackOff { until, delay }, Some(at))
@@ -155,5 +186,35 @@ mod tests {
         // Another container has its own.
         let (a, _) = r.apply("side", 2, Action::Restart, ts(200), t0);
         assert_eq!(a, Action::Restart);
+    }
+
+    #[test]
+    fn a_failed_create_holds_the_next_start_until_its_delay_is_over() {
+        let mut r = RestartTimers::default();
+        let t0 = Instant::now();
+        let at = r.failed("app", 0, Duration::from_secs(10), t0);
+        assert_eq!(at, t0 + Duration::from_secs(10));
+        // The failure's own exit event asks for a pass at once: it waits.
+        let (a, wake) = r.apply("app", 0, Action::Start, ts(100), t0);
+        assert!(matches!(a, Action::BackOff { .. }), "{a:?}");
+        assert_eq!(wake, Some(at));
+        let (a, wake) = r.apply(
+            "app",
+            0,
+            Action::Start,
+            ts(109),
+            at - Duration::from_secs(1),
+        );
+        assert!(matches!(a, Action::BackOff { .. }), "{a:?}");
+        assert_eq!(wake, Some(at));
+        // Due: it is tried again, as a start (it never ran, so it is no restart).
+        let (a, wake) = r.apply("app", 0, Action::Start, ts(110), at);
+        assert_eq!((a, wake), (Action::Start, None));
+        let (a, _) = r.apply("app", 0, Action::Start, ts(110), at);
+        assert_eq!(a, Action::Start);
+        // A failure of another instance does not hold this one.
+        r.failed("app", 1, Duration::from_secs(10), t0);
+        let (a, _) = r.apply("app", 2, Action::Start, ts(100), t0);
+        assert_eq!(a, Action::Start);
     }
 }

@@ -170,6 +170,15 @@ impl Worker {
                     message: Some(e.status_message()),
                 });
                 self.remove_container(&id).await;
+                // Nothing ran, so there is no exit for the plan to back off from; the
+                // failure counts as one all the same (the shim's exit event that
+                // reports it would otherwise set off the next try at once).
+                rec.failures = rec.failures.saturating_add(1);
+                let delay = self.deps.backoff.delay(rec.failures);
+                let at =
+                    self.restart_timers
+                        .failed(&c.name, rec.restart_count, delay, Instant::now());
+                self.wake_at(at);
             }
         }
         self.records.insert(c.name.clone(), rec);
