@@ -444,3 +444,122 @@ async fn after_a_power_cut_an_empty_manifest_keeps_its_pods_and_a_missing_one_ha
     std::fs::remove_file(dir.0.join("kept.yaml")).expect("rm");
     assert!(next(&mut rx).await.pods.is_empty());
 }
+
+/// What the source must never do: spend minutes on one file, or wait for ever on one.
+/// A file of 100 000 nested arrays, a link to /proc/kmsg (a regular file of size 0 that
+/// blocks when read) and a FIFO with no writer sit in the folder; the first scan ends at
+/// once, says what is wrong with each, and a good manifest added later is picked up.
+#[tokio::test]
+async fn deep_endless_and_fifo_files_neither_stall_nor_block_the_source() {
+    let dir = TempDir::new("stall");
+    let depth = 100_000;
+    std::fs::write(
+        dir.0.join("nested.json"),
+        format!("{}{}", "[".repeat(depth), "]".repeat(depth)),
+    )
+    .expect("write");
+    let kmsg = Path::new("/proc/kmsg");
+    let with_kmsg = kmsg.exists();
+    if with_kmsg {
+        std::os::unix::fs::symlink(kmsg, dir.0.join("kmsg.yaml")).expect("symlink");
+    } else {
+        eprintln!("no /proc/kmsg here: only the nested file and the FIFO are tried");
+    }
+    nix::unistd::mkfifo(
+        &dir.0.join("fifo.yaml"),
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )
+    .expect("mkfifo");
+
+    // The first scan runs in the caller: on a thread of its own here, so a source that
+    // blocks fails the test instead of hanging it.
+    let (tx, mut rx) = mpsc::channel(4);
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let folder = dir.0.clone();
+    let started = std::time::Instant::now();
+    std::thread::spawn(move || {
+        let spawned = spawn_file_source(
+            folder,
+            NODE.into(),
+            Duration::from_secs(600),
+            Vec::new(),
+            tx,
+        );
+        let _ = done_tx.send(spawned.map(|(handle, first)| (handle, first.map(|s| s.pods.len()))));
+    });
+    let (handle, first) = done_rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the first scan ends within 10 s")
+        .expect("spawn");
+    assert_eq!(first, Some(0));
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(5), "first scan took {took:?}");
+    assert!(next(&mut rx).await.pods.is_empty());
+
+    // A good manifest added afterwards is picked up.
+    std::fs::copy(fixture("sleep.yaml"), dir.0.join("sleep.yaml")).expect("copy");
+    let found = next(&mut rx).await;
+    assert_eq!(names(&found.pods), ["default/sleep-gw-1"]);
+
+    // Each bad file is reported, by name, with why.
+    let (pods, errors) = read_manifests(&dir.0, NODE);
+    assert_eq!(names(&pods), ["default/sleep-gw-1"]);
+    let said: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    let about = |file: &str| {
+        said.iter()
+            .find(|e| e.contains(file))
+            .unwrap_or_else(|| panic!("nothing said about {file}: {said:?}"))
+            .clone()
+    };
+    assert!(
+        about("nested.json").contains("nested deeper than 64 levels"),
+        "{said:?}"
+    );
+    assert!(
+        about("fifo.yaml").contains("is a FIFO, not a regular file"),
+        "{said:?}"
+    );
+    if with_kmsg {
+        assert!(about("kmsg.yaml").contains("is on procfs"), "{said:?}");
+    }
+    assert_eq!(errors.len(), if with_kmsg { 3 } else { 2 }, "{said:?}");
+
+    drop(rx);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !handle.is_finished() {
+        assert!(std::time::Instant::now() < deadline, "source did not stop");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[test]
+fn oversized_and_alias_bomb_manifests_are_refused_by_name() {
+    let dir = TempDir::new("big");
+    let sleep = std::fs::read_to_string(fixture("sleep.yaml")).expect("read");
+    // A valid pod padded past 1 MiB with a comment.
+    let big = format!("{sleep}# {}\n", "x".repeat(1024 * 1024));
+    std::fs::write(dir.0.join("big.yaml"), big).expect("write");
+    let mut bomb = String::from("a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n");
+    for i in 1..9 {
+        let p = i - 1;
+        bomb.push_str(&format!(
+            "a{i}: &a{i} [{}]\n",
+            vec![format!("*a{p}"); 10].join(", ")
+        ));
+    }
+    std::fs::write(dir.0.join("bomb.yaml"), bomb).expect("write");
+    let started = std::time::Instant::now();
+    let (pods, errors) = read_manifests(&dir.0, NODE);
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(pods.is_empty());
+    let said: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    assert_eq!(said.len(), 2, "{said:?}");
+    assert!(
+        said[0].contains("big.yaml") && said[0].contains("larger than the 1048576 bytes allowed"),
+        "{said:?}"
+    );
+    assert!(
+        said[1].contains("bomb.yaml") && said[1].contains("once its aliases are expanded"),
+        "{said:?}"
+    );
+}

@@ -256,8 +256,10 @@ fn list_manifest_files(dir: &Path) -> io::Result<Vec<PathBuf>> {
             continue;
         }
         let path = entry.path();
-        // Follows symlinks: a link to a manifest counts, a dangling one does not.
-        if std::fs::metadata(&path).is_ok_and(|m| m.is_file()) {
+        // Follows symlinks: a link to a manifest counts, a dangling one does not, and
+        // neither does a folder. Anything else with a manifest's name is the reader's
+        // to refuse, with a reason, rather than silently left out.
+        if std::fs::metadata(&path).is_ok_and(|m| !m.is_dir()) {
             files.push(path);
         }
     }

@@ -1,21 +1,27 @@
 //! One manifest file: YAML (several documents allowed) or JSON, each document a Pod.
 
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::Path;
 
 use k8s_openapi::api::core::v1::Pod;
 use serde::Deserialize;
 use serde_yaml::Value;
 
+use super::prescan::prescan;
 use super::static_pod::make_static_pod;
 use super::validate::validate_pod;
 use super::SourceError;
 
-/// A manifest larger than this is refused rather than read: the device has little RAM
-/// and no pod spec comes near it.
+/// A manifest larger than this is refused rather than read. Real pod manifests are a
+/// few KiB; a pod must also fit the apiserver as a mirror pod, whose requests stop at
+/// 3 MiB and whose etcd values at 1.5 MiB. 1 MiB keeps every pod that could exist in a
+/// cluster while bounding what one file costs the device: at most 1 MiB read, and
+/// under a second of decoding on x86_64 even nested to the depth allowed.
 const MAX_MANIFEST_BYTES: u64 = 1024 * 1024;
 
-/// Each pod document is decoded a second time by skipping to it from the start, which
-/// costs the square of the document count; a bound keeps a hostile file cheap.
+/// No node has use for more pods in one file; a bound keeps the error list short.
 const MAX_DOCUMENTS: usize = 100;
 
 /// What one file gave.
@@ -36,41 +42,18 @@ pub(super) fn read_manifest_file(path: &Path, node_name: &str) -> FileRead {
         file: file.clone(),
         reason,
     };
-    match std::fs::metadata(path) {
-        Ok(m) if m.len() > MAX_MANIFEST_BYTES => {
-            return FileRead::Read {
-                pods: Vec::new(),
-                errors: vec![manifest_err(format!(
-                    "file is {} bytes, larger than the {MAX_MANIFEST_BYTES} bytes allowed",
-                    m.len()
-                ))],
-            }
-        }
-        // An empty file is what a power cut leaves of a manifest written but not yet
-        // flushed (ext4 gives the new name with no blocks): as unreadable as a save cut
-        // short, so it keeps the pods it gave before. Removing them takes removing it.
-        Ok(m) if m.len() == 0 => {
-            return FileRead::Unreadable(manifest_err(
-                "file is empty (a write cut short by a power cut?)".into(),
-            ))
-        }
-        Ok(_) => {}
-        Err(source) => {
-            return FileRead::Unreadable(SourceError::Io {
-                context: format!("read manifest {file}"),
-                source,
-            })
-        }
-    }
-    let text = match std::fs::read_to_string(path) {
-        Ok(t) => t,
-        Err(source) => {
-            return FileRead::Unreadable(SourceError::Io {
-                context: format!("read manifest {file}"),
-                source,
-            })
-        }
+    let text = match read_bounded(path) {
+        Ok(text) => text,
+        Err(refused) => return refused,
     };
+    // Before serde_yaml sees it: nesting and aliases that would cost it minutes or
+    // gigabytes are refused by a look that costs one pass.
+    if let Err(reason) = prescan(&text) {
+        return FileRead::Read {
+            pods: Vec::new(),
+            errors: vec![manifest_err(reason)],
+        };
+    }
 
     // First pass: the whole file must be YAML before any of it counts, so a file cut
     // short mid-save does not lose the documents after the cut.
@@ -102,7 +85,12 @@ pub(super) fn read_manifest_file(path: &Path, node_name: &str) -> FileRead {
     let mut pods = Vec::new();
     let mut errors = Vec::new();
     let many = docs.len() > 1;
+    // Second pass, in step with the first: each pod is decoded from the text rather
+    // than from the Value, so an error carries the line and column as well as the
+    // field path. One walk through the file, not one per document.
+    let mut again = serde_yaml::Deserializer::from_str(&text);
     for (index, doc) in docs.iter().enumerate() {
+        let de = again.next();
         let at = if many {
             format!("document {index}: ")
         } else {
@@ -115,11 +103,7 @@ pub(super) fn read_manifest_file(path: &Path, node_name: &str) -> FileRead {
             errors.push(manifest_err(format!("{at}{reason}")));
             continue;
         }
-        // Decoded again from the text rather than from the Value, so the error carries
-        // the line and column as well as the field path.
-        let decoded = serde_yaml::Deserializer::from_str(&text)
-            .nth(index)
-            .map(Pod::deserialize);
+        let decoded = de.map(Pod::deserialize);
         let pod = match decoded {
             Some(Ok(pod)) => pod,
             Some(Err(e)) => {
@@ -151,6 +135,118 @@ pub(super) fn read_manifest_file(path: &Path, node_name: &str) -> FileRead {
         pods.push(pod);
     }
     FileRead::Read { pods, errors }
+}
+
+/// The file's text, read without ever blocking and never more than the bound. Err is
+/// what the file gives instead: refused (no pods) for what is not a regular file on a
+/// real filesystem or is too large, unreadable (pods kept) for a failed read.
+fn read_bounded(path: &Path) -> Result<String, FileRead> {
+    let file = path.display().to_string();
+    let refused = |reason: String| FileRead::Read {
+        pods: Vec::new(),
+        errors: vec![SourceError::Manifest {
+            file: file.clone(),
+            reason,
+        }],
+    };
+    let unreadable = |source: io::Error| {
+        FileRead::Unreadable(SourceError::Io {
+            context: format!("read manifest {file}"),
+            source,
+        })
+    };
+    // Looked at before it is opened: opening a device can itself do something (a
+    // watchdog starts counting), and a FIFO would wait for a writer.
+    let meta = std::fs::metadata(path).map_err(unreadable)?;
+    if !meta.is_file() {
+        return Err(refused(not_regular(meta.file_type())));
+    }
+    // Non-blocking, so that what became a FIFO since the look above cannot hold the
+    // source; the descriptor is checked again below.
+    let mut f = File::options()
+        .read(true)
+        .custom_flags(nix::libc::O_NONBLOCK | nix::libc::O_NOCTTY)
+        .open(path)
+        .map_err(unreadable)?;
+    let meta = f.metadata().map_err(unreadable)?;
+    if !meta.is_file() {
+        return Err(refused(not_regular(meta.file_type())));
+    }
+    // procfs, sysfs and their kin report a size of 0 for files that go on for ever or
+    // block (/proc/kmsg), and reading some of them takes what it reads from others.
+    let fs = nix::sys::statfs::fstatfs(&f).map_err(|e| unreadable(e.into()))?;
+    if let Some(name) = pseudo_filesystem(fs.filesystem_type()) {
+        return Err(refused(format!(
+            "is on {name}, not a real filesystem; only regular files on disk are read"
+        )));
+    }
+    let too_large = |len: u64| {
+        refused(format!(
+            "file is {len} bytes or more, larger than the {MAX_MANIFEST_BYTES} bytes allowed"
+        ))
+    };
+    if meta.len() > MAX_MANIFEST_BYTES {
+        return Err(too_large(meta.len()));
+    }
+    // At most one byte past the bound, in case it grew since fstat.
+    let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+    (&mut f)
+        .take(MAX_MANIFEST_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(unreadable)?;
+    if bytes.len() as u64 > MAX_MANIFEST_BYTES {
+        return Err(too_large(bytes.len() as u64));
+    }
+    // An empty file is what a power cut leaves of a manifest written but not yet
+    // flushed (ext4 gives the new name with no blocks): as unreadable as a save cut
+    // short, so it keeps the pods it gave before. Removing them takes removing it.
+    if bytes.is_empty() {
+        return Err(FileRead::Unreadable(SourceError::Manifest {
+            file: file.clone(),
+            reason: "file is empty (a write cut short by a power cut?)".into(),
+        }));
+    }
+    String::from_utf8(bytes).map_err(|e| unreadable(io::Error::new(io::ErrorKind::InvalidData, e)))
+}
+
+fn not_regular(t: std::fs::FileType) -> String {
+    let what = if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else if t.is_dir() {
+        "a directory"
+    } else {
+        "not a regular file"
+    };
+    format!("is {what}, not a regular file; only regular files are read")
+}
+
+/// The kernel's own filesystems, whose files are views of kernel state, not data.
+fn pseudo_filesystem(t: nix::sys::statfs::FsType) -> Option<&'static str> {
+    use nix::sys::statfs::*;
+    [
+        (PROC_SUPER_MAGIC, "procfs"),
+        (SYSFS_MAGIC, "sysfs"),
+        (DEBUGFS_MAGIC, "debugfs"),
+        (TRACEFS_MAGIC, "tracefs"),
+        (SECURITYFS_MAGIC, "securityfs"),
+        (CGROUP_SUPER_MAGIC, "cgroupfs"),
+        (CGROUP2_SUPER_MAGIC, "cgroup2fs"),
+        (BPF_FS_MAGIC, "bpffs"),
+        (DEVPTS_SUPER_MAGIC, "devpts"),
+        (SELINUX_MAGIC, "selinuxfs"),
+        (SMACK_MAGIC, "smackfs"),
+        (NSFS_MAGIC, "nsfs"),
+        (RDTGROUP_SUPER_MAGIC, "resctrl"),
+    ]
+    .into_iter()
+    .find(|(magic, _)| *magic == t)
+    .map(|(_, name)| name)
 }
 
 fn check_kind(doc: &Value) -> Result<(), String> {

@@ -9,6 +9,7 @@ mod apiserver;
 mod file;
 mod manifest;
 mod mux;
+mod prescan;
 mod static_pod;
 mod validate;
 
