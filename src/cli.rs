@@ -3,6 +3,9 @@
 //! socket, or open the store when none runs.
 
 mod image;
+mod output;
+
+pub use output::{emit, emit_line, note, stdout_closed, EXIT_BROKEN_PIPE};
 
 use std::path::PathBuf;
 
@@ -101,7 +104,9 @@ pub fn pods(args: &[String]) -> Result<(), Error> {
         other => return Err(Error::Cli(format!("pods: unexpected arguments {other:?}"))),
     };
     if let Some(notice) = crate::store::recover::moved_notice(&root.join("db")) {
-        eprintln!("WARNING: the agent's store was moved aside and rebuilt:\n{notice}");
+        note(&format!(
+            "WARNING: the agent's store was moved aside and rebuilt:\n{notice}"
+        ));
     }
     let Response::Pods { pods } = request(&root, Request::Pods)? else {
         return Err(Error::Cli("pods: unexpected answer".into()));
@@ -109,9 +114,9 @@ pub fn pods(args: &[String]) -> Result<(), Error> {
     if json {
         let out =
             serde_json::to_string(&pods).map_err(|e| Error::Cli(format!("pods: encode: {e}")))?;
-        println!("{out}");
+        emit_line(&out)?;
     } else {
-        print!("{}", render_pods(&pods, crate::time::now()));
+        emit(&render_pods(&pods, crate::time::now()))?;
     }
     Ok(())
 }
@@ -155,9 +160,9 @@ pub fn status(args: &[String]) -> Result<(), Error> {
     if json {
         let out = serde_json::to_string(&status)
             .map_err(|e| Error::Cli(format!("status: encode: {e}")))?;
-        println!("{out}");
+        emit_line(&out)?;
     } else {
-        print!("{}", control::status::render(&status, crate::time::now()));
+        emit(&control::status::render(&status, crate::time::now()))?;
     }
     Ok(())
 }
@@ -270,7 +275,11 @@ pub fn image(args: &[String]) -> Result<(), Error> {
             };
             if let Response::Images { images } = request(&root, req)? {
                 for i in &images {
-                    println!("imported {} {}", i.manifest_digest, i.references.join(" "));
+                    emit_line(&format!(
+                        "imported {} {}",
+                        i.manifest_digest,
+                        i.references.join(" ")
+                    ))?;
                 }
             }
             Ok(())
@@ -279,7 +288,7 @@ pub fn image(args: &[String]) -> Result<(), Error> {
         Some("prune") if rest.len() == 1 => image::prune(&root),
         Some("ls") | Some("list") => {
             if let Response::Images { images } = request(&root, Request::ImageList)? {
-                print!("{}", image::render(&images, crate::time::now()));
+                emit(&image::render(&images, crate::time::now()))?;
             }
             Ok(())
         }
@@ -291,7 +300,7 @@ pub fn image(args: &[String]) -> Result<(), Error> {
                     reference: reference.clone(),
                 },
             )?;
-            println!("removed {reference}");
+            emit_line(&format!("removed {reference}"))?;
             Ok(())
         }
         _ => Err(usage()),
@@ -330,11 +339,11 @@ pub fn store(args: &[String]) -> Result<(), Error> {
     }
     crate::store::compact::recover_interrupted(&db)?;
     let c = crate::store::compact::compact(&db)?;
-    println!(
+    emit_line(&format!(
         "store compacted: {} -> {}",
         human_size(c.before),
         human_size(c.after)
-    );
+    ))?;
     Ok(())
 }
 
@@ -383,7 +392,7 @@ pub fn reset(args: &[String]) -> Result<(), Error> {
     }
     let runtime = crate::runtime::LibcontainerRuntime::new(&root, &cgroup_root, None)?;
     let removed = crate::runtime::remove_all(&runtime, std::time::Duration::from_secs(10))?;
-    println!("removed {removed} container(s)");
+    emit_line(&format!("removed {removed} container(s)"))?;
     // Then the pods' sandboxes: CNI leases released, namespaces and volumes unmounted.
     crate::sync::sandbox::reset(&root, &cgroup_root).map_err(Error::Cli)?;
     let io = |path: &std::path::Path| {

@@ -3,6 +3,8 @@
 
 use std::process::ExitCode;
 
+use holdfast::cli::{emit_line, note, stdout_closed, EXIT_BROKEN_PIPE};
+
 const USAGE: &str = "usage: holdfast <command> [flags]
 
 commands:
@@ -33,7 +35,7 @@ fn main() -> ExitCode {
         return ExitCode::from(u8::try_from(code).unwrap_or(1));
     }
     let Some(cmd) = args.get(1).map(String::as_str) else {
-        eprintln!("{USAGE}");
+        note(USAGE);
         return ExitCode::from(2);
     };
     let rest = &args[2..];
@@ -60,23 +62,22 @@ fn main() -> ExitCode {
             init_logging(None);
             holdfast::cli::reset(rest)
         }
-        "version" | "--version" => {
-            println!("holdfast {} (libcontainer 0.7.0)", holdfast::VERSION);
-            Ok(())
-        }
-        "help" | "--help" | "-h" => {
-            println!("{USAGE}");
-            Ok(())
-        }
+        "version" | "--version" => emit_line(&format!(
+            "holdfast {} (libcontainer 0.7.0)",
+            holdfast::VERSION
+        )),
+        "help" | "--help" | "-h" => emit_line(USAGE),
         other => {
-            eprintln!("holdfast: unknown command {other:?}\n\n{USAGE}");
+            note(&format!("holdfast: unknown command {other:?}\n\n{USAGE}"));
             return ExitCode::from(2);
         }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader of our output went away (`holdfast pods | head`): nothing to say.
+        Err(_) if stdout_closed() => ExitCode::from(EXIT_BROKEN_PIPE),
         Err(e) => {
-            eprintln!("holdfast: {}", holdfast::error_chain(&e));
+            note(&format!("holdfast: {}", holdfast::error_chain(&e)));
             ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(1))
         }
     }
@@ -103,18 +104,21 @@ fn run(args: &[String]) -> Result<(), holdfast::Error> {
 fn check(args: &[String]) -> ExitCode {
     init_logging(None);
     if args.iter().any(|a| a == "--help" || a == "-h") {
-        println!("{}", holdfast::check::USAGE);
-        return ExitCode::SUCCESS;
+        return match emit_line(holdfast::check::USAGE) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(_) => ExitCode::from(EXIT_BROKEN_PIPE),
+        };
     }
     match holdfast::check::run(args) {
+        Ok(_) if stdout_closed() => ExitCode::from(EXIT_BROKEN_PIPE),
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         Err(holdfast::check::CheckError::Usage(text)) => {
-            eprintln!("{text}");
+            note(&text);
             ExitCode::from(2)
         }
         Err(e) => {
-            eprintln!("holdfast check: {}", holdfast::error_chain(&e));
+            note(&format!("holdfast check: {}", holdfast::error_chain(&e)));
             ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2))
         }
     }

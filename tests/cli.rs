@@ -161,3 +161,34 @@ fn status_without_an_agent_says_so() {
     assert!(!o.status.success());
     assert!(text(&o).contains("--bogus"), "{}", text(&o));
 }
+
+/// `holdfast status | head` and the like: output to a pipe whose reader has gone ends the
+/// command quietly with 141, what a shell reports for coreutils and kubectl killed by
+/// SIGPIPE, instead of a panic.
+#[test]
+fn output_to_a_closed_pipe_ends_quietly() {
+    let dir = TempDir::new("pipe");
+    let root = dir.0.join("root");
+    std::fs::create_dir_all(&root).expect("root");
+    let root_s = root.to_str().expect("utf-8");
+    for args in [
+        &["version"][..],
+        &["help"],
+        &["check", "--help"],
+        &["status", "--root-dir", root_s],
+        &["status", "--json", "--root-dir", root_s],
+    ] {
+        // The read end is closed before the command starts: its first write fails.
+        let (read, write) = nix::unistd::pipe().expect("pipe");
+        drop(read);
+        let o = Command::new(BIN)
+            .args(args)
+            .stdout(std::process::Stdio::from(write))
+            .output()
+            .expect("run holdfast");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert!(err.trim().is_empty(), "{args:?} said: {err}");
+        assert_eq!(o.status.code(), Some(141), "{args:?}: {err}");
+    }
+}

@@ -198,7 +198,9 @@ pub fn run(args: &[String]) -> Result<bool, CheckError> {
     };
     let facts = Facts::gather(&flags, expected)?;
     let report = evaluate(&facts);
-    print!("{}", report.render());
+    // A reader gone (`holdfast check | head`) is seen by main through
+    // `cli::stdout_closed`; the verdict is still the exit status.
+    let _ = crate::cli::emit(&report.render());
     Ok(report.passed())
 }
 

@@ -79,10 +79,10 @@ pub(super) fn pull(root: &Path, args: &[String]) -> Result<(), Error> {
             Err(e) => return Err(Error::Cli(e.to_string())),
             Ok(other) => {
                 if let Some(path) = &config_file {
-                    eprintln!(
+                    super::note(&format!(
                         "note: {} was not read: the running agent pulled with its own configuration",
                         path.display()
-                    );
+                    ));
                 }
                 break other;
             }
@@ -94,16 +94,13 @@ pub(super) fn pull(root: &Path, args: &[String]) -> Result<(), Error> {
             image,
             downloaded,
             seconds,
-        } => {
-            println!(
-                "pulled {} {} ({}, {} downloaded in {seconds:.1}s)",
-                image.references.join(" "),
-                image.manifest_digest,
-                super::human_size(image.size),
-                super::human_size(downloaded)
-            );
-            Ok(())
-        }
+        } => super::emit_line(&format!(
+            "pulled {} {} ({}, {} downloaded in {seconds:.1}s)",
+            image.references.join(" "),
+            image.manifest_digest,
+            super::human_size(image.size),
+            super::human_size(downloaded)
+        )),
         other => Err(Error::Cli(format!("pull: unexpected answer {other:?}"))),
     }
 }
@@ -210,10 +207,10 @@ impl View {
                 manifest,
                 layers,
             } => {
-                eprintln!(
+                super::note(&format!(
                     "{reference}: manifest {manifest}, {} layer(s)",
                     layers.len()
-                );
+                ));
                 self.drawn = 0;
                 self.layers = layers
                     .into_iter()
@@ -268,13 +265,13 @@ impl View {
             return;
         }
         l.logged = Some(Instant::now());
-        eprintln!(
+        super::note(&format!(
             "layer {}: {} {}/{}",
             short(digest),
             l.state,
             super::human_size(l.done),
             super::human_size(l.total)
-        );
+        ));
     }
 
     fn draw(&mut self) {
@@ -370,9 +367,13 @@ fn split_reference(r: &str) -> (String, String) {
 pub(super) fn prune(root: &Path) -> Result<(), Error> {
     if let Response::Images { images } = super::request(root, Request::ImagePrune)? {
         for i in &images {
-            println!("removed {} {}", i.manifest_digest, i.references.join(" "));
+            super::emit_line(&format!(
+                "removed {} {}",
+                i.manifest_digest,
+                i.references.join(" ")
+            ))?;
         }
-        println!("{} image(s) removed", images.len());
+        super::emit_line(&format!("{} image(s) removed", images.len()))?;
     }
     Ok(())
 }
