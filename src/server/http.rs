@@ -17,15 +17,19 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
 use super::tls::ClientAuth;
-use super::{routes, ApiDeps, Port};
+use super::{routes, ApiDeps, Port, HANDSHAKE_TIMEOUT, HEADER_READ_TIMEOUT};
+
+/// The most a connection buffers of what the client sends: a request's headers, or a
+/// slice of its body.
+const MAX_HEADER_BYTES: usize = 32 * 1024;
 
 /// Who is calling, as authentication found it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Identity {
     /// A certificate that chains to the client CA.
     Client,
-    /// No valid certificate (or a plain-HTTP port).
-    Anonymous,
+    /// No valid certificate (or a plain-HTTP port); on the TLS port, why not.
+    Anonymous(Option<Arc<str>>),
 }
 
 /// A response body: whole, or chunks from a producer (a log reader) through a bounded
@@ -99,9 +103,7 @@ pub async fn serve_connection(
     match tls {
         Some((acceptor, clients)) => {
             // A client that never finishes its handshake must not hold a task forever.
-            let accepted =
-                tokio::time::timeout(std::time::Duration::from_secs(10), acceptor.accept(stream))
-                    .await;
+            let accepted = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await;
             let tls_stream = match accepted {
                 Ok(Ok(s)) => s,
                 Ok(Err(e)) => {
@@ -113,14 +115,22 @@ pub async fn serve_connection(
                     return;
                 }
             };
-            let identity = if clients.identify(tls_stream.get_ref().1.peer_certificates()) {
-                Identity::Client
-            } else {
-                Identity::Anonymous
+            let identity = match clients.identify(tls_stream.get_ref().1.peer_certificates()) {
+                Ok(()) => Identity::Client,
+                Err(why) => Identity::Anonymous(Some(why.into())),
             };
             serve(TokioIo::new(tls_stream), peer, port, deps, identity).await;
         }
-        None => serve(TokioIo::new(stream), peer, port, deps, Identity::Anonymous).await,
+        None => {
+            serve(
+                TokioIo::new(stream),
+                peer,
+                port,
+                deps,
+                Identity::Anonymous(None),
+            )
+            .await
+        }
     }
 }
 
@@ -130,6 +140,7 @@ where
 {
     let service = hyper::service::service_fn(move |req: Request<Incoming>| {
         let deps = deps.clone();
+        let identity = identity.clone();
         async move {
             crate::metrics::KUBELET_API_REQUESTS.inc();
             Ok::<_, Infallible>(routes::handle(req, port, identity, deps).await)
@@ -137,7 +148,10 @@ where
     });
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(hyper_util::rt::TokioTimer::new())
-        .header_read_timeout(std::time::Duration::from_secs(30))
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        // A request's headers (the kubelet's clients send a few hundred bytes), so that
+        // a connection trickling a huge header holds little while it is read.
+        .max_buf_size(MAX_HEADER_BYTES)
         .serve_connection(io, service)
         .with_upgrades();
     if let Err(e) = conn.await {

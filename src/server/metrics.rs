@@ -275,5 +275,22 @@ pub async fn own(deps: &Arc<ApiDeps>) -> Resp {
     );
     let open = super::MAX_STREAMS - deps.streams.available_permits();
     let _ = writeln!(out, "holdfast_api_streams_open {open}");
+    header(
+        &mut out,
+        "holdfast_kubelet_api_connections_refused_total",
+        "Connections to the kubelet API closed on arrival because a listener held its \
+         total (reason=total) or their source held its share (reason=per_source)",
+        "counter",
+    );
+    for (reason, n) in [
+        ("total", &super::admission::REFUSED_TOTAL),
+        ("per_source", &super::admission::REFUSED_PER_SOURCE),
+    ] {
+        let n = n.load(std::sync::atomic::Ordering::Relaxed);
+        let _ = writeln!(
+            out,
+            "holdfast_kubelet_api_connections_refused_total{{reason=\"{reason}\"}} {n}"
+        );
+    }
     respond(StatusCode::OK, TEXT, out)
 }

@@ -16,12 +16,18 @@
 //!   `/stats/summary`, `/metrics` and `/metrics/resource`, as the kubelet serves there.
 //! - `healthzBindAddress:healthzPort` (127.0.0.1:10248): plain `/healthz`.
 //!
-//! Files: [`tls`] (serving certificate, client authentication), [`http`] (bodies,
-//! responses, connections), [`routes`], [`pods`], [`logs`], [`stats`] with
+//! Each listener holds at most [`MAX_CONNECTIONS`] connections, [`MAX_CONNECTIONS_PER_SOURCE`]
+//! of them from one source; a connection over either is closed at once and counted
+//! ([`admission`] says why these numbers). A TLS handshake has [`HANDSHAKE_TIMEOUT`], a
+//! request's headers [`HEADER_READ_TIMEOUT`].
+//!
+//! Files: [`admission`], [`tls`] (serving certificate, client authentication) with
+//! [`x509`], [`http`] (bodies, responses, connections), [`routes`], [`pods`], [`logs`], [`stats`] with
 //! [`cgroups`] and [`sampler`], [`metrics`], and the streams: [`streams`] (exec and
 //! attach over either protocol), [`portforward`] (TCP into the pod's network
 //! namespace), [`websocket`], [`spdy`].
 
+mod admission;
 pub mod cgroups;
 mod http;
 mod logs;
@@ -35,6 +41,7 @@ mod stats;
 mod streams;
 pub mod tls;
 mod websocket;
+mod x509;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -54,6 +61,19 @@ pub use http::Identity;
 /// once; one more is refused with 429 (as the kubelet's streaming server does when
 /// full). Each holds a thread or a process and a few bounded buffers.
 pub const MAX_STREAMS: usize = 32;
+
+/// How many connections one listener holds at once (see [`admission`]).
+pub const MAX_CONNECTIONS: usize = 256;
+
+/// How many of them may come from one source address (an IPv6 /64).
+pub const MAX_CONNECTIONS_PER_SOURCE: usize = 2 * MAX_STREAMS;
+
+/// How long a client may take over its TLS handshake.
+pub const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// How long a client may take to send a request's headers, the first or the next one
+/// on a kept-alive connection (slow senders and idle connections are closed).
+pub const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// What the API reads. Cheap to clone (handles).
 #[derive(Clone)]
@@ -166,6 +186,7 @@ fn spawn_listener(
         };
         log::info!("kubelet API ({port:?}) listening on {addr}");
         let deps = Arc::new(deps);
+        let admission = admission::Admission::new(MAX_CONNECTIONS, MAX_CONNECTIONS_PER_SOURCE);
         loop {
             let (stream, peer) = match listener.accept().await {
                 Ok(s) => s,
@@ -176,11 +197,21 @@ fn spawn_listener(
                     continue;
                 }
             };
+            let permit = match admission.admit(peer.ip()) {
+                Ok(p) => p,
+                Err(why) => {
+                    // Dropped unread: closed before anything is allocated for it.
+                    log::debug!("kubelet API ({port:?}): refused {peer}: {why:?} cap reached");
+                    drop(stream);
+                    continue;
+                }
+            };
             let _ = stream.set_nodelay(true);
             let deps = deps.clone();
             let tls = tls.clone();
             tokio::spawn(async move {
                 http::serve_connection(stream, peer, port, deps, tls).await;
+                drop(permit);
             });
         }
     });

@@ -93,11 +93,16 @@ pub async fn handle(
             deps.settings.authorization,
         ) {
             (Identity::Client, _, _) => {}
-            (Identity::Anonymous, false, _) => {
-                return error(StatusCode::UNAUTHORIZED, "Unauthorized");
+            // The kubelet says only "Unauthorized"; what was wrong with the
+            // certificate saves its operator a packet capture.
+            (Identity::Anonymous(why), false, _) => {
+                return match why {
+                    Some(why) => error(StatusCode::UNAUTHORIZED, &format!("Unauthorized: {why}")),
+                    None => error(StatusCode::UNAUTHORIZED, "Unauthorized"),
+                };
             }
             // The apiserver would refuse system:anonymous; holdfast cannot ask it.
-            (Identity::Anonymous, true, AuthorizationMode::Webhook) => {
+            (Identity::Anonymous(_), true, AuthorizationMode::Webhook) => {
                 return error(
                     StatusCode::FORBIDDEN,
                     &format!(
@@ -107,7 +112,7 @@ pub async fn handle(
                     ),
                 );
             }
-            (Identity::Anonymous, true, AuthorizationMode::AlwaysAllow) => {}
+            (Identity::Anonymous(_), true, AuthorizationMode::AlwaysAllow) => {}
         }
     }
     if !route.methods().contains(req.method()) {

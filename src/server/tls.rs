@@ -8,8 +8,9 @@
 //!   authentication layer), the handshake asks for a certificate but accepts any, so
 //!   that a request without one, or with one from another CA, gets an HTTP 401 rather
 //!   than a TLS alert; the handshake still proves the client holds the certificate's
-//!   key. [`ClientAuth::identify`] then checks the chain against
-//!   `authentication.x509.clientCAFile`.
+//!   key, read from the certificate by [`super::x509`] when webpki cannot parse it (a
+//!   version 1 certificate). [`ClientAuth::identify`] then checks the chain against
+//!   `authentication.x509.clientCAFile` and says why it refused one.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -220,15 +221,53 @@ impl ClientAuth {
         })
     }
 
-    /// Whether the certificates a client presented chain to the client CA.
-    pub fn identify(&self, certs: Option<&[CertificateDer<'_>]>) -> bool {
-        let (Some(inner), Some([leaf, rest @ ..])) = (&self.inner, certs) else {
-            return false;
+    /// Whether the certificates a client presented chain to the client CA; if not, why
+    /// not, in words for the client's 401.
+    pub fn identify(&self, certs: Option<&[CertificateDer<'_>]>) -> Result<(), String> {
+        let Some([leaf, rest @ ..]) = certs else {
+            return Err("no client certificate".into());
         };
+        let Some(inner) = &self.inner else {
+            return Err("no client certificate is accepted: the kubelet API has no \
+                        authentication.x509.clientCAFile"
+                .into());
+        };
+        match super::x509::fields(leaf) {
+            Some(f) if f.version != 3 => {
+                return Err(format!(
+                    "the client certificate is X.509 version {}, which has no extensions; \
+                     it must be version 3 (with extendedKeyUsage clientAuth)",
+                    f.version
+                ))
+            }
+            _ => {}
+        }
         inner
             .verify_client_cert(leaf, rest, UnixTime::now())
-            .is_ok()
+            .map(|_| ())
+            .map_err(|e| refusal(&e))
     }
+}
+
+/// Why a client certificate was refused, as the 401 says it.
+fn refusal(e: &rustls::Error) -> String {
+    use rustls::CertificateError as C;
+    let why = match e {
+        rustls::Error::InvalidCertificate(C::UnknownIssuer | C::BadSignature) => {
+            "the client certificate is not signed by the client CA (clientCAFile)"
+        }
+        rustls::Error::InvalidCertificate(C::Expired | C::ExpiredContext { .. }) => {
+            "the client certificate has expired"
+        }
+        rustls::Error::InvalidCertificate(C::NotValidYet | C::NotValidYetContext { .. }) => {
+            "the client certificate is not valid yet (or this machine's clock is wrong)"
+        }
+        rustls::Error::InvalidCertificate(C::InvalidPurpose | C::InvalidPurposeContext { .. }) => {
+            "the client certificate is not for client authentication (extendedKeyUsage)"
+        }
+        _ => "the client certificate was refused",
+    };
+    format!("{why}: {e}")
 }
 
 impl ClientCertVerifier for ClientAuth {
@@ -260,12 +299,14 @@ impl ClientCertVerifier for ClientAuth {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
+        let algorithms = &self.provider.signature_verification_algorithms;
+        match rustls::crypto::verify_tls12_signature(message, cert, dss, algorithms) {
+            // webpki could not read the certificate (version 1): the key alone.
+            Err(rustls::Error::InvalidCertificate(_)) => {
+                super::x509::verify_signature(message, cert, dss, algorithms, false)
+            }
+            r => r,
+        }
     }
 
     fn verify_tls13_signature(
@@ -274,12 +315,13 @@ impl ClientCertVerifier for ClientAuth {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
+        let algorithms = &self.provider.signature_verification_algorithms;
+        match rustls::crypto::verify_tls13_signature(message, cert, dss, algorithms) {
+            Err(rustls::Error::InvalidCertificate(_)) => {
+                super::x509::verify_signature(message, cert, dss, algorithms, true)
+            }
+            r => r,
+        }
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {

@@ -1,0 +1,178 @@
+//! The two fields of a client certificate that the handshake needs before the client
+//! CA check runs: its X.509 version and its public key. webpki parses version 3
+//! certificates only, so without this a client holding a version 1 certificate (what
+//! `openssl x509 -req` makes without an extension file) would get a TLS alert instead
+//! of the 401 that says what is wrong. Reads DER and nothing else; trusts nothing.
+
+use rustls::client::danger::HandshakeSignatureValid;
+use rustls::crypto::WebPkiSupportedAlgorithms;
+use rustls::{DigitallySignedStruct, PeerMisbehaved};
+use rustls_pki_types::SubjectPublicKeyInfoDer;
+
+/// One DER element at the start of `input`: its tag, its contents, and what follows.
+fn element(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+    let (&tag, rest) = input.split_first()?;
+    let (&first, rest) = rest.split_first()?;
+    let (len, rest) = if first < 0x80 {
+        (usize::from(first), rest)
+    } else {
+        let n = usize::from(first & 0x7f);
+        // A certificate longer than 4 GiB is not one.
+        if n == 0 || n > 4 || rest.len() < n {
+            return None;
+        }
+        let (bytes, rest) = rest.split_at(n);
+        let len = bytes
+            .iter()
+            .fold(0usize, |acc, b| (acc << 8) | usize::from(*b));
+        (len, rest)
+    };
+    if rest.len() < len {
+        return None;
+    }
+    let (contents, rest) = rest.split_at(len);
+    Some((tag, contents, rest))
+}
+
+const SEQUENCE: u8 = 0x30;
+const INTEGER: u8 = 0x02;
+const BIT_STRING: u8 = 0x03;
+/// `[0] EXPLICIT`: the version field of a TBSCertificate.
+const VERSION: u8 = 0xa0;
+
+/// What the handshake reads of a certificate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fields<'a> {
+    /// 1, 2 or 3.
+    pub version: u8,
+    /// The whole SubjectPublicKeyInfo element.
+    pub spki: &'a [u8],
+}
+
+/// Reads the version and public key of a DER certificate; None if it is not one.
+pub fn fields(cert: &[u8]) -> Option<Fields<'_>> {
+    let (SEQUENCE, cert, _) = element(cert)? else {
+        return None;
+    };
+    let (SEQUENCE, tbs, _) = element(cert)? else {
+        return None;
+    };
+    let (version, rest) = match element(tbs)? {
+        (VERSION, explicit, rest) => match element(explicit)? {
+            (INTEGER, [v @ 0..=2], _) => (v + 1, rest),
+            _ => return None,
+        },
+        // Absent: the default, version 1.
+        _ => (1, tbs),
+    };
+    // serialNumber, signature, issuer, validity, subject.
+    let (INTEGER, _, mut rest) = element(rest)? else {
+        return None;
+    };
+    for _ in 0..4 {
+        let (SEQUENCE, _, next) = element(rest)? else {
+            return None;
+        };
+        rest = next;
+    }
+    let (SEQUENCE, _, after) = element(rest)? else {
+        return None;
+    };
+    let spki = &rest[..rest.len() - after.len()];
+    Some(Fields { version, spki })
+}
+
+/// Checks a handshake signature against the certificate's public key alone, without
+/// webpki's parse of the whole certificate (which refuses versions 1 and 2). For
+/// TLS 1.3 through rustls's raw-key check; for TLS 1.2, as rustls does it for a
+/// certificate: every algorithm mapped to the scheme whose key type matches.
+pub fn verify_signature(
+    message: &[u8],
+    cert: &[u8],
+    dss: &DigitallySignedStruct,
+    algorithms: &WebPkiSupportedAlgorithms,
+    tls13: bool,
+) -> Result<HandshakeSignatureValid, rustls::Error> {
+    let bad = || rustls::Error::InvalidCertificate(rustls::CertificateError::BadEncoding);
+    let spki = fields(cert).ok_or_else(bad)?.spki;
+    if tls13 {
+        return rustls::crypto::verify_tls13_signature_with_raw_key(
+            message,
+            &SubjectPublicKeyInfoDer::from(spki),
+            dss,
+            algorithms,
+        );
+    }
+    let (SEQUENCE, spki, _) = element(spki).ok_or_else(bad)? else {
+        return Err(bad());
+    };
+    let (SEQUENCE, algorithm, rest) = element(spki).ok_or_else(bad)? else {
+        return Err(bad());
+    };
+    let (BIT_STRING, [0, key @ ..], _) = element(rest).ok_or_else(bad)? else {
+        return Err(bad());
+    };
+    let candidates = algorithms
+        .mapping
+        .iter()
+        .find(|(scheme, _)| *scheme == dss.scheme)
+        .map(|(_, algs)| *algs)
+        .ok_or(rustls::Error::PeerMisbehaved(
+            PeerMisbehaved::SignedHandshakeWithUnadvertisedSigScheme,
+        ))?;
+    for alg in candidates {
+        if alg.public_key_alg_id().as_ref() != algorithm {
+            continue;
+        }
+        return alg
+            .verify_signature(key, message, dss.signature())
+            .map(|()| HandshakeSignatureValid::assertion())
+            .map_err(|_| {
+                rustls::Error::InvalidCertificate(rustls::CertificateError::BadSignature)
+            });
+    }
+    Err(rustls::Error::InvalidCertificate(
+        rustls::CertificateError::UnsupportedSignatureAlgorithmForPublicKeyContext {
+            signature_algorithm_id: Vec::new(),
+            public_key_algorithm_id: algorithm.to_vec(),
+        },
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cert() -> (rcgen::Certificate, rcgen::KeyPair) {
+        let key = rcgen::KeyPair::generate().expect("key");
+        let params = rcgen::CertificateParams::new(vec!["a.example".to_string()]).expect("params");
+        (params.self_signed(&key).expect("cert"), key)
+    }
+
+    #[test]
+    fn reads_version_and_key_of_a_v3_certificate() {
+        use rcgen::PublicKeyData;
+        let (c, key) = cert();
+        let f = fields(c.der()).expect("fields");
+        assert_eq!(f.version, 3);
+        assert_eq!(f.spki, key.subject_public_key_info().as_slice());
+    }
+
+    #[test]
+    fn reads_a_v1_certificate_and_refuses_what_is_not_one() {
+        // A v1 TBSCertificate: no [0] version; serial, alg, issuer, validity, subject,
+        // then the SPKI (here a stand-in SEQUENCE).
+        let tbs: &[u8] = &[
+            0x30, 0x11, 0x02, 0x01, 0x01, 0x30, 0x00, 0x30, 0x00, 0x30, 0x00, 0x30, 0x00, 0x30,
+            0x04, 0x30, 0x00, 0x03, 0x00,
+        ];
+        let mut der = vec![0x30, tbs.len() as u8];
+        der.extend_from_slice(tbs);
+        let f = fields(&der).expect("fields");
+        assert_eq!(f.version, 1);
+        assert_eq!(f.spki, &[0x30, 0x04, 0x30, 0x00, 0x03, 0x00]);
+        assert_eq!(fields(&der[..der.len() - 1]), None, "truncated");
+        assert_eq!(fields(b"not a certificate"), None);
+        assert_eq!(fields(&[0x30, 0x84, 0xff, 0xff, 0xff, 0xff]), None);
+    }
+}
