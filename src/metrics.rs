@@ -159,6 +159,11 @@ pub static STORE_BYTES_WRITTEN: Counter = Counter::new(
     "holdfast_store_written_bytes_total",
     "Bytes of records written to the store (keys and values)",
 );
+/// Stores found at open to hold an older state than they had made durable.
+pub static STORE_WENT_BACK: Counter = Counter::new(
+    "holdfast_store_went_back_total",
+    "Stores found at open to be behind the generation they had flushed (moved aside)",
+);
 /// Bytes of image blobs fetched from registries.
 pub static IMAGE_PULL_BYTES: Counter = Counter::new(
     "holdfast_image_pull_bytes_total",
@@ -190,6 +195,7 @@ pub fn render_all(out: &mut String) {
     SYNC_DURATION.render(out);
     UPLINK_RETRIES.render(out);
     STORE_BYTES_WRITTEN.render(out);
+    STORE_WENT_BACK.render(out);
     IMAGE_PULL_BYTES.render(out);
     IMAGE_PULL_DURATION.render(out);
     API_REQUESTS.render(out);

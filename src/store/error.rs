@@ -34,6 +34,12 @@ pub enum StoreError {
     NoSpace { path: PathBuf },
     #[error("store at {path} is closed: opening it again after a write error failed; it is tried again every second")]
     Closed { path: PathBuf },
+    #[error("store at {path} went back in time: sled holds generation {store}, but generation {file} had been flushed; its newest records are lost and the rest may be stale")]
+    WentBack {
+        path: PathBuf,
+        store: u64,
+        file: u64,
+    },
     #[error("open store at {path}: sled panicked: {message}")]
     Panicked { path: PathBuf, message: String },
     #[error("compact store at {path}")]
@@ -81,6 +87,7 @@ impl StoreError {
             // A full disk breaks nothing: the store is fine once there is room.
             StoreError::Open { source, .. } => !is_no_space(source),
             StoreError::Panicked { .. }
+            | StoreError::WentBack { .. }
             | StoreError::BadSchema { .. }
             | StoreError::NoSchema { .. } => true,
             _ => false,

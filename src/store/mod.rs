@@ -13,6 +13,7 @@
 mod batch;
 pub mod compact;
 mod error;
+pub mod generation;
 mod open;
 mod pending;
 pub mod recover;
@@ -96,6 +97,9 @@ struct Inner {
     /// Mirrors `pending.holding().is_some()`, so reads need no lock while all is well.
     holding: AtomicBool,
     space: Space,
+    /// The generation last flushed (see [`generation`]); held across a whole flush so
+    /// that flushes write their generations in order.
+    generation: Mutex<u64>,
     /// The store had no schema version when opened: it was just created (or came back
     /// empty), and the caller may rebuild it from the running containers.
     fresh: bool,
@@ -145,6 +149,7 @@ impl Store {
             other => other?,
         };
         let fresh = check_schema(&db, path)?;
+        let flushed = generation::check(&db, path)?;
         space.top_up();
         let inner = Arc::new(Inner {
             path: path.to_path_buf(),
@@ -152,6 +157,7 @@ impl Store {
             pending: Mutex::new(Pending::default()),
             holding: AtomicBool::new(false),
             space,
+            generation: Mutex::new(flushed),
             fresh,
             _lock: lock,
         });
@@ -365,6 +371,92 @@ mod tests {
             Err(other) => panic!("wrong error: {other}"),
             Ok(_) => panic!("a newer store was opened"),
         }
+    }
+
+    #[test]
+    fn a_store_behind_its_generation_file_is_refused_and_moved_aside() {
+        let tmp = crate::testutil::TempDir::new("store");
+        let dir = tmp.0.join("db");
+        let saved = tmp.0.join("saved");
+        std::fs::create_dir_all(&saved).expect("saved dir");
+        {
+            let store = Store::open(&dir).expect("open");
+            let t: Tree<u32> = store.tree("pods").expect("tree");
+            t.put("a", &1).expect("put");
+            store.flush().expect("flush");
+        }
+        for f in ["db", "conf"] {
+            std::fs::copy(dir.join(f), saved.join(f)).expect("save");
+        }
+        {
+            let store = Store::open(&dir).expect("reopen");
+            let t: Tree<u32> = store.tree("pods").expect("tree");
+            t.remove("a").expect("remove");
+            store.flush().expect("flush");
+        }
+        // What sled's recovery leaves when its newest entries are damaged.
+        for f in ["db", "conf"] {
+            std::fs::copy(saved.join(f), dir.join(f)).expect("restore");
+        }
+        match Store::open(&dir) {
+            Err(StoreError::WentBack { store, file, .. }) => assert!(store < file),
+            Err(other) => panic!("wrong error: {other}"),
+            Ok(_) => panic!("a store that went back in time was opened"),
+        }
+        let opened = recover::open_or_recover_with(&dir, None).expect("recovered");
+        let moved = opened.moved.expect("moved aside");
+        assert!(
+            moved.reason.contains("went back in time"),
+            "{}",
+            moved.reason
+        );
+        assert!(opened.store.is_fresh());
+        let t: Tree<u32> = opened.store.tree("pods").expect("tree");
+        assert_eq!(
+            t.get("a").expect("get"),
+            None,
+            "the stale record is not believed"
+        );
+    }
+
+    #[test]
+    fn a_store_without_its_generation_file_opens_and_starts_one() {
+        let tmp = crate::testutil::TempDir::new("store");
+        let dir = tmp.0.join("db");
+        {
+            let store = Store::open(&dir).expect("open");
+            store.put_raw("n", "a", b"1").expect("put");
+            store.flush().expect("flush");
+        }
+        std::fs::remove_file(dir.join(generation::FILE)).expect("remove");
+        drop(Store::open(&dir).expect("opens without the file"));
+        assert!(
+            dir.join(generation::FILE).exists(),
+            "the file is written again"
+        );
+        drop(Store::open(&dir).expect("opens with it"));
+    }
+
+    /// Prints what the generation file costs a flush (run with `--ignored --nocapture`).
+    #[test]
+    #[ignore]
+    fn generation_file_cost() {
+        let tmp = crate::testutil::TempDir::new("store");
+        let dir = tmp.0.join("db");
+        let store = Store::open(&dir).expect("open");
+        let n = 200u32;
+        let t0 = std::time::Instant::now();
+        for i in 0..n {
+            store.put_raw("n", "k", &i.to_be_bytes()).expect("put");
+            store.flush().expect("flush");
+        }
+        let flush = t0.elapsed() / n;
+        let t0 = std::time::Instant::now();
+        for i in 0..n {
+            generation::write_file(&dir, u64::from(i)).expect("write");
+        }
+        let file = t0.elapsed() / n;
+        println!("flush with generation file: {flush:?}; the file alone: {file:?}");
     }
 
     #[test]

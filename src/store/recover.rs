@@ -89,7 +89,20 @@ fn marker_path(path: &Path) -> PathBuf {
 /// `<path>.broken-<RFC 3339 time>`, records that beside it and opens a fresh one.
 /// A store written by a newer holdfast, or one held by another process, is an error:
 /// moving those aside would lose good data.
+///
+/// sled is first opened in a process of its own (`holdfast store probe`, this same
+/// binary): with `panic = "abort"` a panic inside sled cannot be caught, and would
+/// take the agent down at every start instead of moving the store aside.
 pub fn open_or_recover(path: &Path) -> Result<Opened, StoreError> {
+    open_or_recover_with(path, Some(Path::new(SELF_EXE)))
+}
+
+/// This binary, even when its file was replaced since it started.
+const SELF_EXE: &str = "/proc/self/exe";
+
+/// [`open_or_recover`], with sled opened first by `probe` (`<probe> store probe <path>`)
+/// when given.
+pub fn open_or_recover_with(path: &Path, probe: Option<&Path>) -> Result<Opened, StoreError> {
     super::compact::recover_interrupted(path)?;
     let panicked = panicked_path(path);
     let failure = match std::fs::read_to_string(&panicked) {
@@ -97,10 +110,13 @@ pub fn open_or_recover(path: &Path) -> Result<Opened, StoreError> {
             "sled panicked while opening it last time: {}",
             message.trim()
         ),
-        _ => match open_watched(path) {
-            Ok(store) => return Ok(Opened { store, moved: None }),
-            Err(e) if e.is_broken_store() => error_chain(&e),
-            Err(e) => return Err(e),
+        _ => match probe.and_then(|exe| probe_in_child(exe, path)) {
+            Some(reason) => reason,
+            None => match open_watched(path) {
+                Ok(store) => return Ok(Opened { store, moved: None }),
+                Err(e) if e.is_broken_store() => error_chain(&e),
+                Err(e) => return Err(e),
+            },
         },
     };
     let reason = failure;
@@ -131,6 +147,111 @@ pub fn open_or_recover(path: &Path) -> Result<Opened, StoreError> {
         store,
         moved: Some(Moved { to, reason }),
     })
+}
+
+/// Exit code of `holdfast store probe` for a store sled cannot open (an error that
+/// [`StoreError::is_broken_store`]).
+const PROBE_BROKEN: i32 = 3;
+/// Exit code of `holdfast store probe` for any other failure (busy, no space): the
+/// agent's own open reports it.
+const PROBE_OTHER: i32 = 4;
+/// How much of the probe's stderr goes into the reason the store was moved aside.
+const PROBE_STDERR_TAIL: usize = 2048;
+
+/// `holdfast store probe <path>`: opens sled at `path` and closes it again; returns the
+/// exit code. A panic inside sled kills this process, not the agent.
+pub fn probe(path: &Path) -> i32 {
+    let _lock = match super::open::lock(path) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("{}", error_chain(&e));
+            return PROBE_OTHER;
+        }
+    };
+    match super::open::open_sled(path) {
+        Ok(db) => {
+            drop(db);
+            0
+        }
+        Err(e) if e.is_broken_store() => {
+            eprintln!("{}", error_chain(&e));
+            PROBE_BROKEN
+        }
+        Err(e) => {
+            eprintln!("{}", error_chain(&e));
+            PROBE_OTHER
+        }
+    }
+}
+
+/// Opens the store at `path` in a child process running `exe`; `Some(reason)` when
+/// sled failed there (an error, a panic, a crash), `None` when it opened or the probe
+/// could not tell (not started, killed by someone): then the store is opened here as
+/// it always was.
+fn probe_in_child(exe: &Path, path: &Path) -> Option<String> {
+    use std::os::unix::process::ExitStatusExt;
+    // Nothing sled could panic on yet: a new store.
+    if !path.join("db").exists() && !path.join("conf").exists() {
+        return None;
+    }
+    let started = std::time::Instant::now();
+    let out = std::process::Command::new(exe)
+        .args(["store", "probe"])
+        .arg(path)
+        .env("RUST_BACKTRACE", "0")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .output();
+    let out = match out {
+        Ok(o) => o,
+        Err(e) => {
+            log::warn!(
+                "store: could not run {} to open the store in a process of its own ({e}); opening it here",
+                exe.display()
+            );
+            return None;
+        }
+    };
+    log::debug!(
+        "store: probe of {} took {} ms ({})",
+        path.display(),
+        started.elapsed().as_millis(),
+        out.status
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let mut tail = stderr.trim();
+    if tail.len() > PROBE_STDERR_TAIL {
+        let mut at = tail.len() - PROBE_STDERR_TAIL;
+        while !tail.is_char_boundary(at) {
+            at += 1;
+        }
+        tail = &tail[at..];
+    }
+    let tail = tail.replace('\n', " / ");
+    match (out.status.code(), out.status.signal()) {
+        (Some(0), _) => None,
+        (Some(PROBE_BROKEN), _) => Some(format!("sled failed to open it: {tail}")),
+        (Some(PROBE_OTHER), _) => None,
+        // Killed from outside (the OOM killer, a shutdown): says nothing of the store.
+        (_, Some(libc_signal))
+            if libc_signal == nix::sys::signal::Signal::SIGKILL as i32
+                || libc_signal == nix::sys::signal::Signal::SIGTERM as i32
+                || libc_signal == nix::sys::signal::Signal::SIGINT as i32 =>
+        {
+            log::warn!(
+                "store: the process opening {} was killed ({}); opening it here",
+                path.display(),
+                out.status
+            );
+            None
+        }
+        // A panic (101 when it unwinds, SIGABRT with `panic = "abort"`) or a crash.
+        _ => Some(format!(
+            "sled panicked or crashed opening it in a process of its own ({}): {tail}",
+            out.status
+        )),
+    }
 }
 
 /// What `holdfast pods` shows about stores moved aside, if any were.
@@ -234,7 +355,7 @@ mod tests {
                 std::fs::write(e.path(), vec![0xa5u8; 4096]).expect("garbage");
             }
         }
-        let opened = open_or_recover(&dir).expect("recovered");
+        let opened = open_or_recover_with(&dir, None).expect("recovered");
         let moved = opened.moved.expect("moved aside");
         assert!(
             moved.to.exists(),
@@ -252,7 +373,7 @@ mod tests {
         assert!(notice.contains("could not be opened"), "{notice}");
         drop(opened.store);
         // The fresh store opens as any other.
-        let again = open_or_recover(&dir).expect("reopen");
+        let again = open_or_recover_with(&dir, None).expect("reopen");
         assert!(again.moved.is_none());
     }
 
@@ -262,7 +383,7 @@ mod tests {
         let dir = tmp.0.join("db");
         drop(Store::open(&dir).expect("open"));
         std::fs::write(panicked_path(&dir), "sled: corrupt segment").expect("marker");
-        let opened = open_or_recover(&dir).expect("recovered");
+        let opened = open_or_recover_with(&dir, None).expect("recovered");
         let moved = opened.moved.expect("moved");
         assert!(moved.reason.contains("corrupt segment"), "{}", moved.reason);
         assert!(!panicked_path(&dir).exists());

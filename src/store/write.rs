@@ -7,6 +7,7 @@ use std::sync::Weak;
 
 use sled::transaction::{ConflictableTransactionError, TransactionError, Transactional};
 
+use super::generation;
 use super::open::open_sled;
 use super::pending::{Op, Pending};
 use super::{space, Holding, Inner, Store, StoreError, FLUSH_EVERY};
@@ -64,8 +65,27 @@ impl Store {
         if self.is_holding() {
             return Ok(());
         }
+        let mut flushed = self
+            .inner
+            .generation
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let next = flushed.saturating_add(1);
         let mark = self.pending().mark();
         match self.with_db(|db| {
+            let meta = db.open_tree("meta").map_err(|source| StoreError::Db {
+                op: "open tree",
+                tree: "meta",
+                key: String::new(),
+                source,
+            })?;
+            meta.insert(generation::META_GENERATION, &next.to_be_bytes())
+                .map_err(|source| StoreError::Db {
+                    op: "write",
+                    tree: "meta",
+                    key: generation::META_GENERATION.into(),
+                    source,
+                })?;
             db.flush().map(|_| ()).map_err(|source| StoreError::Db {
                 op: "flush",
                 tree: "*",
@@ -75,6 +95,16 @@ impl Store {
         }) {
             Ok(()) => {
                 self.pending().durable_below(mark);
+                // Only once sled holds `next` durably may the file say so. A file that
+                // could not be written lags behind sled, which is safe: it is only
+                // ever compared as a floor.
+                *flushed = next;
+                if let Err(e) = generation::write_file(&self.inner.path, next) {
+                    log::warn!(
+                        "store: record generation {next} in {}: {e}",
+                        generation::file_path(&self.inner.path).display()
+                    );
+                }
                 Ok(())
             }
             Err(StoreError::Db { source, .. }) if matches!(source, sled::Error::Io(_)) => {
