@@ -28,7 +28,12 @@ impl Content {
         let content = Content {
             root: root.to_path_buf(),
         };
-        for dir in [content.blobs_dir(), content.layers_dir(), content.tmp_dir()] {
+        for dir in [
+            content.blobs_dir(),
+            content.layers_dir(),
+            content.tmp_dir(),
+            content.records_dir(),
+        ] {
             fs::create_dir_all(&dir)
                 .map_err(io_err(format!("create directory {}", dir.display())))?;
         }
@@ -62,6 +67,78 @@ impl Content {
 
     fn tmp_dir(&self) -> PathBuf {
         self.root.join("tmp")
+    }
+
+    /// One small file per image, `<hex of the manifest digest>.json`, holding its index
+    /// record (tags included): what rebuilds the image index when the store is lost.
+    fn records_dir(&self) -> PathBuf {
+        self.root.join("records")
+    }
+
+    fn record_path(&self, manifest_digest: &str) -> Result<PathBuf, ImageError> {
+        Ok(self
+            .records_dir()
+            .join(format!("{}.json", hex_of(manifest_digest)?)))
+    }
+
+    /// Replaces the record file of `manifest_digest` (written beside, synced, renamed).
+    pub(crate) fn write_record(
+        &self,
+        manifest_digest: &str,
+        bytes: &[u8],
+    ) -> Result<(), ImageError> {
+        let dest = self.record_path(manifest_digest)?;
+        let tmp = self.tmp_path("record");
+        let written = File::create(&tmp)
+            .and_then(|mut f| f.write_all(bytes).and_then(|()| f.sync_all()))
+            .and_then(|()| fs::rename(&tmp, &dest));
+        if let Err(e) = written {
+            let _ = fs::remove_file(&tmp);
+            return Err(io_err(format!("write image record {}", dest.display()))(e));
+        }
+        sync_dir(&self.records_dir());
+        Ok(())
+    }
+
+    pub(crate) fn remove_record(&self, manifest_digest: &str) -> Result<(), ImageError> {
+        let path = self.record_path(manifest_digest)?;
+        match fs::remove_file(&path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                Err(io_err(format!("remove image record {}", path.display()))(e))
+            }
+            _ => {
+                sync_dir(&self.records_dir());
+                Ok(())
+            }
+        }
+    }
+
+    pub(crate) fn has_record(&self, manifest_digest: &str) -> Result<bool, ImageError> {
+        Ok(self.record_path(manifest_digest)?.is_file())
+    }
+
+    /// Every record file: its manifest digest and its bytes (at most `limit` each; a
+    /// larger or unreadable one is logged and skipped).
+    pub(crate) fn records(&self, limit: u64) -> Result<Vec<(String, Vec<u8>)>, ImageError> {
+        let dir = self.records_dir();
+        let entries = fs::read_dir(&dir).map_err(io_err(format!("list {}", dir.display())))?;
+        let mut out = Vec::new();
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Some(hex) = name.strip_suffix(".json") else {
+                continue;
+            };
+            let digest = format!("sha256:{hex}");
+            if check_digest(&digest).is_err() {
+                continue;
+            }
+            match read_limited(&entry.path(), limit) {
+                Ok(bytes) => out.push((digest, bytes)),
+                Err(e) => log::warn!("image record {}: {e}; skipped", entry.path().display()),
+            }
+        }
+        out.sort();
+        Ok(out)
     }
 
     /// A fresh path under `tmp/`, unique within this host.

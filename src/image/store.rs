@@ -56,10 +56,7 @@ impl ImageStore {
             platform: Platform::host(),
             lock: Mutex::new(()),
         };
-        // A power cut between recording a change and deleting files, or in the middle
-        // of an import, leaves blobs no image uses; they go now.
-        let stored = images.content.stored_digests()?;
-        images.drop_unreferenced(&stored)?;
+        images.reconcile()?;
         Ok(images)
     }
 
@@ -148,8 +145,18 @@ impl ImageStore {
             last_used: existing.and_then(|r| r.last_used),
         };
         batch.put(&self.images, &p.manifest_digest, &record)?;
+        // The file first: one the index lacks is added back at the next open, an index
+        // entry without one only loses it if the store is lost before then.
+        self.write_record_file(&record)?;
         self.store.apply(batch)?;
         Ok(record)
+    }
+
+    /// Writes the record file that rebuilds `record` if the store is lost.
+    fn write_record_file(&self, record: &ImageRecord) -> Result<(), ImageError> {
+        let bytes = serde_json::to_vec(record)
+            .map_err(json_err(format!("image record {}", record.manifest_digest)))?;
+        self.content.write_record(&record.manifest_digest, &bytes)
     }
 
     /// A tag moved to another image: the old image keeps running containers and stays
@@ -161,6 +168,7 @@ impl ImageStore {
                 old.references.push(old.manifest_digest.clone());
             }
             batch.put(&self.images, manifest, &old)?;
+            self.write_record_file(&old)?;
         }
         Ok(())
     }
@@ -497,11 +505,15 @@ impl ImageStore {
                 ..record
             };
             batch.put(&self.images, &updated.manifest_digest, &updated)?;
+            self.write_record_file(&updated)?;
             self.store.apply(batch)?;
             self.store.flush()?;
             return Ok(());
         }
         batch.remove(&self.images, &record.manifest_digest);
+        // The file first: an index entry without one gets it back at the next open,
+        // while a file without an index entry would bring the image back.
+        self.content.remove_record(&record.manifest_digest)?;
         self.store.apply(batch)?;
         self.store.flush()?;
         let mut blobs = vec![record.manifest_digest.clone(), record.config_digest.clone()];
@@ -509,20 +521,219 @@ impl ImageStore {
         self.drop_unreferenced(&blobs)
     }
 
-    /// Removes those of `blobs` (and their unpacked layers) that no recorded image uses.
-    fn drop_unreferenced(&self, blobs: &[String]) -> Result<(), ImageError> {
+    /// Digests of every blob a recorded image uses.
+    fn live(&self) -> Result<HashSet<String>, ImageError> {
         let mut live = HashSet::new();
         for (_, r) in self.images.entries()? {
             live.insert(r.manifest_digest);
             live.insert(r.config_digest);
             live.extend(r.layers);
         }
+        Ok(live)
+    }
+
+    /// Removes those of `blobs` (and their unpacked layers) that no recorded image uses.
+    /// Only ever given blobs the caller knows about (those of a removed image, those an
+    /// import stored), never what merely happens to be on disk.
+    fn drop_unreferenced(&self, blobs: &[String]) -> Result<(), ImageError> {
+        let live = self.live()?;
         for digest in blobs.iter().filter(|d| !live.contains(*d)) {
             self.content.remove_layer(digest)?;
             self.content.remove_blob(digest)?;
         }
         Ok(())
     }
+
+    /// Brings the index and the content store together at open.
+    ///
+    /// Every image on disk stays an image: one whose record file the index lacks (the
+    /// store was lost, moved aside, or went back in time; a power cut between the file
+    /// and the index) is put back from it, tags included; in a new or rebuilt store,
+    /// manifests that have no record file (stored before there were any) are put back
+    /// under their digest. Only then, and only in a store that was not new, are the
+    /// blobs and layers no image uses removed (what an import or removal cut short
+    /// left), each one logged. A new or rebuilt store removes nothing: it cannot tell
+    /// what it forgot from what nobody uses.
+    fn reconcile(&self) -> Result<(), ImageError> {
+        let started = std::time::Instant::now();
+        let fresh = self.store.is_fresh();
+        let _guard = self.guard();
+        let mut restored = 0usize;
+        // An index entry without its file (stored before there were files).
+        for (_, r) in self.images.entries()? {
+            if !self.content.has_record(&r.manifest_digest)? {
+                self.write_record_file(&r)?;
+            }
+        }
+        let mut batch = Batch::new();
+        let mut indexed: HashSet<String> = self.images.keys()?.into_iter().collect();
+        for (digest, bytes) in self.content.records(JSON_LIMIT)? {
+            if indexed.contains(&digest) {
+                continue;
+            }
+            let record: ImageRecord = match serde_json::from_slice(&bytes) {
+                Ok(r) => r,
+                Err(e) => {
+                    log::warn!("image record file of {digest} does not decode ({e}); skipped");
+                    continue;
+                }
+            };
+            if record.manifest_digest != digest {
+                log::warn!(
+                    "image record file of {digest} names {}; skipped",
+                    record.manifest_digest
+                );
+                continue;
+            }
+            if let Some(missing) = self.first_missing(&record)? {
+                log::warn!(
+                    "image {} ({digest}) is not put back into the index: its blob {missing} is gone",
+                    record.references.join(", ")
+                );
+                continue;
+            }
+            self.put_back(&mut batch, &record)?;
+            log::warn!(
+                "image index: put back {} ({digest}) from its record file",
+                record.references.join(", ")
+            );
+            indexed.insert(digest);
+            restored += 1;
+        }
+        if fresh || indexed.is_empty() {
+            for record in self.manifests_on_disk(&indexed)? {
+                self.write_record_file(&record)?;
+                log::warn!(
+                    "image index: put back {} from its manifest, under its digest (its tags were not recorded)",
+                    record.manifest_digest
+                );
+                indexed.insert(record.manifest_digest.clone());
+                self.put_back(&mut batch, &record)?;
+                restored += 1;
+            }
+        }
+        self.store.apply(batch)?;
+        if restored > 0 {
+            self.store.flush()?;
+            log::warn!(
+                "image index: {restored} image(s) put back from the content store in {} ms",
+                started.elapsed().as_millis()
+            );
+        }
+        let live = self.live()?;
+        let unused: Vec<String> = self
+            .content
+            .stored_digests()?
+            .into_iter()
+            .filter(|d| !live.contains(d))
+            .collect();
+        if unused.is_empty() {
+            return Ok(());
+        }
+        if fresh {
+            log::warn!(
+                "image content store: kept {} blob(s) or layer(s) no recorded image uses: the store is new or was rebuilt and cannot tell them from what it forgot",
+                unused.len()
+            );
+            return Ok(());
+        }
+        // A power cut between recording a change and deleting files, or in the middle
+        // of an import, leaves blobs no image uses.
+        for digest in &unused {
+            log::warn!("image content store: removing {digest}, which no recorded image uses");
+            self.content.remove_layer(digest)?;
+            self.content.remove_blob(digest)?;
+        }
+        log::warn!(
+            "image content store: removed {} blob(s) or layer(s) no recorded image uses",
+            unused.len()
+        );
+        Ok(())
+    }
+
+    /// The first of `record`'s blobs that is not in the content store.
+    fn first_missing(&self, record: &ImageRecord) -> Result<Option<String>, ImageError> {
+        for d in std::iter::once(&record.manifest_digest)
+            .chain(std::iter::once(&record.config_digest))
+            .chain(&record.layers)
+        {
+            if !self.content.has_blob(d)? {
+                return Ok(Some(d.clone()));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Adds `record` and the tags no other image holds to `batch`.
+    fn put_back(&self, batch: &mut Batch, record: &ImageRecord) -> Result<(), ImageError> {
+        batch.put(&self.images, &record.manifest_digest, record)?;
+        for name in record.references.iter().filter(|r| !is_digest(r)) {
+            if self.refs.get(name)?.is_none() {
+                batch.put(&self.refs, name, &record.manifest_digest)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Image manifests among the stored blobs not in `indexed` whose config and layers
+    /// are all stored, as records named by their digest.
+    fn manifests_on_disk(&self, indexed: &HashSet<String>) -> Result<Vec<ImageRecord>, ImageError> {
+        let mut out = Vec::new();
+        for digest in self.content.stored_digests()? {
+            if indexed.contains(&digest)
+                || !self.content.has_blob(&digest)?
+                || self.content.blob_size(&digest)? > JSON_LIMIT
+            {
+                continue;
+            }
+            let Ok(bytes) = self.content.read_blob(&digest, JSON_LIMIT) else {
+                continue;
+            };
+            if bytes.first() != Some(&b'{') {
+                continue;
+            }
+            let Ok(manifest) = serde_json::from_slice::<ManifestShape>(&bytes) else {
+                continue;
+            };
+            let mut record = ImageRecord {
+                references: vec![digest.clone()],
+                manifest_digest: digest.clone(),
+                config_digest: manifest.config.digest,
+                layers: manifest.layers.into_iter().map(|l| l.digest).collect(),
+                size: 0,
+                imported_at: crate::time::now(),
+                last_used: None,
+            };
+            let mut complete = true;
+            for d in std::iter::once(&record.manifest_digest)
+                .chain(std::iter::once(&record.config_digest))
+                .chain(&record.layers)
+            {
+                // Digests come from the file: checked before they become paths.
+                if super::reference::check_digest(d).is_err() || !self.content.has_blob(d)? {
+                    complete = false;
+                    break;
+                }
+                record.size = record.size.saturating_add(self.content.blob_size(d)?);
+            }
+            if complete {
+                out.push(record);
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// What makes a blob an image manifest, for [`ImageStore::manifests_on_disk`].
+#[derive(Deserialize)]
+struct ManifestShape {
+    config: DescriptorShape,
+    layers: Vec<DescriptorShape>,
+}
+
+#[derive(Deserialize)]
+struct DescriptorShape {
+    digest: String,
 }
 
 /// Bytes of regular files under `dir` (an unpacked layer), without following links.
