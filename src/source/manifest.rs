@@ -266,3 +266,66 @@ fn check_kind(doc: &Value) -> Result<(), String> {
         )),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::TempDir;
+
+    /// The reason the reader refused `path` for.
+    fn refused(path: &Path) -> String {
+        match read_bounded(path) {
+            Err(FileRead::Read { pods, errors }) if pods.is_empty() && errors.len() == 1 => {
+                errors[0].to_string()
+            }
+            Err(FileRead::Unreadable(e)) => panic!("unreadable, not refused: {e}"),
+            Err(FileRead::Read { errors, .. }) => panic!("{errors:?}"),
+            Ok(text) => panic!("read {} bytes", text.len()),
+        }
+    }
+
+    #[test]
+    fn a_fifo_is_refused_without_waiting_for_a_writer() {
+        let dir = TempDir::new("fifo");
+        let fifo = dir.0.join("pod.yaml");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600))
+            .expect("mkfifo");
+        let msg = refused(&fifo);
+        assert!(
+            msg.contains("pod.yaml") && msg.contains("is a FIFO"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn kernel_files_are_refused_before_they_are_read() {
+        // Regular files of size 0 whose reads never end or block.
+        let dir = TempDir::new("proc");
+        let link = dir.0.join("status.yaml");
+        std::os::unix::fs::symlink("/proc/self/status", &link).expect("symlink");
+        let msg = refused(&link);
+        assert!(msg.contains("is on procfs"), "{msg}");
+        if Path::new("/sys/kernel").exists() {
+            let msg = refused(Path::new("/sys/kernel/uevent_seqnum"));
+            assert!(msg.contains("is on sysfs"), "{msg}");
+        }
+        let msg = refused(Path::new("/dev/null"));
+        assert!(msg.contains("is a character device"), "{msg}");
+    }
+
+    #[test]
+    fn the_size_bound_is_kept() {
+        let dir = TempDir::new("size");
+        let at = dir.0.join("at.yaml");
+        let limit = usize::try_from(MAX_MANIFEST_BYTES).expect("fits");
+        std::fs::write(&at, "#".repeat(limit)).expect("write");
+        assert_eq!(read_bounded(&at).ok().map(|t| t.len()), Some(limit));
+        let past = dir.0.join("past.yaml");
+        std::fs::write(&past, "#".repeat(limit + 1)).expect("write");
+        let msg = refused(&past);
+        assert!(
+            msg.contains("larger than the 1048576 bytes allowed"),
+            "{msg}"
+        );
+    }
+}
