@@ -11,6 +11,11 @@
 //!
 //! Secret values pass through here: nothing in this file logs or formats a value, and
 //! [`Environment`] has no `Debug`. Errors name objects and keys, never values.
+//!
+//! Sizes are bounded before anything is allocated: `$(VAR)` expansion doubles a value
+//! with a dozen bytes of manifest (`B: $(A)$(A)`, `C: $(B)$(B)`, ...), so each value's
+//! expanded length is counted first and refused past [`MAX_VAR_BYTES`], and the whole
+//! environment past [`MAX_ENV_BYTES`].
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -22,6 +27,19 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use crate::quantity;
 use crate::runtime::expand;
 use crate::uplink::objects::{ObjectCache, ObjectsError};
+
+/// The most one variable may take, `NAME=value` and its NUL: the kernel's
+/// `MAX_ARG_STRLEN` (32 pages of 4 KiB). execve refuses a longer string with E2BIG, so
+/// no container could start with one; refusing it here costs nothing that could run.
+pub const MAX_VAR_BYTES: usize = 128 * 1024;
+
+/// The most a container's own environment may take, every `NAME=value` and its NUL
+/// added up. execve takes argv and the environment together up to a quarter of the
+/// stack limit (2 MiB under the usual 8 MiB); half of that for what the pod spec sets
+/// leaves the other half to the command line and the image's environment. A real
+/// workload's environment is a few KiB; a ConfigMap (1 MiB at most) may not be
+/// poured whole into one through envFrom.
+pub const MAX_ENV_BYTES: usize = 1024 * 1024;
 
 /// Why a container's environment cannot be built: the kubelet's
 /// CreateContainerConfigError, with the kubelet's message.
@@ -67,6 +85,28 @@ pub enum EnvError {
     /// A value with a NUL byte, which no process environment can hold.
     #[error("env {name:?} of container {container:?}: the value contains a NUL byte")]
     NulInValue { name: String, container: String },
+    /// A variable longer than a process can be given (checked before it is expanded).
+    #[error(
+        "env {name:?} of container {container:?} would take {bytes} bytes (NAME=value, \
+         $(VAR) references expanded), more than the {MAX_VAR_BYTES} bytes one variable \
+         may take (the kernel's MAX_ARG_STRLEN): shorten it or the variables it refers to"
+    )]
+    VarTooLong {
+        name: String,
+        container: String,
+        bytes: usize,
+    },
+    /// An environment larger than this agent gives a container.
+    #[error(
+        "environment of container {container:?} would take {bytes} bytes with env {name:?}, \
+         more than the {MAX_ENV_BYTES} bytes (1 MiB) a container's env and envFrom may \
+         take: mount large values as a volume instead"
+    )]
+    EnvTooLarge {
+        name: String,
+        container: String,
+        bytes: usize,
+    },
 }
 
 /// What resolution needs besides the pod and container.
@@ -92,10 +132,37 @@ pub struct Environment {
     /// Warning events the kubelet records (`InvalidEnvironmentVariableNames`), as
     /// messages; names only, never values.
     pub invalid_names: Vec<String>,
+    /// What `vars` takes, as [`entry_bytes`] counts it.
+    bytes: usize,
+}
+
+/// What `NAME=value` takes in a process's environment, with its NUL.
+fn entry_bytes(name: &str, value_len: usize) -> usize {
+    name.len().saturating_add(value_len).saturating_add(2)
 }
 
 impl Environment {
-    fn set(&mut self, index: &mut HashMap<String, usize>, name: String, value: String) {
+    /// Sets `name`, within [`MAX_VAR_BYTES`] and [`MAX_ENV_BYTES`].
+    fn set(
+        &mut self,
+        index: &mut HashMap<String, usize>,
+        container: &str,
+        name: String,
+        value: String,
+    ) -> Result<(), EnvError> {
+        let entry = check_var(&name, value.len(), container)?;
+        let replaced = index
+            .get(&name)
+            .map_or(0, |&i| entry_bytes(&self.vars[i].0, self.vars[i].1.len()));
+        let bytes = self.bytes.saturating_sub(replaced).saturating_add(entry);
+        if bytes > MAX_ENV_BYTES {
+            return Err(EnvError::EnvTooLarge {
+                name,
+                container: container.to_string(),
+                bytes,
+            });
+        }
+        self.bytes = bytes;
         match index.get(&name) {
             Some(&i) => self.vars[i].1 = value,
             None => {
@@ -103,7 +170,55 @@ impl Environment {
                 self.vars.push((name, value));
             }
         }
+        Ok(())
     }
+}
+
+/// The bytes of variable `name` with a value of `value_len` bytes, or the error when
+/// that is more than one variable may take.
+fn check_var(name: &str, value_len: usize, container: &str) -> Result<usize, EnvError> {
+    let bytes = entry_bytes(name, value_len);
+    if bytes > MAX_VAR_BYTES {
+        return Err(EnvError::VarTooLong {
+            name: name.to_string(),
+            container: container.to_string(),
+            bytes,
+        });
+    }
+    Ok(bytes)
+}
+
+/// The length [`expand`] gives `input`, counted without building it (saturating): the
+/// same grammar, so an expansion is refused before it allocates.
+pub(crate) fn expanded_len(input: &str, vars: &HashMap<String, String>) -> usize {
+    let mut len = 0usize;
+    let mut rest = input;
+    while let Some(pos) = rest.find('$') {
+        len = len.saturating_add(pos);
+        let after = &rest[pos + 1..];
+        if let Some(tail) = after.strip_prefix('$') {
+            len = len.saturating_add(1);
+            rest = tail;
+        } else if let Some(inner) = after.strip_prefix('(') {
+            match inner.find(')') {
+                Some(end) => {
+                    let name = &inner[..end];
+                    // An unknown name stays as written: `$(`, the name and `)`.
+                    let value = vars.get(name).map_or(name.len() + 3, String::len);
+                    len = len.saturating_add(value);
+                    rest = &inner[end + 1..];
+                }
+                None => {
+                    len = len.saturating_add(2);
+                    rest = inner;
+                }
+            }
+        } else {
+            len = len.saturating_add(1);
+            rest = after;
+        }
+    }
+    len.saturating_add(rest.len())
 }
 
 /// The event reason for envFrom keys that are skipped.
@@ -162,8 +277,8 @@ pub fn resolve(
                 invalid.push(var);
                 continue;
             }
-            defined.insert(var.clone(), value.clone());
-            env.set(&mut index, var, value);
+            env.set(&mut index, &container.name, var.clone(), value.clone())?;
+            defined.insert(var, value);
         }
         if !invalid.is_empty() {
             invalid.sort();
@@ -186,6 +301,7 @@ pub fn resolve(
         let literal = var.value.as_deref().unwrap_or("");
         // As the kubelet: a non-empty value wins over valueFrom.
         let value = if !literal.is_empty() {
+            check_var(&var.name, expanded_len(literal, &defined), &container.name)?;
             expand(literal, &defined)
         } else if let Some(from) = &var.value_from {
             let resolved = if let Some(f) = &from.field_ref {
@@ -221,8 +337,8 @@ pub fn resolve(
         } else {
             String::new()
         };
-        defined.insert(var.name.clone(), value.clone());
-        env.set(&mut index, var.name.clone(), value);
+        env.set(&mut index, &container.name, var.name.clone(), value.clone())?;
+        defined.insert(var.name.clone(), value);
     }
 
     if let Some((name, _)) = env.vars.iter().find(|(_, v)| v.contains('\0')) {

@@ -482,3 +482,125 @@ fn env_var_names_as_the_kubelet_checks_them() {
         assert!(!is_env_var_name(bad), "{bad}");
     }
 }
+
+/// `V0` of `first` bytes, then `V1` .. `V{n}`, each `$(prev)$(prev)`.
+fn doubling(first: usize, n: usize) -> Pod {
+    let mut env = vec![serde_json::json!({"name": "V0", "value": "x".repeat(first)})];
+    for i in 1..=n {
+        let prev = i - 1;
+        env.push(
+            serde_json::json!({"name": format!("V{i}"), "value": format!("$(V{prev})$(V{prev})")}),
+        );
+    }
+    pod(serde_json::json!({ "env": env }))
+}
+
+#[test]
+fn a_value_that_doubles_itself_is_refused_before_it_is_built() {
+    let cached = Cached::new(&[]);
+    // 60 KB of manifest that would expand to 983 MB (2.35 GB of agent before bounds).
+    let message = cached.error(&doubling(60_000, 13));
+    assert_eq!(
+        message,
+        "env \"V2\" of container \"main\" would take 240004 bytes (NAME=value, $(VAR) \
+         references expanded), more than the 131072 bytes one variable may take (the \
+         kernel's MAX_ARG_STRLEN): shorten it or the variables it refers to"
+    );
+    // Within the bound, the same pattern resolves.
+    let vars = cached.vars(&doubling(1000, 5));
+    assert_eq!(vars.last().map(|(_, v)| v.len()), Some(32_000));
+}
+
+#[test]
+fn one_variable_may_take_up_to_max_arg_strlen() {
+    let cached = Cached::new(&[]);
+    // "A=" + value + NUL.
+    let fits = MAX_VAR_BYTES - 3;
+    let p = pod(serde_json::json!({"env": [{"name": "A", "value": "x".repeat(fits)}]}));
+    assert_eq!(cached.vars(&p)[0].1.len(), fits);
+    let p = pod(serde_json::json!({"env": [{"name": "A", "value": "x".repeat(fits + 1)}]}));
+    assert!(cached.error(&p).contains("\"A\""));
+    // Expanded: one byte of literal past a value that fits.
+    let p = pod(serde_json::json!({"env": [
+        {"name": "A", "value": "x".repeat(fits)},
+        {"name": "B", "value": "$(A)y"},
+    ]}));
+    assert!(cached
+        .error(&p)
+        .starts_with("env \"B\" of container \"main\" would take 131073 bytes"));
+}
+
+#[test]
+fn a_whole_environment_past_a_mebibyte_is_refused() {
+    let cached = Cached::new(&[]);
+    let big = "x".repeat(120 * 1024);
+    let env: Vec<_> = (0..9)
+        .map(|i| serde_json::json!({"name": format!("BIG{i}"), "value": big}))
+        .collect();
+    let message = cached.error(&pod(serde_json::json!({ "env": env })));
+    assert!(
+        message.starts_with("environment of container \"main\" would take "),
+        "{message}"
+    );
+    assert!(message.contains("with env \"BIG8\""), "{message}");
+    assert!(
+        message.contains("more than the 1048576 bytes (1 MiB)"),
+        "{message}"
+    );
+    // A name set again replaces its value: only the last one counts.
+    let env: Vec<_> = (0..20)
+        .map(|_| serde_json::json!({"name": "SAME", "value": big}))
+        .collect();
+    assert_eq!(
+        cached.vars(&pod(serde_json::json!({ "env": env }))).len(),
+        1
+    );
+}
+
+#[test]
+fn env_from_values_are_bounded_too() {
+    let huge = "x".repeat(MAX_VAR_BYTES);
+    let cached = Cached::new(&[config_map("big", serde_json::json!({"HUGE": huge}))]);
+    let p = pod(serde_json::json!({"envFrom": [{"configMapRef": {"name": "big"}}]}));
+    assert!(
+        cached
+            .error(&p)
+            .starts_with("env \"HUGE\" of container \"main\" would take"),
+        "{}",
+        cached.error(&p)
+    );
+}
+
+#[test]
+fn expanded_len_counts_what_expand_builds() {
+    let vars: HashMap<String, String> = [("A", "x"), ("B", "y y"), ("EMPTY", ""), ("É", "ü")]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    for input in [
+        "",
+        "plain",
+        "$(A)",
+        "pre-$(A)-$(B)-post",
+        "$$(A)",
+        "$(UNKNOWN)",
+        "$A $",
+        "$(A",
+        "$$$$",
+        "$()",
+        "$(EMPTY)$(EMPTY)",
+        "$(É)é$",
+        "$($(A))",
+        "$(A))(",
+        "$",
+        "$$",
+        "$(",
+        "$(A)$(B)$(A)$$$(B",
+    ] {
+        assert_eq!(
+            expanded_len(input, &vars),
+            expand(input, &vars).len(),
+            "{input:?}"
+        );
+    }
+}

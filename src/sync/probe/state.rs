@@ -124,7 +124,7 @@ impl ProbeState {
             timing,
             verdict,
             run: None,
-            next_at: started + timing.initial_delay,
+            next_at: later(started, timing.initial_delay),
             in_flight: false,
             message: heapless::String::new(),
         }
@@ -168,7 +168,7 @@ impl ProbeState {
     /// of equal results changes it only once it reaches the threshold for that result.
     pub fn record(&mut self, success: bool, message: &str, now: Instant) -> Option<Verdict> {
         self.in_flight = false;
-        self.next_at = now + self.timing.period;
+        self.next_at = later(now, self.timing.period);
         if !success {
             self.message.clear();
             push_cut(&mut self.message, message);
@@ -199,6 +199,15 @@ impl ProbeState {
         }
         Some(wanted)
     }
+}
+
+/// `t + d`. The spec's durations are i32 seconds (68 years at most), which the
+/// monotonic clock holds; should it not, a year on stands in rather than a panic.
+fn later(t: Instant, d: Duration) -> Instant {
+    const YEAR: Duration = Duration::from_secs(365 * 24 * 3600);
+    t.checked_add(d)
+        .or_else(|| t.checked_add(YEAR))
+        .unwrap_or(t)
 }
 
 /// Appends as much of `s` as fits, cut at a character boundary.
@@ -241,6 +250,29 @@ mod tests {
             Timing::of(&probe(1, 5, 1, 0), Kind::Readiness).success_threshold,
             5
         );
+    }
+
+    #[test]
+    fn the_largest_timings_schedule_without_overflow() {
+        let p = Probe {
+            initial_delay_seconds: Some(i32::MAX),
+            period_seconds: Some(i32::MAX),
+            timeout_seconds: Some(i32::MAX),
+            success_threshold: Some(i32::MAX),
+            failure_threshold: Some(i32::MAX),
+            ..Probe::default()
+        };
+        let t = Timing::of(&p, Kind::Readiness);
+        let max = Duration::from_secs(i32::MAX.unsigned_abs().into());
+        assert_eq!((t.initial_delay, t.period, t.timeout), (max, max, max));
+        assert_eq!(t.failure_threshold, i32::MAX.unsigned_abs());
+        let t0 = Instant::now();
+        let mut s = ProbeState::new(Kind::Readiness, t, t0);
+        assert!(!s.due(t0 + Duration::from_secs(3600)));
+        assert_eq!(s.record(false, "x", t0), None, "one failure of 2^31 - 1");
+        assert_eq!(s.next_at(), t0 + max);
+        // A period past the clock's reach waits a year rather than panics.
+        assert!(later(t0, Duration::MAX) > t0);
     }
 
     #[test]

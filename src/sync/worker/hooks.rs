@@ -10,6 +10,7 @@ use tokio::time::Instant;
 
 use super::super::probe::action::Action;
 use super::super::probe::net::Outcome;
+use super::stop::grace_wait;
 use super::{blocking, Worker};
 use crate::runtime::ContainerId;
 use crate::uplink::report::EventType;
@@ -39,7 +40,8 @@ impl Hook {
 }
 
 impl Worker {
-    /// The pod's `terminationGracePeriodSeconds` (30 when unset).
+    /// The pod's `terminationGracePeriodSeconds` (30 when unset), as written: waits
+    /// take it through [`grace_wait`].
     pub(super) fn grace_period(&self) -> i64 {
         self.pod
             .spec
@@ -65,8 +67,7 @@ impl Worker {
         let Some(handler) = Hook::PostStart.of(c).cloned() else {
             return;
         };
-        let grace = self.grace_period();
-        let timeout = Duration::from_secs(grace.max(1).unsigned_abs());
+        let timeout = grace_wait(self.grace_period()).max(Duration::from_secs(1));
         if let Err(message) = self
             .run_hook(Hook::PostStart, c, &handler, id, timeout)
             .await

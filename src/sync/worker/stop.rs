@@ -12,6 +12,29 @@ use crate::runtime::{ContainerId, ContainerState};
 use crate::time;
 use crate::uplink::report::EventType;
 
+/// The longest grace period waited out: a year. The API takes any non-negative i64
+/// (the largest is 292 billion years, which no clock can add to now: it overflowed
+/// the monotonic clock and aborted the agent), and a container that has not stopped
+/// within a year of SIGTERM is not going to; the wait ends as soon as it exits anyway.
+pub(super) const MAX_GRACE: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// A grace period in seconds from a spec or the apiserver as a wait: a negative one
+/// (which validation refuses in a manifest) is none, one beyond [`MAX_GRACE`] is that.
+pub(super) fn grace_wait(seconds: i64) -> Duration {
+    u64::try_from(seconds)
+        .map(Duration::from_secs)
+        .unwrap_or(Duration::ZERO)
+        .min(MAX_GRACE)
+}
+
+/// `wait` from now, or the farthest the clock can hold should it not hold that.
+pub(super) fn deadline_in(wait: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(wait)
+        .or_else(|| now.checked_add(MAX_GRACE))
+        .unwrap_or(now)
+}
+
 impl Worker {
     /// The pod is no longer wanted by its source: stops it with the spec's grace period
     /// and forgets it.
@@ -67,8 +90,12 @@ impl Worker {
     /// container) go first, then the sidecars in the reverse of their order, each with
     /// what is left of the grace period, as the kubelet stops them.
     pub(super) async fn stop_containers(&mut self, grace: i64) {
-        let grace = grace.max(0).unsigned_abs();
-        log::info!("pod {}: stopping (grace period {grace}s)", self.name());
+        let wait = grace_wait(grace);
+        log::info!(
+            "pod {}: stopping (grace period {}s)",
+            self.name(),
+            wait.as_secs()
+        );
         let running = self.running();
         let sidecars = self.sidecar_names();
         let (side, first): (Vec<_>, Vec<_>) =
@@ -82,12 +109,13 @@ impl Worker {
                 format!("Stopping container {name}"),
             );
         }
-        let deadline = Instant::now() + Duration::from_secs(grace);
-        self.stop_group(&first, deadline, grace > 0).await;
+        let deadline = deadline_in(wait);
+        let graceful = !wait.is_zero();
+        self.stop_group(&first, deadline, graceful).await;
         let mut side = side;
         side.sort_by_key(|(n, _)| std::cmp::Reverse(sidecars.iter().position(|s| s == n)));
         for one in side {
-            self.stop_group(std::slice::from_ref(&one), deadline, grace > 0)
+            self.stop_group(std::slice::from_ref(&one), deadline, graceful)
                 .await;
         }
     }
@@ -170,10 +198,10 @@ impl Worker {
             message.clone(),
         );
         self.kill_reasons.insert(name.to_string(), message);
-        let grace = grace.max(0).unsigned_abs();
-        let deadline = Instant::now() + Duration::from_secs(grace);
+        let wait = grace_wait(grace);
         let one = [(name.to_string(), id.clone())];
-        self.stop_group(&one, deadline, grace > 0).await;
+        self.stop_group(&one, deadline_in(wait), !wait.is_zero())
+            .await;
         self.refresh().await;
     }
 
@@ -181,12 +209,12 @@ impl Worker {
     pub(super) async fn stop_sidecars(&mut self) {
         let sidecars = self.sidecar_names();
         let running = self.running();
-        let grace = self.grace_period().max(0).unsigned_abs();
-        let deadline = Instant::now() + Duration::from_secs(grace);
+        let wait = grace_wait(self.grace_period());
+        let deadline = deadline_in(wait);
         for name in sidecars.iter().rev() {
             if let Some(one) = running.iter().find(|(n, _)| n == name) {
                 log::info!("pod {}: work done, stopping sidecar {name}", self.name());
-                self.stop_group(std::slice::from_ref(one), deadline, grace > 0)
+                self.stop_group(std::slice::from_ref(one), deadline, !wait.is_zero())
                     .await;
             }
         }
@@ -260,12 +288,31 @@ impl Worker {
     }
 
     async fn wait_exited(&self, ids: &[ContainerId], within: Duration) {
-        let deadline = Instant::now() + within;
+        let deadline = deadline_in(within);
         loop {
             if self.still_running(ids).await.is_empty() || Instant::now() >= deadline {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grace_periods_from_outside_become_waits_the_clock_can_hold() {
+        assert_eq!(grace_wait(30), Duration::from_secs(30));
+        assert_eq!(grace_wait(0), Duration::ZERO);
+        assert_eq!(grace_wait(-1), Duration::ZERO);
+        assert_eq!(grace_wait(i64::MIN), Duration::ZERO);
+        assert_eq!(grace_wait(i64::MAX), MAX_GRACE);
+        let before = Instant::now();
+        let far = deadline_in(grace_wait(i64::MAX));
+        assert!(far >= before + MAX_GRACE);
+        // A wait no clock holds saturates rather than panics.
+        assert!(deadline_in(Duration::MAX) >= before + MAX_GRACE);
     }
 }
