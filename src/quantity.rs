@@ -53,7 +53,11 @@ fn parse_scaled(quantity: &str, target_exp10: i32) -> Result<u64, String> {
     let frac_len = i32::try_from(frac_part.len()).map_err(|_| invalid(quantity, "too long"))?;
     let (exp10, bin_shift) = suffix_scale(suffix)
         .ok_or_else(|| invalid(quantity, &format!("unknown suffix {suffix:?}")))?;
-    let exp10 = exp10 - frac_len + target_exp10;
+    // A fraction of a billion digits would take the exponent past i32.
+    let exp10 = exp10
+        .checked_sub(frac_len)
+        .and_then(|e| e.checked_add(target_exp10))
+        .ok_or_else(|| invalid(quantity, "too long"))?;
 
     let overflow = || invalid(quantity, "too large");
     let mut numerator = mantissa
@@ -66,9 +70,12 @@ fn parse_scaled(quantity: &str, target_exp10: i32) -> Result<u64, String> {
             .ok_or_else(overflow)?;
         numerator = numerator.checked_mul(factor).ok_or_else(overflow)?;
     } else {
-        denominator = 10u128
-            .checked_pow(exp10.unsigned_abs())
-            .ok_or_else(overflow)?;
+        match 10u128.checked_pow(exp10.unsigned_abs()) {
+            Some(d) => denominator = d,
+            // Past 10^38, which is more than any numerator u128 holds: what is left is
+            // a fraction of one, and fractions round up.
+            None => return Ok(u64::from(numerator > 0)),
+        }
     }
     let value = numerator.div_ceil(denominator);
     u64::try_from(value).map_err(|_| overflow())
@@ -96,7 +103,8 @@ fn suffix_scale(suffix: &str) -> Option<(i32, u32)> {
         _ => {
             let exponent = suffix.strip_prefix(['e', 'E'])?;
             let exponent: i32 = exponent.parse().ok()?;
-            if exponent.abs() > 30 {
+            // unsigned_abs: `1e-2147483648` has no i32 absolute value.
+            if exponent.unsigned_abs() > 30 {
                 return None;
             }
             (exponent, 0)
@@ -150,6 +158,18 @@ mod tests {
             assert!(parse_bytes(q).is_err(), "{q:?} should not parse");
         }
         assert!(parse_bytes("20Ei").is_err(), "does not fit u64");
+        // Exponents and fractions at the edges of i32 are errors, not overflows.
+        for q in ["1e-2147483648", "1e2147483647", "1e-2147483649"] {
+            assert!(parse_bytes(q).is_err(), "{q:?} should not parse");
+        }
+        let tiny = format!("0.{}1", "0".repeat(40));
+        assert_eq!(
+            parse_bytes(&tiny).ok(),
+            Some(1),
+            "a fraction of a byte rounds up"
+        );
+        let zero = format!("0.{}", "0".repeat(40));
+        assert_eq!(parse_bytes(&zero).ok(), Some(0));
         let msg = parse_bytes("10MB").err().unwrap_or_default();
         assert!(msg.contains("unknown suffix \"MB\""), "{msg}");
     }

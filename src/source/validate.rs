@@ -4,9 +4,10 @@
 
 use std::collections::HashSet;
 
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::{Container, LifecycleHandler, Pod, Probe};
 
 use crate::config::{check_dns1123_label, check_dns1123_subdomain};
+use crate::quantity;
 
 const RESTART_POLICIES: [&str; 3] = ["Always", "OnFailure", "Never"];
 const PROTOCOLS: [&str; 3] = ["TCP", "UDP", "SCTP"];
@@ -61,13 +62,27 @@ pub fn validate_pod(pod: &Pod) -> Vec<String> {
         }
     }
     if let Some(grace) = spec.termination_grace_period_seconds {
-        if grace < 0 {
+        non_negative("spec.terminationGracePeriodSeconds", grace, &mut problems);
+    }
+    if let Some(deadline) = spec.active_deadline_seconds {
+        if !(1..=i64::from(i32::MAX)).contains(&deadline) {
             problems.push(format!(
-                "spec.terminationGracePeriodSeconds: must be greater than or equal to 0, got {grace}"
+                "spec.activeDeadlineSeconds: must be between 1 and {}, inclusive, got {deadline}",
+                i32::MAX
             ));
         }
     }
     problems
+}
+
+/// The apiserver's `ValidateNonnegativeField`. Values too large to mean anything are
+/// legal; whatever does arithmetic with them saturates.
+fn non_negative(path: &str, value: i64, problems: &mut Vec<String>) {
+    if value < 0 {
+        problems.push(format!(
+            "{path}: must be greater than or equal to 0, got {value}"
+        ));
+    }
 }
 
 fn check_container<'a>(
@@ -89,6 +104,40 @@ fn check_container<'a>(
     if c.image.as_deref().is_none_or(|i| i.trim().is_empty()) {
         problems.push(format!("{path}.image: required"));
     }
+    for (kind, probe) in [
+        ("livenessProbe", &c.liveness_probe),
+        ("readinessProbe", &c.readiness_probe),
+        ("startupProbe", &c.startup_probe),
+    ] {
+        if let Some(p) = probe {
+            check_probe(&format!("{path}.{kind}"), p, problems);
+        }
+    }
+    let hooks = c.lifecycle.as_ref();
+    for (kind, hook) in [
+        ("postStart", hooks.and_then(|l| l.post_start.as_ref())),
+        ("preStop", hooks.and_then(|l| l.pre_stop.as_ref())),
+    ] {
+        if let Some(h) = hook {
+            check_hook(&format!("{path}.lifecycle.{kind}"), h, problems);
+        }
+    }
+    let resources = c.resources.as_ref();
+    for (kind, amounts) in [
+        ("limits", resources.and_then(|r| r.limits.as_ref())),
+        ("requests", resources.and_then(|r| r.requests.as_ref())),
+    ] {
+        for (name, q) in amounts.into_iter().flatten() {
+            let parsed = if name == "cpu" {
+                quantity::parse_millicpu(&q.0)
+            } else {
+                quantity::parse_bytes(&q.0)
+            };
+            if let Err(e) = parsed {
+                problems.push(format!("{path}.resources.{kind}[{name}]: {e}"));
+            }
+        }
+    }
     for (j, port) in c.ports.iter().flatten().enumerate() {
         if !(1..=65535).contains(&port.container_port) {
             problems.push(format!(
@@ -103,6 +152,35 @@ fn check_container<'a>(
                 ));
             }
         }
+    }
+}
+
+/// A probe's numbers, as the apiserver's `validateProbe` checks them.
+fn check_probe(path: &str, p: &Probe, problems: &mut Vec<String>) {
+    for (field, value) in [
+        ("initialDelaySeconds", p.initial_delay_seconds),
+        ("timeoutSeconds", p.timeout_seconds),
+        ("periodSeconds", p.period_seconds),
+        ("successThreshold", p.success_threshold),
+        ("failureThreshold", p.failure_threshold),
+    ] {
+        if let Some(v) = value {
+            non_negative(&format!("{path}.{field}"), v.into(), problems);
+        }
+    }
+    if let Some(grace) = p.termination_grace_period_seconds {
+        if grace <= 0 {
+            problems.push(format!(
+                "{path}.terminationGracePeriodSeconds: must be greater than 0, got {grace}"
+            ));
+        }
+    }
+}
+
+/// A lifecycle hook's sleep.
+fn check_hook(path: &str, h: &LifecycleHandler, problems: &mut Vec<String>) {
+    if let Some(sleep) = &h.sleep {
+        non_negative(&format!("{path}.sleep.seconds"), sleep.seconds, problems);
     }
 }
 
@@ -159,6 +237,73 @@ spec:
                 "{got:?} does not start with {want:?}"
             );
         }
+    }
+
+    #[test]
+    fn negative_numbers_are_refused_by_field_and_huge_ones_are_legal() {
+        let p = pod("
+metadata: {name: web}
+spec:
+  terminationGracePeriodSeconds: 9223372036854775807
+  activeDeadlineSeconds: 0
+  containers:
+  - name: web
+    image: busybox
+    resources: {limits: {memory: -1Mi, cpu: 20Ei}, requests: {memory: 99999999Ei}}
+    lifecycle:
+      preStop: {sleep: {seconds: -5}}
+      postStart: {sleep: {seconds: 9223372036854775807}}
+    livenessProbe:
+      exec: {command: [true]}
+      initialDelaySeconds: -1
+      timeoutSeconds: -1
+      periodSeconds: -1
+      successThreshold: -1
+      failureThreshold: -1
+      terminationGracePeriodSeconds: 0
+    readinessProbe:
+      exec: {command: [true]}
+      initialDelaySeconds: 2147483647
+      periodSeconds: 2147483647
+    startupProbe:
+      exec: {command: [true]}
+      terminationGracePeriodSeconds: 9223372036854775807
+");
+        let problems = validate_pod(&p);
+        let c = "spec.containers[0]";
+        let expect = [
+            format!(
+                "{c}.livenessProbe.initialDelaySeconds: must be greater than or equal to 0, got -1"
+            ),
+            format!("{c}.livenessProbe.timeoutSeconds: must be greater than or equal to 0"),
+            format!("{c}.livenessProbe.periodSeconds: must be greater than or equal to 0"),
+            format!("{c}.livenessProbe.successThreshold: must be greater than or equal to 0"),
+            format!("{c}.livenessProbe.failureThreshold: must be greater than or equal to 0"),
+            format!(
+                "{c}.livenessProbe.terminationGracePeriodSeconds: must be greater than 0, got 0"
+            ),
+            format!(
+                "{c}.lifecycle.preStop.sleep.seconds: must be greater than or equal to 0, got -5"
+            ),
+            format!("{c}.resources.limits[cpu]: invalid quantity \"20Ei\": too large"),
+            format!("{c}.resources.limits[memory]: invalid quantity \"-1Mi\": negative"),
+            format!("{c}.resources.requests[memory]: invalid quantity"),
+            "spec.activeDeadlineSeconds: must be between 1 and 2147483647, inclusive, got 0".into(),
+        ];
+        assert_eq!(problems.len(), expect.len(), "{problems:#?}");
+        for (got, want) in problems.iter().zip(expect) {
+            assert!(
+                got.starts_with(&want),
+                "{got:?} does not start with {want:?}"
+            );
+        }
+        let ok = pod("
+metadata: {name: web}
+spec:
+  activeDeadlineSeconds: 2147483647
+  containers: [{name: web, image: busybox}]
+");
+        assert_eq!(validate_pod(&ok), Vec::<String>::new());
     }
 
     #[test]
