@@ -97,7 +97,7 @@ impl Reading {
     /// `wall - boot`: the wall time the clock would have shown at boot. Constant while
     /// nobody sets the clock; a jump of the clock moves it by the jump.
     pub fn offset(&self) -> SignedDuration {
-        self.wall.as_duration() - signed(self.boot)
+        self.wall.as_duration().saturating_sub(signed(self.boot))
     }
 }
 
@@ -148,7 +148,8 @@ impl ClockHistory {
         let was = self.last.map(|l| is_sane(l.wall));
         if !is_sane(r.wall) {
             let offset = r.offset();
-            if self.insane.is_none_or(|o| (o - offset).abs() > SLACK) {
+            let moved = |o: SignedDuration| o.saturating_sub(offset).unsigned_abs();
+            if self.insane.is_none_or(|o| moved(o) > SLACK.unsigned_abs()) {
                 if self.insane.is_some() {
                     log::warn!(
                         "wall clock set to {}, still before {FLOOR_TEXT}: times taken \
@@ -171,7 +172,7 @@ impl ClockHistory {
                 log::info!(
                     "wall clock set: now {}, a jump of {}s; times taken before are moved by it",
                     r.wall,
-                    (r.offset() - insane).as_secs()
+                    r.offset().saturating_sub(insane).as_secs()
                 );
             }
         }
@@ -237,11 +238,11 @@ impl ClockHistory {
         // When, in boot time, was `t` taken if the clock then had the offset the agent
         // saw? Before boot, or after the newest reading, means it was not: `t` is from
         // another boot or another wrong setting of the clock.
-        let boot_at = t.as_duration() - insane;
-        if boot_at < -SLACK || boot_at > signed(last.boot) + SLACK {
+        let boot_at = t.as_duration().checked_sub(insane)?;
+        if boot_at < -SLACK || boot_at > signed(last.boot).saturating_add(SLACK) {
             return None;
         }
-        let real = t.checked_add(last.offset() - insane).ok()?;
+        let real = t.checked_add(last.offset().checked_sub(insane)?).ok()?;
         is_sane(real).then_some(real)
     }
 }
@@ -255,6 +256,12 @@ fn parse_memory(text: &str) -> Option<(&str, SignedDuration)> {
     }
     let secs = i64::try_from(nanos / 1_000_000_000).ok()?;
     let sub = i32::try_from(nanos % 1_000_000_000).ok()?;
+    // An offset is a wall time less a time since boot: one beyond the range of wall
+    // times is not a record this agent wrote, and its arithmetic would overflow.
+    let reach = Timestamp::MAX.as_second();
+    if !(-reach..=reach).contains(&secs) {
+        return None;
+    }
     Some((id, SignedDuration::new(secs, sub)))
 }
 
@@ -552,6 +559,36 @@ mod tests {
         third.observe(at_1970(5));
         let kept = std::fs::read_to_string(&path).expect("kept");
         assert!(kept.starts_with("boot-c "), "{kept}");
+    }
+
+    #[test]
+    fn a_kept_offset_out_of_any_clock_s_range_is_ignored() {
+        let dir = crate::testutil::TempDir::new("clock-memory-hostile");
+        let path = dir.0.join("clock");
+        for nanos in [
+            i128::from(i64::MIN) * 1_000_000_000,
+            -(1i128 << 100),
+            i128::MAX,
+        ] {
+            std::fs::write(&path, format!("boot-a {nanos}\n")).expect("write");
+            let mut h = ClockHistory::default();
+            h.remember_in(&path, "boot-a");
+            assert_eq!(h.insane, None, "{nanos}");
+            // The arithmetic on readings and times must not overflow either way.
+            h.observe(at_1970(5));
+            h.observe(set(100));
+            assert_eq!(h.correct(Timestamp::MIN), None);
+        }
+        // The largest offset a clock can show is still taken, and nothing overflows.
+        let reach = i128::from(Timestamp::MAX.as_second()) * 1_000_000_000;
+        std::fs::write(&path, format!("boot-a -{reach}\n")).expect("write");
+        let mut h = ClockHistory::default();
+        h.remember_in(&path, "boot-a");
+        assert!(h.insane.is_some());
+        h.observe(at_1970(5));
+        h.observe(set(100));
+        assert_eq!(h.correct(Timestamp::MIN), None);
+        assert_eq!(h.correct(Timestamp::MAX), Some(Timestamp::MAX));
     }
 
     fn history_after_jump() -> ClockHistory {

@@ -59,12 +59,13 @@ pub fn shares(milli: u64) -> u64 {
     if milli == 0 {
         return MIN_SHARES;
     }
-    (milli * SHARES_PER_CPU / 1000).clamp(MIN_SHARES, MAX_SHARES)
+    // Saturating: a manifest's CPU quantity may be up to u64::MAX millicores.
+    (milli.saturating_mul(SHARES_PER_CPU) / 1000).clamp(MIN_SHARES, MAX_SHARES)
 }
 
 /// `MilliCPUToQuota` for the kubelet's period.
 pub fn quota(milli: u64) -> u64 {
-    (milli * CPU_PERIOD / 1000).max(MIN_QUOTA)
+    (milli.saturating_mul(CPU_PERIOD) / 1000).max(MIN_QUOTA)
 }
 
 /// cgroup v2 weight from v1 shares, as the kubelet (Kubernetes 1.35 on), runc 1.3.2 on,

@@ -80,17 +80,19 @@ pub fn pod_resources(pod: &Pod) -> Result<PodResources, String> {
     for c in spec.init_containers.iter().flatten() {
         let (cpu, mem) = (request(c, "cpu")?, request(c, "memory")?);
         if is_sidecar(c) {
-            side.cpu_milli += cpu;
-            side.memory += mem;
+            side.cpu_milli = side.cpu_milli.saturating_add(cpu);
+            side.memory = side.memory.saturating_add(mem);
             continue;
         }
-        req.cpu_milli = req.cpu_milli.max(cpu + side.cpu_milli);
-        req.memory = req.memory.max(mem + side.memory);
+        req.cpu_milli = req.cpu_milli.max(cpu.saturating_add(side.cpu_milli));
+        req.memory = req.memory.max(mem.saturating_add(side.memory));
     }
     if let Some(overhead) = &spec.overhead {
         if req.cpu_milli > 0 || req.memory > 0 {
-            req.cpu_milli += amount(overhead.get("cpu").map(|q| q.0.as_str()), "cpu")?;
-            req.memory += amount(overhead.get("memory").map(|q| q.0.as_str()), "memory")?;
+            let cpu = amount(overhead.get("cpu").map(|q| q.0.as_str()), "cpu")?;
+            let memory = amount(overhead.get("memory").map(|q| q.0.as_str()), "memory")?;
+            req.cpu_milli = req.cpu_milli.saturating_add(cpu);
+            req.memory = req.memory.saturating_add(memory);
         }
     }
     if spec.containers.is_empty() {
@@ -146,5 +148,23 @@ mod tests {
             {"name": "a", "resources": {"limits": {"memory": "lots"}}}
         ]})))
         .is_err());
+    }
+
+    #[test]
+    fn the_largest_quantities_saturate() {
+        let huge = serde_json::json!({"requests": {"cpu": "18P", "memory": "15Ei"}});
+        let p = pod(serde_json::json!({
+            "containers": [{"name": "a", "resources": huge}],
+            "initContainers": [
+                {"name": "side", "restartPolicy": "Always", "resources": huge},
+                {"name": "init", "resources": huge},
+            ],
+            "overhead": {"cpu": "18P", "memory": "15Ei"},
+        }));
+        let r = pod_resources(&p).expect("resources");
+        assert_eq!(r.requests.cpu_milli, u64::MAX);
+        assert_eq!(r.requests.memory, u64::MAX);
+        assert_eq!(crate::resources::cgroups::shares(u64::MAX), 262_144);
+        assert!(crate::resources::cgroups::quota(u64::MAX) > 0);
     }
 }
