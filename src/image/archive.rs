@@ -2,14 +2,18 @@
 //! layout or `docker save`, optionally gzipped) staged under the content store's `tmp/`
 //! and hashed on the way in, so each blob is read once and then only renamed.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::fs::{self, File};
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 
 use flate2::read::MultiGzDecoder;
 
 use super::content::{copy_hashing, read_limited, verify, Content};
+use super::space::DiskBudget;
+use super::unpack::{Bounded, Limits};
 use super::{io_err, ImageError};
 
 /// Symlink chains inside an archive longer than this are refused as loops.
@@ -165,11 +169,45 @@ impl Staged {
             .fill_buf()
             .map_err(io_err(format!("read {shown}")))?
             .starts_with(&[0x1f, 0x8b]);
+        let compressed = buffered
+            .get_ref()
+            .metadata()
+            .map_err(io_err(format!("stat {shown}")))?
+            .len();
+        let limits = Limits::DEFAULT;
+        let limit = limits.stream_limit(compressed);
+        let read = Rc::new(Cell::new(0u64));
         let reader: Box<dyn Read> = if gzip {
-            Box::new(MultiGzDecoder::new(buffered))
+            Box::new(Bounded::new(
+                Box::new(MultiGzDecoder::new(buffered)),
+                read.clone(),
+                limit,
+            ))
         } else {
             Box::new(buffered)
         };
+        let mut budget = DiskBudget::new(&self.dir, format!("stage archive {shown}"));
+        let result = self.fill_from(reader, &shown, &mut budget);
+        match result {
+            Err(_) if read.get() > limit => Err(ImageError::TooLarge {
+                what: format!(
+                    "archive {shown} once uncompressed (an archive may inflate to {} times \
+                     its {compressed} compressed bytes, or to {} bytes if that is more; \
+                     beyond that it is taken for a decompression bomb)",
+                    limits.ratio, limits.floor
+                ),
+                limit,
+            }),
+            other => other,
+        }
+    }
+
+    fn fill_from(
+        &mut self,
+        reader: Box<dyn Read>,
+        shown: &str,
+        budget: &mut DiskBudget,
+    ) -> Result<(), ImageError> {
         let mut archive = tar::Archive::new(reader);
         let entries = archive
             .entries()
@@ -184,11 +222,17 @@ impl Staged {
             };
             match entry.header().entry_type() {
                 tar::EntryType::Regular | tar::EntryType::Continuous => {
+                    // The header says how much follows: what cannot fit is refused
+                    // before any of it is written.
+                    budget.charge_entry()?;
+                    budget.charge(entry.size())?;
                     let path = self.dir.join(format!("f{n}"));
                     let mut out = File::create(&path)
-                        .map_err(io_err(format!("create {}", path.display())))?;
-                    let (digest, size) = copy_hashing(&mut entry, &mut out)
-                        .map_err(io_err(format!("read {name} from {shown}")))?;
+                        .map_err(|e| budget.io_error(format!("create {}", path.display()), e))?;
+                    let (digest, size) = copy_hashing(&mut entry, &mut out).map_err(|e| {
+                        budget
+                            .io_error(format!("copy {name} from {shown} to {}", path.display()), e)
+                    })?;
                     self.files.insert(name, StagedFile { path, digest, size });
                 }
                 tar::EntryType::Symlink | tar::EntryType::Link => {
@@ -274,5 +318,85 @@ mod tests {
             Some("blobs/sha256/x")
         );
         assert_eq!(resolve_lexically("abc/../../x"), None);
+    }
+
+    /// Every cause of the error appears in what the user is shown.
+    fn shows_its_cause(e: &ImageError) -> bool {
+        use std::error::Error;
+        let shown = e.to_string();
+        let mut source = e.source();
+        while let Some(s) = source {
+            if !shown.contains(&s.to_string()) {
+                return false;
+            }
+            source = s.source();
+        }
+        true
+    }
+
+    #[test]
+    fn a_malformed_archive_says_what_is_wrong_with_it() {
+        let tmp = crate::testutil::TempDir::new("archive-malformed");
+        let content = Content::open(&tmp.0.join("content")).expect("content store");
+        // A tar cut off in the middle of its one file.
+        let mut b = tar::Builder::new(Vec::new());
+        let mut h = tar::Header::new_gnu();
+        h.set_size(10_000);
+        h.set_mode(0o644);
+        h.set_cksum();
+        b.append_data(&mut h, "manifest.json", &[b'x'; 10_000][..])
+            .expect("append");
+        let mut bytes = b.into_inner().expect("tar");
+        bytes.truncate(4096);
+        let cut = tmp.0.join("cut.tar");
+        fs::write(&cut, &bytes).expect("write");
+        let e = Archive::open(&cut, &content)
+            .err()
+            .expect("a cut tar is refused");
+        let shown = e.to_string();
+        assert!(shown.contains("cut.tar"), "{shown}");
+        assert!(shows_its_cause(&e), "{shown}");
+        assert!(
+            shown.contains("entire block")
+                || shown.contains("EOF")
+                || shown.contains("end of file"),
+            "{shown}"
+        );
+
+        // A header whose checksum is wrong.
+        let mut garbage = vec![b'A'; 1024];
+        garbage.extend(vec![0u8; 1024]);
+        let bad = tmp.0.join("garbage.tar");
+        fs::write(&bad, &garbage).expect("write");
+        let e = Archive::open(&bad, &content)
+            .err()
+            .expect("garbage is refused");
+        let shown = e.to_string();
+        assert!(shows_its_cause(&e), "{shown}");
+        assert!(shown.contains("cksum"), "{shown}");
+
+        // Nothing of either is left in the store's temp area.
+        let left: Vec<_> = fs::read_dir(tmp.0.join("content/tmp"))
+            .expect("tmp")
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+    }
+
+    #[test]
+    fn a_full_disk_is_named_as_such() {
+        // /dev/full answers every write with ENOSPC.
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .expect("/dev/full");
+        let e = std::io::Write::write_all(&mut f, b"x")
+            .map_err(io_err("write blob /dev/full".into()))
+            .expect_err("ENOSPC");
+        let shown = e.to_string();
+        assert!(shown.contains("No space left on device"), "{shown}");
+        assert!(shown.contains("disk is full"), "{shown}");
+        assert!(shown.contains("/dev/full"), "{shown}");
     }
 }

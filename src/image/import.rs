@@ -446,4 +446,36 @@ mod tests {
         let bad = desc(&[(ANNOTATION_REF_NAME, "Bad/Name:1")]);
         assert!(names_of(&bad).is_err());
     }
+
+    #[test]
+    fn a_bad_manifest_json_says_what_is_wrong_with_it() {
+        let tmp = crate::testutil::TempDir::new("import-bad-manifest");
+        let content = Content::open(&tmp.0.join("content")).expect("content store");
+        let dir = tmp.0.join("saved");
+        std::fs::create_dir(&dir).expect("mkdir");
+        let platform = Platform::host();
+        for (json, cause) in [
+            (
+                "[{\"Config\": 5, \"Layers\": []}]",
+                "invalid type: integer `5`",
+            ),
+            ("[{\"Config\": \"x.json\"", "EOF while parsing"),
+        ] {
+            std::fs::write(dir.join("manifest.json"), json).expect("write");
+            let archive = Archive::open(&dir, &content).expect("open");
+            let mut importer = Importer {
+                archive: &archive,
+                content: &content,
+                platform: &platform,
+                fresh: Vec::new(),
+            };
+            let e = importer
+                .images()
+                .expect_err("a bad manifest.json is refused");
+            let shown = e.to_string();
+            assert!(shown.contains("manifest.json"), "{shown}");
+            assert!(shown.contains(cause), "{shown}");
+            assert!(shown.contains("line 1 column"), "{shown}");
+        }
+    }
 }

@@ -11,6 +11,7 @@ mod platform;
 pub mod reference;
 pub mod registry;
 pub mod service;
+mod space;
 mod store;
 mod unpack;
 
@@ -50,6 +51,13 @@ pub fn repo_digest(reference: &str, manifest_digest: &str) -> String {
 /// The digest an `imageID` names: the part after `@` of a repo digest, or all of it.
 pub fn id_digest(image_id: &str) -> &str {
     image_id.rsplit('@').next().unwrap_or(image_id)
+}
+
+/// Unpacks one layer blob into the new directory `dest`, as an image pull does, for the
+/// fuzz tests in `tests/fuzz.rs`; not an API.
+#[doc(hidden)]
+pub fn unpack_layer_blob(blob: &std::path::Path, dest: &std::path::Path) -> Result<(), ImageError> {
+    unpack::unpack_layer(blob, dest, "fuzz", None)
 }
 
 /// One image in the index, as `holdfast image ls` shows it.
@@ -99,7 +107,7 @@ pub enum ImageError {
     BadArchive { archive: String, reason: String },
     #[error("archive {archive}: missing {name}")]
     MissingBlob { archive: String, name: String },
-    #[error("parse {what}")]
+    #[error("parse {what}: {source}")]
     Json {
         what: String,
         #[source]
@@ -119,7 +127,7 @@ pub enum ImageError {
         entry: String,
         reason: String,
     },
-    #[error("layer {layer}: entry {entry:?}: {op}")]
+    #[error("layer {layer}: entry {entry:?}: {op}: {source}")]
     LayerEntry {
         layer: String,
         entry: String,
@@ -127,11 +135,19 @@ pub enum ImageError {
         #[source]
         source: std::io::Error,
     },
-    #[error("{context}")]
+    #[error("{context}: {source}")]
     Io {
         context: String,
         #[source]
         source: std::io::Error,
+    },
+    /// The filesystem is full (ENOSPC), or would be left without its reserve.
+    #[error("{what}: the disk is full ({detail}); free space there and try again")]
+    DiskFull {
+        what: String,
+        detail: String,
+        #[source]
+        source: Option<std::io::Error>,
     },
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
@@ -155,7 +171,7 @@ impl ImageError {
 }
 
 pub(crate) fn io_err(context: String) -> impl FnOnce(std::io::Error) -> ImageError {
-    move |source| ImageError::Io { context, source }
+    move |source| space::io_error(context, source)
 }
 
 fn json_err(what: impl Into<String>) -> impl FnOnce(serde_json::Error) -> ImageError {

@@ -5,12 +5,14 @@
 //! Whiteouts are turned into overlayfs whiteouts so unpacked layers stack directly as
 //! overlay lowerdirs.
 
+use std::cell::Cell;
 use std::ffi::OsStr;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufRead, BufReader, Read};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 use std::time::{Duration, SystemTime};
 
 use flate2::read::MultiGzDecoder;
@@ -20,7 +22,8 @@ use sha2::{Digest, Sha256};
 use tar::EntryType;
 
 use super::content::hex;
-use super::ImageError;
+use super::space::{self, DiskBudget};
+use super::{io_err, ImageError};
 
 const WHITEOUT_PREFIX: &[u8] = b".wh.";
 const OPAQUE_MARKER: &[u8] = b".wh..wh..opq";
@@ -29,27 +32,102 @@ const OPAQUE_XATTR: &str = "trusted.overlay.opaque";
 /// come from a layer: overlayfs would obey it.
 const ALLOWED_XATTR_PREFIXES: &[&str] = &["security.capability", "user."];
 
+/// A layer may inflate to this many times its compressed size. Honest layers stay far
+/// below (text and binaries compress 2 to 10 times); a run of zeros compressed a
+/// thousandfold is a bomb meant to fill the disk.
+const MAX_INFLATE_RATIO: u64 = 256;
+/// Below this, a layer is never refused for its ratio: small layers of sparse data are
+/// honest, and this much fits on any device's disk.
+const MIN_INFLATE_LIMIT: u64 = 64 * 1024 * 1024;
+
+/// How far a layer may inflate.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    pub ratio: u64,
+    pub floor: u64,
+}
+
+impl Limits {
+    pub(crate) const DEFAULT: Limits = Limits {
+        ratio: MAX_INFLATE_RATIO,
+        floor: MIN_INFLATE_LIMIT,
+    };
+
+    /// Bytes of tar stream a layer of `compressed` bytes may unpack from.
+    pub(crate) fn stream_limit(&self, compressed: u64) -> u64 {
+        compressed.saturating_mul(self.ratio).max(self.floor)
+    }
+}
+
 /// Unpacks the layer blob at `blob` into the new directory `dest`. On error `dest` is
-/// removed, so a failed layer leaves nothing behind.
+/// removed, so a failed layer leaves nothing behind. The unpacked size is bounded by
+/// the blob's (compressed, digest-checked) size and by the free space where `dest` is.
 pub(crate) fn unpack_layer(
     blob: &Path,
     dest: &Path,
     layer: &str,
     diff_id: Option<&str>,
 ) -> Result<(), ImageError> {
-    let file = File::open(blob).map_err(|source| ImageError::Io {
-        context: format!("open layer blob {}", blob.display()),
-        source,
-    })?;
-    fs::create_dir(dest).map_err(|source| ImageError::Io {
-        context: format!("create layer directory {}", dest.display()),
-        source,
-    })?;
-    let result = unpack_reader(file, dest, layer, diff_id);
-    if result.is_err() {
-        let _ = fs::remove_dir_all(dest);
+    unpack_layer_limited(blob, dest, layer, diff_id, Limits::DEFAULT)
+}
+
+pub(crate) fn unpack_layer_limited(
+    blob: &Path,
+    dest: &Path,
+    layer: &str,
+    diff_id: Option<&str>,
+    limits: Limits,
+) -> Result<(), ImageError> {
+    let file = File::open(blob).map_err(io_err(format!("open layer blob {}", blob.display())))?;
+    let compressed = file
+        .metadata()
+        .map_err(io_err(format!("stat layer blob {}", blob.display())))?
+        .len();
+    let mut budget = DiskBudget::new(
+        dest.parent().unwrap_or(Path::new("/")),
+        format!("unpack layer {layer}"),
+    );
+    budget.charge_entry()?;
+    fs::create_dir(dest)
+        .map_err(|e| budget.io_error(format!("create layer directory {}", dest.display()), e))?;
+    let stream = Stream {
+        layer,
+        compressed,
+        limit: limits.stream_limit(compressed),
+        limits,
+    };
+    let result = unpack_reader(file, dest, &stream, diff_id, budget);
+    if let Err(e) = &result {
+        if let Err(cleanup) = fs::remove_dir_all(dest) {
+            log::warn!(
+                "remove {} after a failed unpack ({e}): {cleanup}",
+                dest.display()
+            );
+        }
     }
     result
+}
+
+/// The layer's tar stream and how much of it may be read.
+struct Stream<'a> {
+    layer: &'a str,
+    compressed: u64,
+    limit: u64,
+    limits: Limits,
+}
+
+impl Stream<'_> {
+    fn too_large(&self) -> ImageError {
+        ImageError::TooLarge {
+            what: format!(
+                "layer {} once uncompressed (a layer may inflate to {} times its {} \
+                 compressed bytes, or to {} bytes if that is more; beyond that it is \
+                 taken for a decompression bomb)",
+                self.layer, self.limits.ratio, self.compressed, self.limits.floor
+            ),
+            limit: self.limit,
+        }
+    }
 }
 
 /// What a layer stream is compressed with, judged by its first bytes rather than a
@@ -75,14 +153,15 @@ pub(crate) fn detect_compression(head: &[u8]) -> Compression {
 fn unpack_reader(
     file: File,
     dest: &Path,
-    layer: &str,
+    stream: &Stream<'_>,
     diff_id: Option<&str>,
+    budget: DiskBudget,
 ) -> Result<(), ImageError> {
+    let layer = stream.layer;
     let mut buffered = BufReader::new(file);
-    let head = buffered.fill_buf().map_err(|source| ImageError::Io {
-        context: format!("read layer {layer}"),
-        source,
-    })?;
+    let head = buffered
+        .fill_buf()
+        .map_err(io_err(format!("read layer {layer}")))?;
     let plain: Box<dyn Read> = match detect_compression(head) {
         Compression::Gzip => Box::new(MultiGzDecoder::new(buffered)),
         Compression::Zstd => Box::new(ZstdFrames::new(buffered, layer)?),
@@ -94,39 +173,80 @@ fn unpack_reader(
             })
         }
     };
+    let read = Rc::new(Cell::new(0u64));
     let mut hashing = HashingReader {
-        inner: plain,
+        inner: Box::new(Bounded::new(plain, read.clone(), stream.limit)),
         hasher: Sha256::new(),
     };
     let mut unpacker = Unpacker {
         root: dest.to_path_buf(),
         layer: layer.to_string(),
         dirs: Vec::new(),
+        budget,
+        read: read.clone(),
+        limit: stream.limit,
     };
-    {
-        let mut archive = tar::Archive::new(&mut hashing);
-        let entries = archive
-            .entries()
-            .map_err(|e| unpacker.io("", "read tar")(e))?;
-        for entry in entries {
-            let mut entry = entry.map_err(|e| unpacker.io("", "read tar entry")(e))?;
-            unpacker.entry(&mut entry)?;
+    let result = (|| {
+        {
+            let mut archive = tar::Archive::new(&mut hashing);
+            let entries = archive
+                .entries()
+                .map_err(|e| unpacker.io("", "read tar")(e))?;
+            for entry in entries {
+                let mut entry = entry.map_err(|e| unpacker.io("", "read tar entry")(e))?;
+                unpacker.entry(&mut entry)?;
+            }
         }
-    }
-    unpacker.finish_dirs();
-    if let Some(want) = diff_id {
-        // The tar end marker can be followed by padding that is still part of the diff.
-        io::copy(&mut hashing, &mut io::sink()).map_err(|e| unpacker.io("", "read tar")(e))?;
-        let got = format!("sha256:{}", hex(&hashing.hasher.finalize()));
-        if got != want {
-            return Err(ImageError::DigestMismatch {
-                what: format!("uncompressed layer {layer}"),
-                expected: want.to_string(),
-                actual: got,
-            });
+        unpacker.finish_dirs();
+        if let Some(want) = diff_id {
+            // The tar end marker can be followed by padding that is still part of the diff.
+            io::copy(&mut hashing, &mut io::sink()).map_err(|e| unpacker.io("", "read tar")(e))?;
+            let got = format!("sha256:{}", hex(&hashing.hasher.finalize()));
+            if got != want {
+                return Err(ImageError::DigestMismatch {
+                    what: format!("uncompressed layer {layer}"),
+                    expected: want.to_string(),
+                    actual: got,
+                });
+            }
         }
+        Ok(())
+    })();
+    // However the tar reader reported running into the bound, it is the bound.
+    match result {
+        Err(_) if read.get() > stream.limit => Err(stream.too_large()),
+        Err(ImageError::TooLarge { .. }) => Err(stream.too_large()),
+        other => other,
     }
-    Ok(())
+}
+
+/// Reads at most `limit` bytes of the uncompressed stream, counting them in `read`;
+/// one byte more is an error (and `read` shows it).
+pub(crate) struct Bounded {
+    inner: Box<dyn Read>,
+    read: Rc<Cell<u64>>,
+    limit: u64,
+}
+
+impl Bounded {
+    pub(crate) fn new(inner: Box<dyn Read>, read: Rc<Cell<u64>>, limit: u64) -> Bounded {
+        Bounded { inner, read, limit }
+    }
+}
+
+impl Read for Bounded {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        let total = self.read.get().saturating_add(n as u64);
+        self.read.set(total);
+        if total > self.limit {
+            return Err(io::Error::other(format!(
+                "the uncompressed layer exceeds {} bytes",
+                self.limit
+            )));
+        }
+        Ok(n)
+    }
 }
 
 /// A zstd stream of one or more frames (writers may split a layer into several), read
@@ -200,6 +320,11 @@ struct Unpacker {
     layer: String,
     /// Directory mtimes are set last: creating their children would change them again.
     dirs: Vec<(PathBuf, u64)>,
+    /// What the layer has put on the disk so far, against its free space.
+    budget: DiskBudget,
+    /// Bytes of the uncompressed stream read so far, and how many it may have.
+    read: Rc<Cell<u64>>,
+    limit: u64,
 }
 
 impl Unpacker {
@@ -212,11 +337,19 @@ impl Unpacker {
     }
 
     fn io<'a>(&'a self, entry: &'a str, op: &'a str) -> impl FnOnce(io::Error) -> ImageError + 'a {
-        move |source| ImageError::LayerEntry {
-            layer: self.layer.clone(),
-            entry: entry.to_string(),
-            op: op.to_string(),
-            source,
+        move |source| {
+            if space::is_no_space(&source) {
+                return self.budget.io_error(
+                    format!("layer {}: entry {entry:?}: {op}", self.layer),
+                    source,
+                );
+            }
+            ImageError::LayerEntry {
+                layer: self.layer.clone(),
+                entry: entry.to_string(),
+                op: op.to_string(),
+                source,
+            }
         }
     }
 
@@ -229,6 +362,19 @@ impl Unpacker {
         }
         let meta = self.meta(entry, &name)?;
         let components = clean_path(&raw).map_err(|r| self.unsafe_entry(&name, r))?;
+        let size = entry.size();
+        if kind.is_file() || kind == EntryType::Continuous {
+            // The header says how much follows: refuse a file that cannot fit before
+            // writing any of it.
+            if self.read.get().saturating_add(size) > self.limit {
+                return Err(ImageError::TooLarge {
+                    what: String::new(),
+                    limit: self.limit,
+                });
+            }
+            self.budget.charge(size)?;
+        }
+        self.budget.charge_entry()?;
         let Some((file_name, parents)) = components.split_last() else {
             if kind != EntryType::Directory {
                 return Err(self.unsafe_entry(&name, "names the layer root but is not a directory"));
@@ -298,12 +444,22 @@ impl Unpacker {
                 self.remove_existing(&path, &name)?;
                 fs::hard_link(&target, &path).map_err(self.io(&name, "create hard link"))?;
             }
-            EntryType::Char | EntryType::Block | EntryType::Fifo => {
-                let sflag = match kind {
-                    EntryType::Char => SFlag::S_IFCHR,
-                    EntryType::Block => SFlag::S_IFBLK,
-                    _ => SFlag::S_IFIFO,
-                };
+            EntryType::Char | EntryType::Block => {
+                // A layer's device node would work for whoever reaches the layer store
+                // on the host, and a container gets its /dev from the runtime (its
+                // devices cgroup allows only those): an overlay whiteout instead (device
+                // 0:0, which opens nothing), so the path is absent in the container, as
+                // rootless unpackers leave it, and still hides what lower layers had.
+                log::info!(
+                    "layer {}: device node {name} unpacked as a whiteout",
+                    self.layer
+                );
+                self.remove_existing(&path, &name)?;
+                mknod(&path, SFlag::S_IFCHR, Mode::empty(), makedev(0, 0))
+                    .map_err(|e| self.io(&name, "create whiteout")(e.into()))?;
+            }
+            EntryType::Fifo => {
+                let sflag = SFlag::S_IFIFO;
                 let header = entry.header();
                 let major = header.device_major().ok().flatten().unwrap_or(0);
                 let minor = header.device_minor().ok().flatten().unwrap_or(0);

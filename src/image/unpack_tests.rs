@@ -113,13 +113,12 @@ fn unpacks_every_entry_kind_with_metadata() {
     );
     let hard = fs::symlink_metadata(dest.join("bin/hard")).expect("hard");
     assert_eq!(hard.ino(), tool.ino());
-    let dev = fs::symlink_metadata(dest.join("dev-null")).expect("dev");
-    assert!(dev.file_type().is_char_device());
-    assert_eq!(dev.rdev(), makedev(1, 3));
-    assert!(fs::symlink_metadata(dest.join("blk"))
-        .expect("b")
-        .file_type()
-        .is_block_device());
+    // Device nodes become whiteouts (0:0): they would work from the host's side.
+    for dev in ["dev-null", "blk"] {
+        let meta = fs::symlink_metadata(dest.join(dev)).expect("dev");
+        assert!(meta.file_type().is_char_device(), "{dev}");
+        assert_eq!(meta.rdev(), makedev(0, 0), "{dev}");
+    }
     assert!(fs::symlink_metadata(dest.join("fifo"))
         .expect("f")
         .file_type()
@@ -278,4 +277,143 @@ fn zstd_layers_of_several_frames_and_their_diff_ids() {
     let (dest, r) = unpack(&tmp, &[0x28, 0xb5, 0x2f, 0xfd, 0xff, 0xff, 0, 0]);
     assert!(r.is_err(), "a broken zstd frame is an error");
     assert!(!dest.exists());
+}
+
+/// Writes a gzipped layer holding one file of `zeros` zero bytes, streamed: a
+/// decompression bomb, a few hundred KB for hundreds of MB.
+fn write_zeros_layer(path: &Path, zeros: u64) {
+    let out = File::create(path).expect("create blob");
+    let gz = flate2::write::GzEncoder::new(out, flate2::Compression::best());
+    let mut b = tar::Builder::new(gz);
+    let mut h = tar::Header::new_gnu();
+    h.set_size(zeros);
+    h.set_mode(0o644);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_mtime(0);
+    h.set_cksum();
+    b.append_data(&mut h, "zeros", io::repeat(0).take(zeros))
+        .expect("append");
+    b.into_inner()
+        .expect("finish tar")
+        .finish()
+        .expect("finish gzip");
+}
+
+/// A small tmpfs mounted by the test (as root), unmounted on drop even on failure.
+struct SmallFs(PathBuf);
+
+impl SmallFs {
+    fn mount(dir: &Path, size: &str) -> Option<SmallFs> {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: mounting a small filesystem needs root");
+            return None;
+        }
+        fs::create_dir_all(dir).expect("mount point");
+        nix::mount::mount(
+            Some("tmpfs"),
+            dir,
+            Some("tmpfs"),
+            nix::mount::MsFlags::empty(),
+            Some(format!("size={size}").as_str()),
+        )
+        .expect("mount tmpfs");
+        Some(SmallFs(dir.to_path_buf()))
+    }
+
+    fn available(&self) -> u64 {
+        crate::node::facts::statfs(&self.0)
+            .expect("statfs")
+            .available
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
+#[test]
+fn a_layer_larger_than_the_free_space_stops_before_the_disk_is_full() {
+    let tmp = TempDir::new("bomb-disk");
+    let Some(small) = SmallFs::mount(&tmp.0.join("small"), "16m") else {
+        return;
+    };
+    let blob = tmp.0.join("bomb");
+    write_zeros_layer(&blob, 40 << 20);
+    let before = small.available();
+    let dest = small.0.join("layer");
+    let e = unpack_layer(&blob, &dest, "sha256:bomb", None).expect_err("the bomb is refused");
+    let shown = e.to_string();
+    assert!(shown.contains("disk is full"), "{shown}");
+    assert!(shown.contains("sha256:bomb"), "{shown}");
+    assert!(
+        shown.contains(&(40u64 << 20).to_string()),
+        "says what it needed: {shown}"
+    );
+    assert!(!dest.exists(), "nothing of the layer is left");
+    assert_eq!(small.available(), before, "the free space is as it was");
+
+    // A layer that fits still unpacks there.
+    let (ok, r) = {
+        let blob = tmp.0.join("small-layer");
+        fs::write(
+            &blob,
+            layer(&[E::File(b"etc/hostname", b"gateway\n", 0o644)]),
+        )
+        .expect("w");
+        let dest = small.0.join("fits");
+        (
+            dest.clone(),
+            unpack_layer(&blob, &dest, "sha256:fits", None),
+        )
+    };
+    r.expect("a layer that fits");
+    assert_eq!(
+        fs::read(ok.join("etc/hostname")).expect("read"),
+        b"gateway\n"
+    );
+}
+
+#[test]
+fn a_layer_that_inflates_past_its_bound_is_refused() {
+    let tmp = TempDir::new("bomb-ratio");
+    let blob = tmp.0.join("bomb");
+    write_zeros_layer(&blob, 8 << 20);
+    let compressed = fs::metadata(&blob).expect("stat").len();
+    assert!(compressed < 64 << 10, "{compressed} bytes compressed");
+    let limits = Limits {
+        ratio: 16,
+        floor: 1 << 20,
+    };
+    let dest = tmp.0.join("layer");
+    let e = unpack_layer_limited(&blob, &dest, "sha256:bomb", None, limits)
+        .expect_err("the bomb is refused");
+    let shown = e.to_string();
+    assert!(shown.contains("decompression bomb"), "{shown}");
+    assert!(
+        matches!(e, ImageError::TooLarge { limit, .. } if limit == 1 << 20),
+        "{e:?}"
+    );
+    assert!(!dest.exists(), "nothing of the layer is left");
+
+    // The same stream within its bound unpacks.
+    let generous = Limits {
+        ratio: 16,
+        floor: 16 << 20,
+    };
+    unpack_layer_limited(&blob, &dest, "sha256:bomb", None, generous).expect("within bounds");
+    assert_eq!(
+        fs::metadata(dest.join("zeros")).expect("zeros").len(),
+        8 << 20
+    );
+}
+
+#[test]
+fn the_bound_follows_the_compressed_size() {
+    let l = Limits::DEFAULT;
+    assert_eq!(l.stream_limit(1000), MIN_INFLATE_LIMIT);
+    assert_eq!(l.stream_limit(1 << 30), (1u64 << 30) * MAX_INFLATE_RATIO);
+    assert_eq!(l.stream_limit(u64::MAX), u64::MAX);
 }

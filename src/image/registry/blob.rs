@@ -13,6 +13,7 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 
 use super::super::content::{hex, Content};
+use super::super::space::DiskBudget;
 use super::super::{io_err, ImageError};
 use super::auth::Session;
 use super::http::status_error;
@@ -115,7 +116,13 @@ pub(crate) fn fetch(
                     std::thread::sleep(pause);
                 }
             }
-            Err(e) => return Err(e),
+            Err(e) => {
+                if matches!(e, RegistryError::Image(ImageError::DiskFull { .. })) {
+                    // Kept, the part would hold the very space that is missing.
+                    remove(&partial);
+                }
+                return Err(e);
+            }
         }
     }
 }
@@ -189,6 +196,12 @@ fn attempt(
         }
         _ => return Err(status_error("GET", &url, response)),
     };
+    // Refused before a byte is written when the declared size cannot fit.
+    let mut budget = DiskBudget::new(
+        partial.parent().unwrap_or(std::path::Path::new("/")),
+        format!("download blob {digest} ({size} bytes)"),
+    );
+    budget.expect(size - offset)?;
     let mut hasher = Sha256::new();
     let mut file = if resume {
         hash_prefix(&partial, &mut hasher)?;
@@ -225,8 +238,9 @@ fn attempt(
                 })
             }
         };
+        budget.charge(n as u64)?;
         file.write_all(&buf[..n])
-            .map_err(io_err(format!("write {}", partial.display())))?;
+            .map_err(|e| budget.io_error(format!("write {}", partial.display()), e))?;
         hasher.update(&buf[..n]);
         written += n as u64;
         progress(written);

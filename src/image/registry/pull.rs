@@ -151,7 +151,7 @@ impl Registry {
             Err(e) if e.is_unreachable() => {
                 down.insert(
                     domain.to_string(),
-                    (Instant::now() + UNREACHABLE_FOR, e.to_string()),
+                    (Instant::now() + UNREACHABLE_FOR, crate::error_chain(e)),
                 );
             }
             _ => {
@@ -350,7 +350,7 @@ impl Registry {
         }
         let unreachable = errors.iter().all(RegistryError::is_unreachable);
         Err(RegistryError::AllEndpoints(
-            errors.iter().map(ToString::to_string).collect(),
+            errors.iter().map(|e| crate::error_chain(e)).collect(),
             unreachable,
         ))
     }
