@@ -42,6 +42,14 @@ pub enum Entry {
         path: String,
         target: String,
     },
+    /// A character (or block) device node.
+    Device {
+        path: String,
+        block: bool,
+        major: u32,
+        minor: u32,
+        mode: u32,
+    },
     /// Anything at all, for hostile layers: name and link name are raw bytes.
     Raw {
         path: Vec<u8>,
@@ -203,6 +211,16 @@ pub fn layer_tar(layer: &Layer) -> io::Result<Vec<u8>> {
                 target.as_bytes(),
                 0o644,
             ),
+            Entry::Device {
+                path, block, mode, ..
+            } => {
+                let kind = if *block {
+                    tar::EntryType::Block
+                } else {
+                    tar::EntryType::Char
+                };
+                (path.as_bytes(), kind, b"", b"", *mode)
+            }
             Entry::Raw {
                 path,
                 kind,
@@ -212,6 +230,10 @@ pub fn layer_tar(layer: &Layer) -> io::Result<Vec<u8>> {
             } => (path, *kind, content, link, *mode),
         };
         let mut h = tar::Header::new_gnu();
+        if let Entry::Device { major, minor, .. } = e {
+            h.set_device_major(*major)?;
+            h.set_device_minor(*minor)?;
+        }
         h.set_entry_type(kind);
         h.set_size(content.len() as u64);
         h.set_mode(mode);
