@@ -243,7 +243,8 @@ pub async fn read_message<R: AsyncRead + Unpin>(
         } else if len == 127 {
             len = rd.read_u64().await?;
         }
-        if len + message.len() as u64 > MAX_MESSAGE {
+        // A 64-bit length is the client's to choose: compared without adding to it.
+        if len > MAX_MESSAGE.saturating_sub(message.len() as u64) {
             return Err(std::io::Error::other("websocket message too large"));
         }
         let mut mask = [0u8; 4];
@@ -305,5 +306,18 @@ mod tests {
         assert_eq!(op, 2);
         assert_eq!(m, b"\x00hello".to_vec());
         assert_eq!(frame(2, &[7; 200])[..4], [0x82, 126, 0, 200]);
+    }
+
+    #[tokio::test]
+    async fn a_length_near_u64_max_after_a_fragment_is_refused() {
+        let mut wire = vec![0x02, 0x01, b'a'];
+        wire.extend_from_slice(&[0x80, 127]);
+        wire.extend_from_slice(&u64::MAX.to_be_bytes());
+        let mut r = &wire[..];
+        let mut partial = (None, Vec::new());
+        let err = read_message(&mut r, &mut partial)
+            .await
+            .expect_err("a message past the limit");
+        assert!(err.to_string().contains("too large"), "{err}");
     }
 }
