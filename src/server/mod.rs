@@ -243,6 +243,17 @@ pub async fn start(
     }
 }
 
+/// The parsers a client's bytes reach, for the fuzz tests in `tests/fuzz.rs`; not an
+/// API.
+#[doc(hidden)]
+pub mod fuzz {
+    pub use super::http::serve_connection;
+    pub use super::logs::{stream as read_log, LogOptions, Sink};
+    pub use super::routes::Query;
+    pub use super::spdy::{read_frame, Frame, Headers};
+    pub use super::websocket::read_message;
+}
+
 /// The running configuration as `/configz` shows it, in KubeletConfiguration's
 /// spelling. Paths of keys are shown; no key material is.
 pub fn configz(c: &crate::config::Config) -> serde_json::Value {
