@@ -129,9 +129,17 @@ fn a_container_the_runtime_cannot_create_is_retried_with_back_off() {
 
     // Over 25 s: with 10 s doubling, tries come at 0, 10 and 30 s.
     let mut most_shims = 0;
+    let mut most_dirs = 0;
     let mut reasons = Vec::new();
     while first.elapsed() < Duration::from_secs(25) {
         most_shims = most_shims.max(shims(&a).len());
+        // One container dir per try would pile up: at most the healthy one and the
+        // one being tried.
+        let dirs = std::fs::read_dir(a.root.join("containers"))
+            .into_iter()
+            .flatten()
+            .count();
+        most_dirs = most_dirs.max(dirs);
         if let Some(p) = a.pod("tiny") {
             let w = &container(&p, "main")["state"]["waiting"]["reason"];
             if let Some(r) = w.as_str() {
@@ -172,6 +180,7 @@ fn a_container_the_runtime_cannot_create_is_retried_with_back_off() {
         most_shims <= 2,
         "shims for up to {most_shims} containers ran at once"
     );
+    assert!(most_dirs <= 2, "up to {most_dirs} container dirs at once");
     let now_shims = shims(&a);
     assert!(now_shims.len() <= 2, "shims: {now_shims:#?}");
 
