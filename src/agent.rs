@@ -23,8 +23,22 @@ use crate::Error;
 /// Runs the agent until `shutdown` completes. Containers keep running afterwards.
 pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
     let root = config.root_dir.clone();
-    for dir in [root.clone(), root.join("images"), root.join("logs")] {
-        std::fs::create_dir_all(&dir).map_err(|source| Error::Io {
+    // Containers' files live below the root dir: no other user of the host may reach it.
+    match crate::runtime::root_dir::secure(&root) {
+        Ok(Some(mode)) => log::warn!(
+            "root dir {} was mode {mode:04o}, reachable by other users of the host: now 0700",
+            root.display()
+        ),
+        Ok(None) => {}
+        Err(source) => {
+            return Err(Error::Io {
+                context: format!("create {} with mode 0700", root.display()),
+                source,
+            })
+        }
+    }
+    for dir in [root.join("images"), root.join("logs")] {
+        crate::runtime::root_dir::create_private(&dir).map_err(|source| Error::Io {
             context: format!("create {}", dir.display()),
             source,
         })?;

@@ -278,11 +278,12 @@ impl Manager {
 }
 
 fn logs_dir(root: &Path, pod: &k8s_openapi::api::core::v1::Pod, uid: &str) -> PathBuf {
-    root.join("logs").join("pods").join(format!(
-        "{}_{}_{uid}",
+    crate::runtime::pod_log_dir(
+        root,
         pod.metadata.namespace.as_deref().unwrap_or("default"),
-        pod.metadata.name.as_deref().unwrap_or("")
-    ))
+        pod.metadata.name.as_deref().unwrap_or(""),
+        uid,
+    )
 }
 
 fn ephemeral_request(pod: &k8s_openapi::api::core::v1::Pod) -> u64 {

@@ -59,8 +59,18 @@ impl LibcontainerRuntime {
             start_timeout: START_TIMEOUT,
             boot_id: records::boot_id(),
         };
+        // `holdfast reset` and tests reach the root through here, not through the agent.
+        match super::root_dir::secure(&rt.root) {
+            Ok(Some(mode)) => log::warn!(
+                "root dir {} was mode {mode:04o}, reachable by other users of the host: now 0700",
+                rt.root.display()
+            ),
+            Ok(None) => {}
+            Err(e) => return Err(io_err(format!("secure {}", rt.root.display()))(e)),
+        }
         for dir in [rt.root.join("containers"), rt.exits_dir(), rt.state_root()] {
-            std::fs::create_dir_all(&dir).map_err(io_err(format!("create {}", dir.display())))?;
+            super::root_dir::create_private(&dir)
+                .map_err(io_err(format!("create {}", dir.display())))?;
         }
         Ok(rt)
     }
@@ -432,7 +442,13 @@ impl Runtime for LibcontainerRuntime {
         let sc = security::effective(req.pod, req.container);
         security::verify_run_as_non_root(req.pod, req.container, &sc, &image_user(req))?;
         let dir = self.container_dir(&req.id);
-        match std::fs::create_dir(&dir) {
+        let made = {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new()
+                .mode(super::root_dir::MODE)
+                .create(&dir)
+        };
+        match made {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                 return Err(RuntimeError::Create {
@@ -442,12 +458,23 @@ impl Runtime for LibcontainerRuntime {
             }
             Err(e) => return Err(io_err(format!("create {}", dir.display()))(e)),
         }
-        if let Err(e) = self
-            .prepare(req, &dir)
+        // The upper and work dirs (all the container writes to its root filesystem) are
+        // below: a setuid binary or device node it makes there is inert on the host.
+        let bound = rootfs::bind_nosuid_nodev(&dir, true).map_err(|message| RuntimeError::Create {
+            id: req.id.0.clone(),
+            message,
+        });
+        if let Err(e) = bound
+            .and_then(|()| self.prepare(req, &dir))
             .and_then(|()| self.spawn_shim(&req.id, &dir))
         {
-            // Nothing runs yet and nothing is mounted: the directory is all there is.
-            let _ = std::fs::remove_dir_all(&dir);
+            // Nothing runs yet: the directory and its own bind mount are all there is.
+            match rootfs::unmount_all_under(&dir) {
+                Ok(()) => {
+                    let _ = std::fs::remove_dir_all(&dir);
+                }
+                Err(m) => log::warn!("container {}: {m}", req.id),
+            }
             return Err(e);
         }
         self.wait_started(&req.id, &dir)

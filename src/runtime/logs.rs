@@ -3,9 +3,16 @@
 //! piece of one longer than 16 KiB. When the file passes its size limit it is renamed
 //! `<name>.<YYYYmmdd-HHMMSS>` and the oldest rotated files are deleted so that at most
 //! `max_files` remain, the live one included.
+//!
+//! Where a pod's logs live: `<root>/logs/pods/<ns>_<name>_<uid>/<container>/`, as the
+//! kubelet lays out `/var/log/pods`, with the pod's folder name shortened when it would
+//! not fit in one directory entry ([`pod_log_dir`]). Every reader and writer of logs
+//! goes through that function. Logs may hold secrets a container printed: folders are
+//! 0700 and files 0640, below a 0700 root.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use crate::time::{self, Timestamp};
@@ -28,6 +35,79 @@ impl Stream {
     }
 }
 
+/// The longest name of one directory entry (Linux's NAME_MAX).
+const NAME_MAX: usize = 255;
+/// Hex digits of the hash that stands for the part of a pod's name cut off.
+const NAME_HASH: usize = 16;
+/// A log file's mode: root reads and writes it, its group (root's) reads it.
+const LOG_MODE: u32 = 0o640;
+/// A log folder's mode.
+const DIR_MODE: u32 = 0o700;
+
+/// The folder of the pod's logs, `<root>/logs/pods/<ns>_<name>_<uid>`. A valid pod can
+/// have a 63-byte namespace and a 253-byte name, which with its uid pass the 255 bytes a
+/// folder's name may have: then the name is cut and a hash of the whole folder name
+/// follows it (`<ns>_<name prefix>-<hash>_<uid>`), the same for the same pod every time.
+pub fn pod_log_dir(root: &Path, namespace: &str, name: &str, uid: &str) -> PathBuf {
+    root.join("logs")
+        .join("pods")
+        .join(pod_log_dir_name(namespace, name, uid))
+}
+
+fn pod_log_dir_name(namespace: &str, name: &str, uid: &str) -> String {
+    let full = format!("{namespace}_{name}_{uid}");
+    if full.len() <= NAME_MAX {
+        return full;
+    }
+    let hash = {
+        use sha2::{Digest, Sha256};
+        let digest = Sha256::digest(full.as_bytes());
+        let mut hex = String::with_capacity(64);
+        for b in digest {
+            hex.push_str(&format!("{b:02x}"));
+        }
+        hex
+    };
+    // `<ns>_` + `-<hash>` + `_<uid>` around what is kept of the name.
+    let fixed = namespace.len() + 1 + 1 + NAME_HASH + 1 + uid.len();
+    let Some(room) = NAME_MAX.checked_sub(fixed) else {
+        // Only a uid far longer than any the apiserver gives: the hash alone.
+        return hash;
+    };
+    let mut keep = room.min(name.len());
+    while !name.is_char_boundary(keep) {
+        keep -= 1;
+    }
+    format!("{namespace}_{}-{}_{uid}", &name[..keep], &hash[..NAME_HASH])
+}
+
+/// Makes `dir` and its missing parents 0700, and narrows `dir` and its parent (a
+/// container's and its pod's log folders) if an older holdfast left them wider.
+fn private_dirs(dir: &Path) -> std::io::Result<()> {
+    super::root_dir::create_private(dir)?;
+    for d in [Some(dir), dir.parent()].into_iter().flatten() {
+        let mode = std::fs::metadata(d)?.permissions().mode();
+        if mode & 0o077 != 0 {
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(DIR_MODE))?;
+        }
+    }
+    Ok(())
+}
+
+/// Opens `path` for appending, created 0640 (and narrowed to it when it was wider).
+fn open_append(path: &Path) -> std::io::Result<File> {
+    let file = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(LOG_MODE)
+        .open(path)?;
+    let mode = file.metadata()?.permissions().mode() & 0o7777;
+    if mode & !LOG_MODE != 0 {
+        file.set_permissions(std::fs::Permissions::from_mode(LOG_MODE))?;
+    }
+    Ok(file)
+}
+
 pub struct CriLog {
     path: PathBuf,
     max_size: u64,
@@ -40,9 +120,9 @@ impl CriLog {
     /// Opens (appending to) the log at `path`. `max_size` 0 means never rotate.
     pub fn open(path: &Path, max_size: u64, max_files: u32) -> std::io::Result<Self> {
         if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent)?;
+            private_dirs(parent)?;
         }
-        let file = OpenOptions::new().create(true).append(true).open(path)?;
+        let file = open_append(path)?;
         let size = file.metadata()?.len();
         if let Err(e) = prune_older_restarts(path) {
             log::warn!("prune old logs beside {}: {e}", path.display());
@@ -91,10 +171,7 @@ impl CriLog {
             n += 1;
         }
         std::fs::rename(&self.path, &target)?;
-        self.file = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.path)?;
+        self.file = open_append(&self.path)?;
         self.size = 0;
         self.prune()
     }
@@ -276,6 +353,51 @@ mod tests {
             ]
         );
         assert_eq!(r[0].2, "hello");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_longest_valid_names_fit_in_one_folder_name() {
+        let root = Path::new("/r");
+        let short = pod_log_dir(root, "default", "web", "0c5e");
+        assert_eq!(short, Path::new("/r/logs/pods/default_web_0c5e"));
+        let ns = "n".repeat(63);
+        let uid = "8d1f3a2e-6b1c-4f3e-9a57-0d2c1b3e4f5a";
+        let name = format!("{}x", "p".repeat(252));
+        let dir = pod_log_dir(root, &ns, &name, uid);
+        let leaf = dir.file_name().and_then(|n| n.to_str()).expect("leaf");
+        assert!(leaf.len() <= NAME_MAX, "{} bytes", leaf.len());
+        assert!(leaf.starts_with(&format!("{ns}_ppp")) && leaf.ends_with(&format!("_{uid}")));
+        // Stable, and two names that differ only past the cut get two folders.
+        assert_eq!(pod_log_dir(root, &ns, &name, uid), dir);
+        let other = format!("{}y", "p".repeat(252));
+        assert_ne!(pod_log_dir(root, &ns, &other, uid), dir);
+        let absurd = "u".repeat(300);
+        let leaf = pod_log_dir_name("ns", "pod", &absurd);
+        assert_eq!(leaf.len(), 64);
+    }
+
+    #[test]
+    fn logs_are_private() {
+        let dir = tmp("private");
+        let path = dir.join("pods/ns_p_u/c/0.log");
+        std::fs::create_dir_all(dir.join("pods")).expect("mkdir");
+        std::fs::set_permissions(dir.join("pods"), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod");
+        let mut log = CriLog::open(&path, 100, 2).expect("open");
+        let mode = |p: &Path| std::fs::metadata(p).expect("stat").permissions().mode() & 0o7777;
+        assert_eq!(mode(&path), LOG_MODE);
+        assert_eq!(mode(&dir.join("pods/ns_p_u/c")), DIR_MODE);
+        assert_eq!(mode(&dir.join("pods/ns_p_u")), DIR_MODE);
+        let mut out = LineBuffer::new(Stream::Stdout);
+        for i in 0..20 {
+            out.feed(&mut log, format!("line {i}\n").as_bytes())
+                .expect("feed");
+        }
+        for f in rotated_files(&path).expect("rotated") {
+            assert_eq!(mode(&f), LOG_MODE, "{}", f.display());
+        }
+        assert_eq!(mode(&path), LOG_MODE);
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -53,6 +53,7 @@ mod libcontainer_runtime;
 mod logs;
 mod records;
 mod reset;
+pub mod root_dir;
 mod rootfs;
 pub mod sandbox;
 pub mod seccomp;
@@ -65,9 +66,9 @@ mod user;
 
 pub use command::expand;
 pub use libcontainer_runtime::{LibcontainerRuntime, DEFAULT_LOG_MAX_FILES, DEFAULT_LOG_MAX_SIZE};
-pub use logs::rotated_files as rotated_log_files;
+pub use logs::{pod_log_dir, rotated_files as rotated_log_files};
 pub use reset::remove_all;
-pub use rootfs::{mounts_under, unmount_all_under};
+pub use rootfs::{bind_nosuid_nodev, mounts_under, unmount_all_under};
 pub use sandbox::{BindMount, NamespaceKind, PodSandbox};
 pub use shim::shim_main;
 

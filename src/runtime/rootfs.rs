@@ -1,6 +1,13 @@
 //! A container's root filesystem: an overlay of the image's layers (read-only, shared
 //! by every container of the image) under a per-container upper directory, so no
 //! container ever writes to an image.
+//!
+//! What containers write is reachable from the host under the root dir; the mounts it
+//! lives on are `nosuid,nodev` (see [`bind_nosuid_nodev`]), so a setuid binary or a
+//! device node a container leaves there gives a host user nothing. The overlay itself
+//! is `nodev` (a container's `/dev` is a tmpfs the runtime fills) but not `nosuid`:
+//! setuid programs of an image (`su`, `ping`) work inside the container as they do
+//! under containerd.
 
 use std::path::{Path, PathBuf};
 
@@ -47,10 +54,44 @@ pub fn mount(layers: &[PathBuf], upper: &Path, work: &Path, target: &Path) -> Re
         Some("overlay"),
         target,
         Some("overlay"),
-        MsFlags::empty(),
+        MsFlags::MS_NODEV,
         Some(options.as_str()),
     )
     .map_err(|e| format!("mount overlay at {}: {e}", target.display()))
+}
+
+/// Makes `dir` a mount of its own with `nosuid,nodev`: a recursive bind of itself (so
+/// mounts already below it stay visible), then a remount with the flags. With
+/// `private`, mounts made below it later do not propagate to other mount namespaces.
+/// Nothing is done when `dir` is a mount point already (an agent restarted over it).
+pub fn bind_nosuid_nodev(dir: &Path, private: bool) -> Result<(), String> {
+    let mounted = mounts_under(dir)
+        .map_err(|e| format!("read mountinfo: {e}"))?
+        .iter()
+        .any(|m| m == dir);
+    if mounted {
+        return Ok(());
+    }
+    let none: Option<&str> = None;
+    nix::mount::mount(
+        Some(dir),
+        dir,
+        none,
+        MsFlags::MS_BIND | MsFlags::MS_REC,
+        none,
+    )
+    .map_err(|e| format!("bind {} on itself: {e}", dir.display()))?;
+    let flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    let mut done = nix::mount::mount(none, dir, none, flags, none)
+        .map_err(|e| format!("remount {} nosuid,nodev: {e}", dir.display()));
+    if private && done.is_ok() {
+        done = nix::mount::mount(none, dir, none, MsFlags::MS_PRIVATE, none)
+            .map_err(|e| format!("make {} private: {e}", dir.display()));
+    }
+    if done.is_err() {
+        let _ = nix::mount::umount2(dir, MntFlags::MNT_DETACH);
+    }
+    done
 }
 
 /// Detaches every mount at or below `dir`, deepest first.

@@ -61,6 +61,11 @@ pub struct BindMount {
     /// `mountPropagation`: HostToContainer is rslave, Bidirectional rshared; None is
     /// rprivate, the kubelet's default.
     pub propagation: Option<String>,
+    /// Mounted `nosuid,nodev`: the pod's own volumes (emptyDir, configMap, ...), where a
+    /// container may leave a setuid binary or device node; not a hostPath, which may be
+    /// the host's own programs.
+    #[serde(default)]
+    pub nosuid_nodev: bool,
 }
 
 /// Points `spec` at the sandbox: namespaces by path, the shared `/dev/shm`, and the
@@ -113,12 +118,17 @@ pub fn apply(
     for m in ordered {
         // A volume over one of the pod's files replaces it, as in the kubelet.
         mounts.retain(|existing| existing.destination() != std::path::Path::new(&m.destination));
+        let extra: &[&str] = if m.nosuid_nodev {
+            &["nosuid", "nodev"]
+        } else {
+            &[]
+        };
         mounts.push(bind(
             &m.source,
             &m.destination,
             m.read_only,
             &m.propagation,
-            &[],
+            extra,
         )?);
     }
     spec.set_mounts(Some(mounts));
@@ -216,12 +226,14 @@ mod tests {
                 destination: "/data/cache/sub".into(),
                 read_only: false,
                 propagation: None,
+                nosuid_nodev: true,
             },
             BindMount {
                 source: "/r/pods/u/volumes/config".into(),
                 destination: "/data".into(),
                 read_only: true,
                 propagation: None,
+                nosuid_nodev: false,
             },
         ];
         apply(&mut spec, &sandbox, &vols).expect("apply");
@@ -258,6 +270,22 @@ mod tests {
             .filter_map(|o| o.as_str())
             .collect();
         assert!(opts.contains(&"ro") && opts.contains(&"rbind"), "{opts:?}");
+        // A hostPath keeps setuid programs working; the pod's own volumes do not.
+        assert!(!opts.contains(&"nosuid"), "{opts:?}");
+        let cache = mounts
+            .iter()
+            .find(|m| m["destination"] == "/data/cache/sub")
+            .expect("cache");
+        let opts: Vec<&str> = cache["options"]
+            .as_array()
+            .expect("options")
+            .iter()
+            .filter_map(|o| o.as_str())
+            .collect();
+        assert!(
+            opts.contains(&"nosuid") && opts.contains(&"nodev"),
+            "{opts:?}"
+        );
     }
 
     #[test]

@@ -155,6 +155,20 @@ pub async fn container_logs(deps: &Arc<super::ApiDeps>, path: &str, q: &Query) -
     } else {
         None
     };
+    // What cannot be read is an error, never an empty log: the kubelet's "failed to
+    // open log file" (a 400, as every log failure it answers).
+    let running = pods::container_id(&state, container, false)
+        .filter(|_| !opts.previous)
+        .filter(|id| container_runs(&deps.runtime, id));
+    if let Err(e) = readable(&live, opts.follow && running.is_some(), running.is_some()).await {
+        return error(
+            StatusCode::BAD_REQUEST,
+            &format!(
+                "failed to open log file {:?}: {e}",
+                live.display().to_string()
+            ),
+        );
+    }
     let Ok(permit) = deps.streams.clone().try_acquire_owned() else {
         return error(StatusCode::TOO_MANY_REQUESTS, "too many open streams");
     };
@@ -186,6 +200,38 @@ pub async fn container_logs(deps: &Arc<super::ApiDeps>, path: &str, q: &Query) -
         hyper::header::HeaderValue::from_static("text/plain"),
     );
     r
+}
+
+/// How long a container that just started may take to open its log: its shim records
+/// the start, then opens the log.
+const LOG_OPEN_GRACE: Duration = Duration::from_secs(2);
+
+/// Whether the log at `live` (or one of its rotated files) can be read. A follower of a
+/// running container may wait for a log not made yet; anyone else waits at most
+/// [`LOG_OPEN_GRACE`] for the log of a running container.
+async fn readable(live: &Path, may_wait: bool, running: bool) -> std::io::Result<()> {
+    let deadline = Instant::now() + LOG_OPEN_GRACE;
+    loop {
+        let e = match File::open(live) {
+            Ok(_) => return Ok(()),
+            Err(e) => e,
+        };
+        if e.kind() != std::io::ErrorKind::NotFound {
+            return Err(e);
+        }
+        // Between a rotation's rename and the new file.
+        if !crate::runtime::rotated_log_files(live)
+            .unwrap_or_default()
+            .is_empty()
+            || may_wait
+        {
+            return Ok(());
+        }
+        if !running || Instant::now() >= deadline {
+            return Err(e);
+        }
+        tokio::time::sleep(FOLLOW_POLL).await;
+    }
 }
 
 fn container_runs(runtime: &LibcontainerRuntime, id: &ContainerId) -> bool {

@@ -189,10 +189,10 @@ pub fn waiting_reason(state: &PodState, name: &str) -> Option<String> {
 /// The pod's log directory, `<root>/logs/pods/<ns>_<name>_<uid>`.
 pub fn log_dir(deps: &ApiDeps, state: &PodState) -> std::path::PathBuf {
     let m = &state.pod.metadata;
-    deps.root_dir.join("logs").join("pods").join(format!(
-        "{}_{}_{}",
+    crate::runtime::pod_log_dir(
+        &deps.root_dir,
         m.namespace.as_deref().unwrap_or("default"),
         m.name.as_deref().unwrap_or(""),
-        m.uid.as_deref().unwrap_or("")
-    ))
+        m.uid.as_deref().unwrap_or(""),
+    )
 }

@@ -454,12 +454,12 @@ impl Worker {
     }
 
     fn log_dir(&self) -> PathBuf {
-        self.deps.root_dir.join("logs").join("pods").join(format!(
-            "{}_{}_{}",
+        crate::runtime::pod_log_dir(
+            &self.deps.root_dir,
             self.pod.metadata.namespace.as_deref().unwrap_or("default"),
             self.pod.metadata.name.as_deref().unwrap_or(""),
-            self.uid
-        ))
+            &self.uid,
+        )
     }
 
     /// Writes records and status that changed, as one transaction, and makes them

@@ -13,17 +13,25 @@ fn io(context: String) -> impl FnOnce(std::io::Error) -> VolumeError {
     move |source| VolumeError::Io { context, source }
 }
 
-/// Sets the volume up in `dir` (kept as it is when there already).
+/// Sets the volume up in `dir` (kept as it is when there already). `allocatable_memory`
+/// is the node's allocatable memory, the most a tmpfs of the pods may hold.
 pub fn setup(
     pod: &Pod,
     dir: &Path,
     src: &EmptyDirVolumeSource,
     fs_group: Option<u32>,
+    allocatable_memory: Option<u64>,
 ) -> Result<(), VolumeError> {
     if src.medium.as_deref() == Some("Memory") {
-        memory(dir, memory_size(pod, src)?)?;
+        memory(dir, memory_size(pod, src, allocatable_memory)?)?;
     } else {
         std::fs::create_dir_all(dir).map_err(io(format!("create {}", dir.display())))?;
+        // What the pod writes here is reachable from the host below the root dir: a
+        // mount of its own, nosuid and nodev, as the tmpfs of `medium: Memory` is.
+        crate::runtime::bind_nosuid_nodev(dir, false).map_err(|reason| VolumeError::Payload {
+            dir: dir.to_owned(),
+            reason,
+        })?;
     }
     // The kubelet makes emptyDir world-writable: whoever the containers run as may
     // write it.
@@ -41,36 +49,38 @@ pub fn setup(
     Ok(())
 }
 
-/// The tmpfs size: sizeLimit, else the pod's memory limit when every container has
-/// one, else the kernel's default (half the RAM) — never more than the pod may use.
-fn memory_size(pod: &Pod, src: &EmptyDirVolumeSource) -> Result<Option<u64>, VolumeError> {
-    let parse = |q: &str| {
-        crate::quantity::parse_bytes(q).map_err(|reason| VolumeError::Unsupported {
-            volume: String::new(),
-            reason: format!("sizeLimit: {reason}"),
-        })
+/// The tmpfs size as the kubelet's `calculateEmptyDirMemorySize` makes it: the node's
+/// allocatable memory, lowered to the pod's memory limit (when every container has
+/// one, as the pod's cgroup is limited), lowered to `sizeLimit`. A tmpfs of the
+/// kernel's default size (half the RAM) only when the node's allocatable is unknown
+/// and nothing else bounds it.
+fn memory_size(
+    pod: &Pod,
+    src: &EmptyDirVolumeSource,
+    allocatable_memory: Option<u64>,
+) -> Result<Option<u64>, VolumeError> {
+    let unsupported = |reason: String| VolumeError::Unsupported {
+        volume: String::new(),
+        reason,
     };
-    let mut pod_limit: Option<u64> = Some(0);
-    for c in pod.spec.iter().flat_map(|s| s.containers.iter()) {
-        let l = c
-            .resources
-            .as_ref()
-            .and_then(|r| r.limits.as_ref())
-            .and_then(|l| l.get("memory"));
-        pod_limit = match (pod_limit, l) {
-            (Some(sum), Some(q)) => Some(sum.saturating_add(parse(&q.0)?)),
-            _ => None,
-        };
-    }
-    let pod_limit = pod_limit.filter(|l| *l > 0);
+    let pod_limit = crate::resources::requests::pod_resources(pod)
+        .map_err(|e| unsupported(format!("pod resources: {e}")))?
+        .memory_limit;
     let size_limit = match &src.size_limit {
-        Some(q) => Some(parse(&q.0)?).filter(|s| *s > 0),
+        Some(q) => Some(
+            crate::quantity::parse_bytes(&q.0)
+                .map_err(|reason| unsupported(format!("sizeLimit: {reason}")))?,
+        ),
         None => None,
     };
-    Ok(match (size_limit, pod_limit) {
-        (Some(s), Some(p)) => Some(s.min(p)),
-        (s, p) => s.or(p),
-    })
+    let mut size = allocatable_memory.filter(|a| *a > 0);
+    // Each bound counts when it is above zero and no larger than the one before it.
+    for bound in [pod_limit, size_limit].into_iter().flatten() {
+        if bound > 0 && size.is_none_or(|s| bound <= s) {
+            size = Some(bound);
+        }
+    }
+    Ok(size)
 }
 
 /// A tmpfs at `dir`, mounted unless it is already.
@@ -168,25 +178,43 @@ mod tests {
     }
 
     #[test]
-    fn tmpfs_size_is_the_smaller_of_size_limit_and_the_pods_limit() {
+    fn tmpfs_size_is_the_smaller_of_size_limit_the_pods_limit_and_allocatable() {
         let mi = 1024 * 1024;
+        let alloc = Some(512 * mi);
         assert_eq!(
-            memory_size(&pod(&[None]), &src(Some("8Mi"))).ok(),
+            memory_size(&pod(&[None]), &src(Some("8Mi")), alloc).ok(),
             Some(Some(8 * mi))
         );
         assert_eq!(
-            memory_size(&pod(&[Some("4Mi"), Some("2Mi")]), &src(Some("8Mi"))).ok(),
+            memory_size(&pod(&[Some("4Mi"), Some("2Mi")]), &src(Some("8Mi")), alloc).ok(),
             Some(Some(6 * mi))
         );
         assert_eq!(
-            memory_size(&pod(&[Some("64Mi")]), &src(None)).ok(),
+            memory_size(&pod(&[Some("64Mi")]), &src(None), alloc).ok(),
             Some(Some(64 * mi))
         );
-        // A container without a limit: the pod may use anything.
+        // A container without a limit: the pod may use all the pods may, no more.
         assert_eq!(
-            memory_size(&pod(&[Some("64Mi"), None]), &src(None)).ok(),
+            memory_size(&pod(&[Some("64Mi"), None]), &src(None), alloc).ok(),
+            Some(Some(512 * mi))
+        );
+        assert_eq!(
+            memory_size(&pod(&[None]), &src(None), alloc).ok(),
+            Some(Some(512 * mi))
+        );
+        // Bounds above what the node has for pods do not raise it.
+        assert_eq!(
+            memory_size(&pod(&[Some("1Gi")]), &src(Some("2Gi")), alloc).ok(),
+            Some(Some(512 * mi))
+        );
+        assert_eq!(
+            memory_size(&pod(&[None]), &src(Some("0")), alloc).ok(),
+            Some(Some(512 * mi))
+        );
+        assert_eq!(
+            memory_size(&pod(&[None]), &src(None), None).ok(),
             Some(None)
         );
-        assert!(memory_size(&pod(&[None]), &src(Some("lots"))).is_err());
+        assert!(memory_size(&pod(&[None]), &src(Some("lots")), alloc).is_err());
     }
 }

@@ -137,6 +137,9 @@ pub struct Mounted {
     pub read_only: bool,
     /// subPaths of emptyDir and hostPath volumes are made when missing.
     pub make_sub_paths: bool,
+    /// Every volume but a hostPath holds what the pod wrote or was given, never the
+    /// host's own programs: containers mount it `nosuid,nodev`.
+    pub pod_owned: bool,
 }
 
 /// The pod's volumes by name, and what could not be provided (said as events).
@@ -187,11 +190,21 @@ fn setup_one(
     let name = v.name.as_str();
     let mounted = if let Some(e) = &v.empty_dir {
         let d = dir("empty-dir");
-        empty_dir::setup(pod, &d, e, sources.fs_group)?;
+        let allocatable = match sources.env.allocatable.get("memory") {
+            Some(q) => Some(crate::quantity::parse_bytes(&q.0).map_err(|reason| {
+                VolumeError::Unsupported {
+                    volume: name.to_owned(),
+                    reason: format!("node allocatable memory: {reason}"),
+                }
+            })?),
+            None => None,
+        };
+        empty_dir::setup(pod, &d, e, sources.fs_group, allocatable)?;
         Mounted {
             path: d,
             read_only: false,
             make_sub_paths: true,
+            pod_owned: true,
         }
     } else if let Some(h) = &v.host_path {
         let p = host_path::setup(h)?;
@@ -199,6 +212,7 @@ fn setup_one(
             path: p,
             read_only: false,
             make_sub_paths: true,
+            pod_owned: false,
         }
     } else if let Some(cm) = &v.config_map {
         let d = dir("configmap");
@@ -208,6 +222,7 @@ fn setup_one(
             path: d,
             read_only: true,
             make_sub_paths: false,
+            pod_owned: true,
         }
     } else if let Some(s) = &v.secret {
         let d = dir("secret");
@@ -218,6 +233,7 @@ fn setup_one(
             path: d,
             read_only: true,
             make_sub_paths: false,
+            pod_owned: true,
         }
     } else if let Some(d_api) = &v.downward_api {
         let d = dir("downward-api");
@@ -235,6 +251,7 @@ fn setup_one(
             path: d,
             read_only: true,
             make_sub_paths: false,
+            pod_owned: true,
         }
     } else if let Some(p) = &v.projected {
         let d = dir("projected");
@@ -245,6 +262,7 @@ fn setup_one(
             path: d,
             read_only: true,
             make_sub_paths: false,
+            pod_owned: true,
         }
     } else {
         return Err(VolumeError::Unsupported {
@@ -301,6 +319,7 @@ pub fn container_mounts(
             destination: vm.mount_path.clone(),
             read_only: v.read_only || vm.read_only == Some(true),
             propagation: vm.mount_propagation.clone(),
+            nosuid_nodev: v.pod_owned,
         });
     }
     Ok(out)

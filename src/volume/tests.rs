@@ -278,11 +278,14 @@ fn empty_dirs_and_sub_paths() {
     if !root() {
         return;
     }
-    let rig = Rig::new(&[]);
+    let mut rig = Rig::new(&[]);
+    rig.allocatable
+        .insert("memory".into(), Quantity("48Mi".into()));
     let p = pod(
         json!([
             {"name": "scratch", "emptyDir": {}},
-            {"name": "ram", "emptyDir": {"medium": "Memory", "sizeLimit": "8Mi"}}
+            {"name": "ram", "emptyDir": {"medium": "Memory", "sizeLimit": "8Mi"}},
+            {"name": "ram2", "emptyDir": {"medium": "Memory"}}
         ]),
         json!([
             {"name": "scratch", "mountPath": "/data"},
@@ -303,10 +306,25 @@ fn empty_dirs_and_sub_paths() {
         statfs.blocks() * statfs.block_size() as u64,
         8 * 1024 * 1024
     );
+    // No sizeLimit: the node's allocatable memory (48Mi) bounds it, not half the RAM
+    // (the pod's 64Mi limit is above it).
+    let ram2 = nix::sys::statfs::statfs(&vols.volumes["ram2"].path).expect("statfs");
+    assert_eq!(ram2.blocks() * ram2.block_size() as u64, 48 * 1024 * 1024);
+    // What the pod writes on disk is on a mount of its own, nosuid and nodev.
+    for dir in [&scratch, &ram] {
+        let flags = nix::sys::statvfs::statvfs(dir).expect("statvfs").flags();
+        assert!(
+            flags.contains(nix::sys::statvfs::FsFlags::ST_NOSUID)
+                && flags.contains(nix::sys::statvfs::FsFlags::ST_NODEV),
+            "{}: {flags:?}",
+            dir.display()
+        );
+    }
 
     let container = &p.spec.as_ref().expect("spec").containers[0];
     let mounts = container_mounts(&rig.pod_dir(), container, &vols, &[]).expect("mounts");
     assert_eq!(mounts.len(), 3);
+    assert!(mounts.iter().all(|m| m.nosuid_nodev), "{mounts:?}");
     assert_eq!(mounts[0].source, scratch);
     assert!(!mounts[0].read_only);
     assert!(mounts[1].read_only);

@@ -1,0 +1,46 @@
+//! The root dir's own mode. Everything containers write lives below it (their upper
+//! dirs, volumes, logs), so it is 0700: no user of the host but root reaches any of it.
+
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::Path;
+
+/// The root dir's mode, and that of the folders below it that the agent makes.
+pub const MODE: u32 = 0o700;
+
+/// Makes `dir` (and its missing parents, as `mkdir -p`) with mode 0700.
+pub fn create_private(dir: &Path) -> std::io::Result<()> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(MODE)
+        .create(dir)
+}
+
+/// Creates the root dir 0700, or takes away what group and others may do with an
+/// existing one (a root left 0755 by an older holdfast, or made by hand). Returns the
+/// mode it had when it was changed, so that the caller can say so.
+pub fn secure(root: &Path) -> std::io::Result<Option<u32>> {
+    create_private(root)?;
+    let mode = std::fs::metadata(root)?.permissions().mode() & 0o7777;
+    if mode & 0o077 == 0 {
+        return Ok(None);
+    }
+    std::fs::set_permissions(root, std::fs::Permissions::from_mode(mode & 0o7700))?;
+    Ok(Some(mode))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wide_root_is_narrowed_and_a_new_one_is_private() {
+        let tmp = crate::testutil::TempDir::new("root-dir");
+        let root = tmp.0.join("a/root");
+        assert_eq!(secure(&root).expect("create"), None);
+        let mode = |p: &Path| std::fs::metadata(p).expect("stat").permissions().mode() & 0o7777;
+        assert_eq!(mode(&root), 0o700);
+        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        assert_eq!(secure(&root).expect("secure"), Some(0o755));
+        assert_eq!(mode(&root), 0o700);
+    }
+}
