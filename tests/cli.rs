@@ -128,6 +128,13 @@ fn image_import_ls_rm_without_an_agent() {
     let o = holdfast(&["pods", "--root-dir", root_s]);
     assert!(o.status.success(), "{}", text(&o));
     assert!(text(&o).starts_with("POD"), "{}", text(&o));
+    // `holdfast pods -o json | head` and `holdfast image ls | head`, their reader gone.
+    for args in [&["pods", "-o", "json"][..], &["pods"], &["image", "ls"]] {
+        let o = into_closed_pipe(&[args, &["--root-dir", root_s]].concat());
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.trim().is_empty(), "{args:?} said: {err}");
+        assert_eq!(o.status.code(), Some(141), "{args:?}: {err}");
+    }
     let o = holdfast(&[
         "reset",
         "--root-dir",
@@ -178,17 +185,22 @@ fn output_to_a_closed_pipe_ends_quietly() {
         &["status", "--root-dir", root_s],
         &["status", "--json", "--root-dir", root_s],
     ] {
-        // The read end is closed before the command starts: its first write fails.
-        let (read, write) = nix::unistd::pipe().expect("pipe");
-        drop(read);
-        let o = Command::new(BIN)
-            .args(args)
-            .stdout(std::process::Stdio::from(write))
-            .output()
-            .expect("run holdfast");
+        let o = into_closed_pipe(args);
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(!err.contains("panicked"), "{args:?}: {err}");
         assert!(err.trim().is_empty(), "{args:?} said: {err}");
         assert_eq!(o.status.code(), Some(141), "{args:?}: {err}");
     }
+}
+
+/// Runs holdfast with its standard output a pipe whose read end is closed before the
+/// command starts, so its first write fails as under `| head` once head has quit.
+fn into_closed_pipe(args: &[&str]) -> Output {
+    let (read, write) = nix::unistd::pipe().expect("pipe");
+    drop(read);
+    Command::new(BIN)
+        .args(args)
+        .stdout(std::process::Stdio::from(write))
+        .output()
+        .expect("run holdfast")
 }
