@@ -17,8 +17,6 @@ use std::collections::HashMap;
 use std::ffi::CStr;
 use std::mem::MaybeUninit;
 
-use unsafe_libyaml as libyaml;
-
 /// Deepest nesting of mappings and sequences allowed. A pod needs about a dozen levels
 /// (spec.affinity.nodeAffinity...matchExpressions[].values[] is 11); 64 leaves room for
 /// anything a pod spec holds while keeping the scanner's per-token work small (a 1 MiB
@@ -143,7 +141,7 @@ struct Event {
 /// A libyaml parser over one string. Boxed: libyaml keeps a pointer to the parser inside
 /// it once it has its input.
 struct Parser<'a> {
-    sys: Box<MaybeUninit<libyaml::yaml_parser_t>>,
+    sys: Box<MaybeUninit<unsafe_libyaml::yaml_parser_t>>,
     _input: &'a str,
     initialised: bool,
     /// After an error libyaml must not be asked again.
@@ -153,17 +151,17 @@ struct Parser<'a> {
 impl<'a> Parser<'a> {
     #[allow(unsafe_code)]
     fn new(input: &'a str) -> Self {
-        let mut sys = Box::new(MaybeUninit::<libyaml::yaml_parser_t>::uninit());
+        let mut sys = Box::new(MaybeUninit::<unsafe_libyaml::yaml_parser_t>::uninit());
         let p = sys.as_mut_ptr();
         // SAFETY: `p` points to boxed memory that stays put for the parser's life;
         // initialize zeroes it and sets up its buffers (it cannot fail but by aborting
         // on allocation failure). The input outlives the parser (`_input` borrows it),
         // and `Drop` deletes the parser before the borrow ends.
         let ok = unsafe {
-            let ok = !libyaml::yaml_parser_initialize(p).fail;
+            let ok = !unsafe_libyaml::yaml_parser_initialize(p).fail;
             if ok {
-                libyaml::yaml_parser_set_encoding(p, libyaml::YAML_UTF8_ENCODING);
-                libyaml::yaml_parser_set_input_string(p, input.as_ptr(), input.len() as u64);
+                unsafe_libyaml::yaml_parser_set_encoding(p, unsafe_libyaml::YAML_UTF8_ENCODING);
+                unsafe_libyaml::yaml_parser_set_input_string(p, input.as_ptr(), input.len() as u64);
             }
             ok
         };
@@ -183,7 +181,7 @@ impl<'a> Parser<'a> {
             return None;
         }
         let p = self.sys.as_mut_ptr();
-        let mut raw = MaybeUninit::<libyaml::yaml_event_t>::uninit();
+        let mut raw = MaybeUninit::<unsafe_libyaml::yaml_event_t>::uninit();
         let e = raw.as_mut_ptr();
         // SAFETY: the parser was initialised in `new` (`failed` is false otherwise) and
         // has not reported an error, after which libyaml must not be called again. On success
@@ -191,32 +189,35 @@ impl<'a> Parser<'a> {
         // kinds whose union member holds them, are NUL-terminated strings owned by the
         // event, copied out before yaml_event_delete frees them.
         let event = unsafe {
-            if libyaml::yaml_parser_parse(p, e).fail {
+            if unsafe_libyaml::yaml_parser_parse(p, e).fail {
                 None
             } else {
                 let anchor = |ptr: *mut u8| {
                     (!ptr.is_null()).then(|| CStr::from_ptr(ptr.cast()).to_bytes().to_vec())
                 };
                 let (kind, anchor) = match (*e).type_ {
-                    libyaml::YAML_STREAM_END_EVENT => (Kind::StreamEnd, None),
-                    libyaml::YAML_DOCUMENT_START_EVENT => (Kind::DocumentStart, None),
-                    libyaml::YAML_SCALAR_EVENT => (Kind::Scalar, anchor((*e).data.scalar.anchor)),
-                    libyaml::YAML_ALIAS_EVENT => (Kind::Alias, anchor((*e).data.alias.anchor)),
-                    libyaml::YAML_SEQUENCE_START_EVENT => (
+                    unsafe_libyaml::YAML_STREAM_END_EVENT => (Kind::StreamEnd, None),
+                    unsafe_libyaml::YAML_DOCUMENT_START_EVENT => (Kind::DocumentStart, None),
+                    unsafe_libyaml::YAML_SCALAR_EVENT => {
+                        (Kind::Scalar, anchor((*e).data.scalar.anchor))
+                    }
+                    unsafe_libyaml::YAML_ALIAS_EVENT => {
+                        (Kind::Alias, anchor((*e).data.alias.anchor))
+                    }
+                    unsafe_libyaml::YAML_SEQUENCE_START_EVENT => (
                         Kind::CollectionStart,
                         anchor((*e).data.sequence_start.anchor),
                     ),
-                    libyaml::YAML_MAPPING_START_EVENT => (
+                    unsafe_libyaml::YAML_MAPPING_START_EVENT => (
                         Kind::CollectionStart,
                         anchor((*e).data.mapping_start.anchor),
                     ),
-                    libyaml::YAML_SEQUENCE_END_EVENT | libyaml::YAML_MAPPING_END_EVENT => {
-                        (Kind::CollectionEnd, None)
-                    }
+                    unsafe_libyaml::YAML_SEQUENCE_END_EVENT
+                    | unsafe_libyaml::YAML_MAPPING_END_EVENT => (Kind::CollectionEnd, None),
                     _ => (Kind::Other, None),
                 };
                 let line = (*e).start_mark.line.saturating_add(1);
-                libyaml::yaml_event_delete(e);
+                unsafe_libyaml::yaml_event_delete(e);
                 Some(Event { kind, anchor, line })
             }
         };
@@ -232,7 +233,7 @@ impl Drop for Parser<'_> {
     fn drop(&mut self) {
         if self.initialised {
             // SAFETY: the parser was initialised in `new`; it is deleted once, here.
-            unsafe { libyaml::yaml_parser_delete(self.sys.as_mut_ptr()) }
+            unsafe { unsafe_libyaml::yaml_parser_delete(self.sys.as_mut_ptr()) }
         }
     }
 }
