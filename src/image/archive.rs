@@ -135,7 +135,10 @@ impl Archive {
                         return Ok((digest.to_string(), stored));
                     }
                 }
-                let mut file = File::open(&path).map_err(|_| missing())?;
+                let mut file = File::open(&path).map_err(|e| match e.kind() {
+                    std::io::ErrorKind::NotFound => missing(),
+                    _ => io_err(format!("open {}", path.display()))(e),
+                })?;
                 content.write_blob(&mut file, &what, expect)
             }
             Archive::Tar(s) => {

@@ -488,14 +488,21 @@ impl Unpacker {
 
     fn meta<R: Read>(&self, entry: &mut tar::Entry<R>, name: &str) -> Result<Meta, ImageError> {
         let header = entry.header();
-        let bad = |what: &str| self.unsafe_entry(name, format!("unreadable {what} in tar header"));
-        let mode = header.mode().map_err(|_| bad("mode"))? & 0o7777;
-        let mut uid = header.uid().map_err(|_| bad("uid"))?;
-        let mut gid = header.gid().map_err(|_| bad("gid"))?;
+        let bad = |what: &str, why: &dyn std::fmt::Display| {
+            self.unsafe_entry(name, format!("unreadable {what} in tar header: {why}"))
+        };
+        let mode = header.mode().map_err(|e| bad("mode", &e))? & 0o7777;
+        let mut uid = header.uid().map_err(|e| bad("uid", &e))?;
+        let mut gid = header.gid().map_err(|e| bad("gid", &e))?;
         let mtime = header.mtime().unwrap_or(0);
         let mut xattrs = Vec::new();
-        if let Ok(Some(pax)) = entry.pax_extensions() {
-            for ext in pax.flatten() {
+        // A pax header that cannot be read may have meant another owner: refused.
+        let pax = entry
+            .pax_extensions()
+            .map_err(|e| bad("pax extensions", &e))?;
+        if let Some(pax) = pax {
+            for ext in pax {
+                let ext = ext.map_err(|e| bad("pax extension", &e))?;
                 let (Ok(key), value) = (ext.key(), ext.value_bytes()) else {
                     continue;
                 };
@@ -505,8 +512,8 @@ impl Unpacker {
                         .and_then(|v| v.parse::<u64>().ok())
                 };
                 match key {
-                    "uid" => uid = number().ok_or_else(|| bad("pax uid"))?,
-                    "gid" => gid = number().ok_or_else(|| bad("pax gid"))?,
+                    "uid" => uid = number().ok_or_else(|| bad("pax uid", &"not a number"))?,
+                    "gid" => gid = number().ok_or_else(|| bad("pax gid", &"not a number"))?,
                     _ => {
                         if let Some(attr) = key.strip_prefix("SCHILY.xattr.") {
                             if ALLOWED_XATTR_PREFIXES.iter().any(|p| attr.starts_with(p)) {
@@ -522,7 +529,7 @@ impl Unpacker {
                 }
             }
         }
-        let id = |v: u64, what: &str| u32::try_from(v).map_err(|_| bad(what));
+        let id = |v: u64, what: &str| u32::try_from(v).map_err(|e| bad(what, &e));
         Ok(Meta {
             mode,
             uid: id(uid, "uid")?,
@@ -596,10 +603,11 @@ impl Unpacker {
                 Err(self.unsafe_entry(name, format!("hard link target {shown:?} is a directory")))
             }
             Ok(_) => Ok(target),
-            Err(_) => Err(self.unsafe_entry(
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Err(self.unsafe_entry(
                 name,
                 format!("hard link target {shown:?} does not exist in the layer"),
             )),
+            Err(e) => Err(self.io(name, "inspect hard link target")(e)),
         }
     }
 
