@@ -19,8 +19,10 @@ use std::mem::MaybeUninit;
 
 /// Deepest nesting of mappings and sequences allowed. A pod needs about a dozen levels
 /// (spec.affinity.nodeAffinity...matchExpressions[].values[] is 11); 64 leaves room for
-/// anything a pod spec holds while keeping the scanner's per-token work small (a 1 MiB
-/// file nested 64 deep decodes in 0.6 s on x86_64, the same flat in 0.3 s).
+/// anything a pod spec holds while keeping the scanner's per-token work small. Measured
+/// on x86_64 (release): the worst file let through (100 000 nodes nested 63 deep) is
+/// looked at and decoded in 0.1 s; 100 000 nested arrays are refused in 2 ms, where
+/// serde_yaml alone took 0.7 s, and 80 KB of nested maps 2.3 s, growing with the square.
 pub const MAX_DEPTH: usize = 64;
 
 /// Most nodes a file may hold, counting each alias as the nodes it copies. Real pods
