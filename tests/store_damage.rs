@@ -251,16 +251,15 @@ fn a_panic_inside_sled_at_open_moves_the_store_aside() {
         "make-sled-panic".into(),
     ));
     a.spawn();
+    // Up when it says so a second time; `holdfast pods` alone could read the store
+    // itself while no agent answers.
     let deadline = Instant::now() + MIN;
-    loop {
+    while a.agent_log().matches("running as node").count() < 2 {
         if let Some(status) = a.exited() {
             panic!(
                 "the agent died at start ({status}) instead of moving the store aside:\n{}",
                 a.agent_log()
             );
-        }
-        if a.root.join("holdfast.sock").exists() && a.pod("web").is_some_and(|p| running(&p)) {
-            break;
         }
         assert!(
             Instant::now() < deadline,
@@ -269,13 +268,14 @@ fn a_panic_inside_sled_at_open_moves_the_store_aside() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+    let web = a.wait_pod("web", "adopted", MIN, running);
+    assert!(a.exited().is_none(), "the agent died:\n{}", a.agent_log());
     let log = a.agent_log();
     assert!(log.contains("injected: sled panicked"), "{log}");
     assert!(log.contains("STORE LOST"), "{log}");
     let aside = broken_stores(&a.root);
     assert_eq!(aside.len(), 1, "the store was not moved aside");
     assert!(aside[0].join("make-sled-panic").exists());
-    let web = a.pod("web").expect("web");
     assert_eq!(container_pid(&a, &web, "main"), pid, "web was restarted");
 
     a.reset();

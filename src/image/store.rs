@@ -537,9 +537,17 @@ impl ImageStore {
     /// import stored), never what merely happens to be on disk.
     fn drop_unreferenced(&self, blobs: &[String]) -> Result<(), ImageError> {
         let live = self.live()?;
+        let mut removed = 0usize;
         for digest in blobs.iter().filter(|d| !live.contains(*d)) {
+            log::debug!("image content store: removing {digest}, which no recorded image uses");
             self.content.remove_layer(digest)?;
             self.content.remove_blob(digest)?;
+            removed += 1;
+        }
+        if removed > 0 {
+            log::info!(
+                "image content store: removed {removed} blob(s) or layer(s) no recorded image uses"
+            );
         }
         Ok(())
     }
@@ -753,4 +761,172 @@ fn dir_size(dir: &Path) -> u64 {
         }
     }
     total
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::image::archive::Expect;
+
+    /// Stores image `i` in `images`' content store: a config, a layer and a manifest
+    /// (the layer is never unpacked here), and records it under `name`.
+    fn put_image(images: &ImageStore, i: usize, name: Option<&str>) -> ImageRecord {
+        let blob = |bytes: Vec<u8>| {
+            images
+                .content
+                .write_blob(
+                    &mut bytes.as_slice(),
+                    "test blob",
+                    Expect {
+                        digest: None,
+                        size: None,
+                    },
+                )
+                .expect("blob")
+        };
+        let (config, config_size) = blob(format!("{{\"image\":{i}}}").into_bytes());
+        let (layer, layer_size) = blob(format!("layer {i}").into_bytes());
+        let manifest = serde_json::json!({
+            "schemaVersion": 2,
+            "config": {"digest": config, "size": config_size},
+            "layers": [{"digest": layer, "size": layer_size}],
+        });
+        let (manifest, _) = blob(serde_json::to_vec(&manifest).expect("json"));
+        let record = ImageRecord {
+            references: vec![name.map_or(manifest.clone(), str::to_string)],
+            manifest_digest: manifest.clone(),
+            config_digest: config,
+            layers: vec![layer],
+            size: 1,
+            imported_at: crate::time::now(),
+            last_used: None,
+        };
+        if name.is_some() {
+            let mut batch = Batch::new();
+            images.put_back(&mut batch, &record).expect("batch");
+            images.write_record_file(&record).expect("record file");
+            images.store.apply(batch).expect("apply");
+        }
+        record
+    }
+
+    fn blob_count(root: &Path) -> usize {
+        fs::read_dir(root.join("content/blobs/sha256"))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    }
+
+    #[test]
+    fn a_lost_index_is_rebuilt_from_disk_and_nothing_is_swept() {
+        let tmp = crate::testutil::TempDir::new("image-rebuild");
+        let root = tmp.0.clone();
+        let (tagged, untagged) = {
+            let store = Store::open(&root.join("db")).expect("open");
+            let images = ImageStore::open(&root, &store).expect("images");
+            let tagged = put_image(&images, 1, Some("docker.io/library/busybox:demo"));
+            // A manifest with no record file, as stored before there were any.
+            let untagged = put_image(&images, 2, None);
+            store.flush().expect("flush");
+            (tagged, untagged)
+        };
+        let blobs = blob_count(&root);
+        assert_eq!(blobs, 6);
+        fs::remove_dir_all(root.join("db")).expect("lose the store");
+        let store = Store::open(&root.join("db")).expect("fresh store");
+        assert!(store.is_fresh());
+        let images = ImageStore::open(&root, &store).expect("images");
+        assert_eq!(blob_count(&root), blobs, "nothing swept");
+        let mut list = images.list().expect("list");
+        list.sort_by(|a, b| a.references.cmp(&b.references));
+        let refs: Vec<&str> = list.iter().map(|r| r.references[0].as_str()).collect();
+        assert!(refs.contains(&"docker.io/library/busybox:demo"), "{refs:?}");
+        assert!(
+            refs.contains(&untagged.manifest_digest.as_str()),
+            "{refs:?}"
+        );
+        let (shown, found) = images
+            .find("busybox:demo")
+            .expect("find")
+            .expect("the tag names the image again");
+        assert_eq!(shown, "docker.io/library/busybox:demo");
+        assert_eq!(found.manifest_digest, tagged.manifest_digest);
+        assert_eq!(found.layers, tagged.layers);
+    }
+
+    #[test]
+    fn a_kept_store_sweeps_only_what_no_image_on_disk_uses() {
+        let tmp = crate::testutil::TempDir::new("image-sweep");
+        let root = tmp.0.clone();
+        let store = Store::open(&root.join("db")).expect("open");
+        let orphan = {
+            let images = ImageStore::open(&root, &store).expect("images");
+            put_image(&images, 1, Some("docker.io/library/a:1"));
+            let (orphan, _) = images
+                .content
+                .write_blob(
+                    &mut b"left by an import cut short".as_slice(),
+                    "orphan",
+                    Expect {
+                        digest: None,
+                        size: None,
+                    },
+                )
+                .expect("orphan");
+            store.flush().expect("flush");
+            orphan
+        };
+        // The image's index entry is lost (a power cut before the index was flushed),
+        // its record file is not.
+        let t: Tree<ImageRecord> = store.tree("images").expect("tree");
+        for k in t.keys().expect("keys") {
+            t.remove(&k).expect("remove");
+        }
+        store.flush().expect("flush");
+        drop((t, store));
+        let store = Store::open(&root.join("db")).expect("reopen");
+        assert!(!store.is_fresh());
+        let images = ImageStore::open(&root, &store).expect("images");
+        assert_eq!(images.list().expect("list").len(), 1, "put back");
+        assert!(
+            !images.content.has_blob(&orphan).expect("has"),
+            "orphan swept"
+        );
+        assert_eq!(blob_count(&root), 3);
+    }
+
+    /// Prints how long rebuilding the index takes (run with `--ignored --nocapture`).
+    #[test]
+    #[ignore]
+    fn rebuild_time() {
+        for n in [10usize, 100, 500] {
+            let tmp = crate::testutil::TempDir::new("image-rebuild-time");
+            let root = tmp.0.clone();
+            {
+                let store = Store::open(&root.join("db")).expect("open");
+                let images = ImageStore::open(&root, &store).expect("images");
+                for i in 0..n {
+                    put_image(&images, i, Some(&format!("docker.io/library/img:{i}")));
+                }
+                store.flush().expect("flush");
+            }
+            fs::remove_dir_all(root.join("db")).expect("lose the store");
+            let store = Store::open(&root.join("db")).expect("fresh");
+            let t0 = std::time::Instant::now();
+            let images = ImageStore::open(&root, &store).expect("images");
+            let from_files = t0.elapsed();
+            assert_eq!(images.list().expect("list").len(), n);
+            drop(images);
+            drop(store);
+            fs::remove_dir_all(root.join("db")).expect("lose the store");
+            fs::remove_dir_all(root.join("content/records")).expect("lose the records");
+            let store = Store::open(&root.join("db")).expect("fresh");
+            let t0 = std::time::Instant::now();
+            let images = ImageStore::open(&root, &store).expect("images");
+            let from_manifests = t0.elapsed();
+            assert_eq!(images.list().expect("list").len(), n);
+            println!(
+                "{n} images: from record files {from_files:?}, from manifests alone {from_manifests:?}"
+            );
+        }
+    }
 }
