@@ -42,7 +42,10 @@ impl RestartTimers {
         delay: Duration,
         now: Instant,
     ) -> Instant {
-        let at = now + delay;
+        // A delay from the config file past what the clock can hold waits "for ever".
+        let at = now
+            .checked_add(delay)
+            .unwrap_or_else(|| now + Duration::from_secs(365 * 24 * 3600));
         self.due.insert(
             container.to_string(),
             Due {
