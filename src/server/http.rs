@@ -16,6 +16,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
+use super::admission::Permit;
 use super::tls::ClientAuth;
 use super::{routes, ApiDeps, Port, HANDSHAKE_TIMEOUT, HEADER_READ_TIMEOUT};
 
@@ -100,6 +101,35 @@ pub async fn serve_connection(
     deps: Arc<ApiDeps>,
     tls: Option<(tokio_rustls::TlsAcceptor, Arc<ClientAuth>)>,
 ) {
+    serve_stream(stream, peer, port, deps, tls, None).await;
+}
+
+/// Serves one admitted connection until it closes or, not having proved a client
+/// certificate, gives its place up to a newer one.
+pub async fn serve_admitted(
+    stream: TcpStream,
+    peer: SocketAddr,
+    port: Port,
+    deps: Arc<ApiDeps>,
+    tls: Option<(tokio_rustls::TlsAcceptor, Arc<ClientAuth>)>,
+    permit: Permit,
+) {
+    tokio::select! {
+        () = serve_stream(stream, peer, port, deps, tls, Some(&permit)) => {}
+        () = permit.evicted() => {
+            log::debug!("kubelet API: closed {peer} to make room for a newer connection");
+        }
+    }
+}
+
+async fn serve_stream(
+    stream: TcpStream,
+    peer: SocketAddr,
+    port: Port,
+    deps: Arc<ApiDeps>,
+    tls: Option<(tokio_rustls::TlsAcceptor, Arc<ClientAuth>)>,
+    permit: Option<&Permit>,
+) {
     match tls {
         Some((acceptor, clients)) => {
             // A client that never finishes its handshake must not hold a task forever.
@@ -116,7 +146,12 @@ pub async fn serve_connection(
                 }
             };
             let identity = match clients.identify(tls_stream.get_ref().1.peer_certificates()) {
-                Ok(()) => Identity::Client,
+                Ok(()) => {
+                    if let Some(p) = permit {
+                        p.proven();
+                    }
+                    Identity::Client
+                }
                 Err(why) => Identity::Anonymous(Some(why.into())),
             };
             serve(TokioIo::new(tls_stream), peer, port, deps, identity).await;

@@ -279,7 +279,8 @@ pub async fn own(deps: &Arc<ApiDeps>) -> Resp {
         &mut out,
         "holdfast_kubelet_api_connections_refused_total",
         "Connections to the kubelet API closed on arrival because a listener held its \
-         total (reason=total) or their source held its share (reason=per_source)",
+         total of proven clients (reason=total) or their source held its share \
+         (reason=per_source)",
         "counter",
     );
     for (reason, n) in [
@@ -292,5 +293,17 @@ pub async fn own(deps: &Arc<ApiDeps>) -> Resp {
             "holdfast_kubelet_api_connections_refused_total{{reason=\"{reason}\"}} {n}"
         );
     }
+    header(
+        &mut out,
+        "holdfast_kubelet_api_connections_evicted_total",
+        "Connections to the kubelet API without a proven client certificate closed to make \
+         room for a newer one when a listener held its total",
+        "counter",
+    );
+    let evicted = super::admission::EVICTED.load(std::sync::atomic::Ordering::Relaxed);
+    let _ = writeln!(
+        out,
+        "holdfast_kubelet_api_connections_evicted_total {evicted}"
+    );
     respond(StatusCode::OK, TEXT, out)
 }

@@ -17,8 +17,10 @@
 //! - `healthzBindAddress:healthzPort` (127.0.0.1:10248): plain `/healthz`.
 //!
 //! Each listener holds at most [`MAX_CONNECTIONS`] connections, [`MAX_CONNECTIONS_PER_SOURCE`]
-//! of them from one source; a connection over either is closed at once and counted
-//! ([`admission`] says why these numbers). A TLS handshake has [`HANDSHAKE_TIMEOUT`], a
+//! of them from one source; a connection over the source's share is closed at once, one
+//! over the total takes the place of the oldest connection that has not proved a
+//! client certificate (or is closed if all have), and both are counted ([`admission`]
+//! says why). A TLS handshake has [`HANDSHAKE_TIMEOUT`], a
 //! request's headers [`HEADER_READ_TIMEOUT`].
 //!
 //! Files: [`admission`], [`tls`] (serving certificate, client authentication) with
@@ -209,10 +211,7 @@ fn spawn_listener(
             let _ = stream.set_nodelay(true);
             let deps = deps.clone();
             let tls = tls.clone();
-            tokio::spawn(async move {
-                http::serve_connection(stream, peer, port, deps, tls).await;
-                drop(permit);
-            });
+            tokio::spawn(http::serve_admitted(stream, peer, port, deps, tls, permit));
         }
     });
 }
