@@ -345,28 +345,119 @@ fn archive_exec() -> Exec {
         let _keep = &store;
         let mut bytes = input.to_vec();
         fuzz::fix_tar_checksums(&mut bytes);
+        // Half the inputs have their blobs' digests and sizes made true again, so a
+        // mutated manifest or config is read rather than refused for its digest.
+        if input.len() % 2 == 0 {
+            if let Some(rehashed) = rehash_layout(&bytes) {
+                bytes = rehashed;
+            }
+        }
         fs::write(&input_path, &bytes).expect("write the archive");
         let outcome = match images.import(&input_path) {
             Ok(records) => {
+                let mut outcome = format!("ok {} images", records.len().min(3));
                 for r in &records {
-                    assert!(
-                        !r.layers.is_empty() || r.size > 0,
-                        "an empty image imported"
-                    );
                     if let Some(reference) = r.references.first() {
                         // Resolving what was imported unpacks its layers.
                         if let Err(e) = images.resolve(reference) {
-                            return kind(&format!("resolve: {}", chain(&e)));
+                            outcome = kind(&format!("resolve: {}", chain(&e)));
                         }
                     }
                 }
-                format!("ok {} images", records.len().min(3))
+                outcome
             }
             Err(e) => kind(&chain(&e)),
         };
         fence.check();
         outcome
     })
+}
+
+/// The archive with every `blobs/sha256/<hex>` entry renamed to its content's digest,
+/// every reference to the old name changed to the new one and every `"size"` after it
+/// made the blob's length, repeated until the names hold (manifests name configs and
+/// layers, indexes name manifests). None when it is not a tar.
+fn rehash_layout(archive: &[u8]) -> Option<Vec<u8>> {
+    use sha2::{Digest, Sha256};
+    let mut entries = Vec::new();
+    let mut ar = tar::Archive::new(archive);
+    for e in ar.entries().ok()? {
+        let mut e = e.ok()?;
+        let header = e.header().clone();
+        let path = e.path_bytes().into_owned();
+        let mut data = Vec::new();
+        std::io::Read::read_to_end(&mut e, &mut data).ok()?;
+        entries.push((header, path, data));
+    }
+    const PREFIX: &[u8] = b"blobs/sha256/";
+    for _ in 0..4 {
+        let mut renames: Vec<(Vec<u8>, Vec<u8>, usize)> = Vec::new();
+        for (_, path, data) in &mut entries {
+            let Some(old) = path.strip_prefix(PREFIX) else {
+                continue;
+            };
+            let new: Vec<u8> = Sha256::digest(&data[..])
+                .iter()
+                .flat_map(|b| format!("{b:02x}").into_bytes())
+                .collect();
+            if old != new.as_slice() {
+                renames.push((old.to_vec(), new.clone(), data.len()));
+                *path = [PREFIX, &new].concat();
+            }
+        }
+        if renames.is_empty() {
+            break;
+        }
+        for (_, _, data) in &mut entries {
+            for (old, new, len) in &renames {
+                if old.is_empty() {
+                    continue;
+                }
+                *data = replace_digest(data, old, new, *len);
+            }
+        }
+    }
+    let mut out = tar::Builder::new(Vec::new());
+    for (mut header, path, data) in entries {
+        header.set_size(data.len() as u64);
+        if header.set_path(std::str::from_utf8(&path).ok()?).is_err() {
+            return None;
+        }
+        header.set_cksum();
+        out.append(&header, data.as_slice()).ok()?;
+    }
+    out.into_inner().ok()
+}
+
+/// `data` with `old` replaced by `new` and the first `"size":` number after each
+/// replacement (before the object ends) set to `len`.
+fn replace_digest(data: &[u8], old: &[u8], new: &[u8], len: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(data.len());
+    let mut i = 0;
+    while i < data.len() {
+        if data[i..].starts_with(old) {
+            out.extend_from_slice(new);
+            i += old.len();
+            let rest = &data[i..];
+            let end = rest.iter().position(|&b| b == b'}').unwrap_or(rest.len());
+            if let Some(at) = split(&rest[..end], b"\"size\":").first().map(|s| s.len()) {
+                if at < end {
+                    let digits_at = at + b"\"size\":".len();
+                    let digits = rest[digits_at..]
+                        .iter()
+                        .take_while(|b| b.is_ascii_digit())
+                        .count();
+                    out.extend_from_slice(&rest[..digits_at]);
+                    out.extend_from_slice(len.to_string().as_bytes());
+                    i += digits_at + digits;
+                }
+            }
+        } else {
+            out.push(data[i]);
+            i += 1;
+        }
+    }
+    out
 }
 
 const LAYER: Target = Target {
@@ -1495,4 +1586,14 @@ fn kinds_drop_what_varies() {
         kind("read manifest /tmp/x/pod.yaml: line 3 column 7: \"abc\""),
         "read manifest <path>: line # column #: <q>"
     );
+}
+
+#[test]
+fn rehashed_archives_import() {
+    let tar = fs::read(fuzz::repo_path("tests/fuzz/corpus/archive/oci.tar")).expect("seed");
+    let edited = split(&tar, b"/bin/app").join(&b"/bin/apq"[..]);
+    assert_ne!(edited, tar, "the seed names /bin/app");
+    let mut exec = archive_exec();
+    let rehashed = rehash_layout(&edited).expect("a tar");
+    assert_eq!(exec(&rehashed), "ok 1 images");
 }
