@@ -1,6 +1,7 @@
 //! End to end: numbers and sizes a manifest may legally write but no workload means
-//! (the largest grace period, an environment that doubles itself a dozen times) stop
-//! nothing but the pod that wrote them. The agent stays up, and the other pods run on.
+//! (the largest grace period, an environment that doubles itself a dozen times, a
+//! command line or subPath that repeats a variable) stop nothing but the pod that wrote
+//! them. The agent stays up, and the other pods run on.
 
 mod support;
 
@@ -166,6 +167,103 @@ fn an_environment_that_doubles_itself_is_refused_with_a_reason() {
     let peak = peak_rss_kib(&a);
     eprintln!("agent peak RSS with the refused environment: {peak} KiB");
     assert!(peak < 256 * 1024, "the agent peaked at {peak} KiB");
+
+    a.stop();
+    a.reset();
+    a.assert_clean();
+}
+
+/// A pod whose `app` container's env has `V`, 120 000 bytes built from a 60 000-byte
+/// `W`; `container_extra` goes under the container after its env.
+fn pod_with_big_var(name: &str, command: &str, container_extra: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  hostNetwork: true\n  \
+         containers:\n  - name: app\n    image: busybox:demo\n    command: {command}\n    \
+         env:\n    - name: W\n      value: {}\n    - name: V\n      value: \"$(W)$(W)\"\n\
+         {container_extra}",
+        "w".repeat(60_000)
+    )
+}
+
+/// Waits for `name` to be refused with CreateContainerConfigError while `bystander`
+/// runs and the agent stays up and small; returns the status message.
+fn refused_beside_a_bystander(a: &mut Agent, name: &str) -> String {
+    let p = a.wait_pod(name, "refused its container's config", MIN, |p| {
+        p["status"]["containerStatuses"][0]["state"]["waiting"]["reason"]
+            == "CreateContainerConfigError"
+    });
+    a.wait_pod("bystander", "running", MIN, running);
+    assert_alive(a);
+    let peak = peak_rss_kib(a);
+    eprintln!("agent peak RSS with {name} refused: {peak} KiB");
+    assert!(peak < 256 * 1024, "the agent peaked at {peak} KiB");
+    let message = p["status"]["containerStatuses"][0]["state"]["waiting"]["message"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    // What the message may quote of the manifest is long: a failure shows its start.
+    message.chars().take(600).collect()
+}
+
+fn bystander() -> String {
+    pod(
+        "bystander",
+        "  terminationGracePeriodSeconds: 1\n",
+        "exec sleep 3600",
+        "",
+    )
+}
+
+#[test]
+fn a_command_line_that_repeats_a_variable_is_refused_with_a_reason() {
+    if !need_root() {
+        return;
+    }
+    let mut a = Agent::new("argv-bomb");
+    // 60 KB of manifest: 15 000 references to a 120 000-byte variable in one argument
+    // would be 1.8 GB.
+    let bomb = "$(V)".repeat(15_000);
+    let command = serde_json::to_string(&["sh", "-c", "exec sleep 3600", &bomb]).expect("json");
+    a.write_manifest("bomb.yaml", &pod_with_big_var("bomb", &command, ""));
+    a.write_manifest("bystander.yaml", &bystander());
+    a.start();
+    let message = refused_beside_a_bystander(&mut a, "bomb");
+    assert!(
+        message.contains("container \"app\": command[3] would take 1800000001 bytes"),
+        "names the argument and its size: {message}"
+    );
+    assert!(message.contains("131072"), "names the bound: {message}");
+
+    a.stop();
+    a.reset();
+    a.assert_clean();
+}
+
+#[test]
+fn a_sub_path_expr_that_repeats_a_variable_is_refused_with_a_reason() {
+    if !need_root() {
+        return;
+    }
+    let mut a = Agent::new("subpath-bomb");
+    // 4 KB of manifest: 1 000 references would make a 120 MB path.
+    let mount = format!(
+        "    volumeMounts:\n    - name: data\n      mountPath: /data\n      \
+         subPathExpr: {}\n  volumes:\n  - name: data\n    emptyDir: {{}}\n",
+        "$(V)".repeat(1_000)
+    );
+    let command = r#"["sh", "-c", "exec sleep 3600"]"#;
+    a.write_manifest("bomb.yaml", &pod_with_big_var("bomb", command, &mount));
+    a.write_manifest("bystander.yaml", &bystander());
+    a.start();
+    let message = refused_beside_a_bystander(&mut a, "bomb");
+    assert!(
+        message.contains(
+            "subPathExpr of the mount of volume \"data\" at \"/data\" in container \"app\" \
+             would take 120000001 bytes"
+        ),
+        "names the mount and its size: {message}"
+    );
+    assert!(message.contains("4096"), "names the bound: {message}");
 
     a.stop();
     a.reset();

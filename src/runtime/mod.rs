@@ -64,7 +64,7 @@ mod supervise;
 mod unix_socket;
 mod user;
 
-pub use command::expand;
+pub use command::{expand, expanded_len, MAX_ARG_STRLEN};
 pub use libcontainer_runtime::{LibcontainerRuntime, DEFAULT_LOG_MAX_FILES, DEFAULT_LOG_MAX_SIZE};
 pub use logs::{pod_log_dir, rotated_files as rotated_log_files};
 pub use reset::remove_all;

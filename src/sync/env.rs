@@ -25,13 +25,13 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use crate::quantity;
-use crate::runtime::expand;
+use crate::runtime::{expand, expanded_len};
 use crate::uplink::objects::{ObjectCache, ObjectsError};
 
 /// The most one variable may take, `NAME=value` and its NUL: the kernel's
-/// `MAX_ARG_STRLEN` (32 pages of 4 KiB). execve refuses a longer string with E2BIG, so
-/// no container could start with one; refusing it here costs nothing that could run.
-pub const MAX_VAR_BYTES: usize = 128 * 1024;
+/// `MAX_ARG_STRLEN`, as for one argument. execve refuses a longer string with E2BIG,
+/// so no container could start with one; refusing it here costs nothing that could run.
+pub const MAX_VAR_BYTES: usize = crate::runtime::MAX_ARG_STRLEN;
 
 /// The most a container's own environment may take, every `NAME=value` and its NUL
 /// added up. execve takes argv and the environment together up to a quarter of the
@@ -186,39 +186,6 @@ fn check_var(name: &str, value_len: usize, container: &str) -> Result<usize, Env
         });
     }
     Ok(bytes)
-}
-
-/// The length [`expand`] gives `input`, counted without building it (saturating): the
-/// same grammar, so an expansion is refused before it allocates.
-pub(crate) fn expanded_len(input: &str, vars: &HashMap<String, String>) -> usize {
-    let mut len = 0usize;
-    let mut rest = input;
-    while let Some(pos) = rest.find('$') {
-        len = len.saturating_add(pos);
-        let after = &rest[pos + 1..];
-        if let Some(tail) = after.strip_prefix('$') {
-            len = len.saturating_add(1);
-            rest = tail;
-        } else if let Some(inner) = after.strip_prefix('(') {
-            match inner.find(')') {
-                Some(end) => {
-                    let name = &inner[..end];
-                    // An unknown name stays as written: `$(`, the name and `)`.
-                    let value = vars.get(name).map_or(name.len() + 3, String::len);
-                    len = len.saturating_add(value);
-                    rest = &inner[end + 1..];
-                }
-                None => {
-                    len = len.saturating_add(2);
-                    rest = inner;
-                }
-            }
-        } else {
-            len = len.saturating_add(1);
-            rest = after;
-        }
-    }
-    len.saturating_add(rest.len())
 }
 
 /// The event reason for envFrom keys that are skipped.

@@ -570,37 +570,3 @@ fn env_from_values_are_bounded_too() {
         cached.error(&p)
     );
 }
-
-#[test]
-fn expanded_len_counts_what_expand_builds() {
-    let vars: HashMap<String, String> = [("A", "x"), ("B", "y y"), ("EMPTY", ""), ("É", "ü")]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    for input in [
-        "",
-        "plain",
-        "$(A)",
-        "pre-$(A)-$(B)-post",
-        "$$(A)",
-        "$(UNKNOWN)",
-        "$A $",
-        "$(A",
-        "$$$$",
-        "$()",
-        "$(EMPTY)$(EMPTY)",
-        "$(É)é$",
-        "$($(A))",
-        "$(A))(",
-        "$",
-        "$$",
-        "$(",
-        "$(A)$(B)$(A)$$$(B",
-    ] {
-        assert_eq!(
-            expanded_len(input, &vars),
-            expand(input, &vars).len(),
-            "{input:?}"
-        );
-    }
-}

@@ -297,10 +297,7 @@ pub fn container_mounts(
         }
         let sub = match (&vm.sub_path, &vm.sub_path_expr) {
             (Some(p), _) if !p.is_empty() => Some(p.clone()),
-            (_, Some(e)) if !e.is_empty() => {
-                let vars: std::collections::HashMap<String, String> = env.iter().cloned().collect();
-                Some(crate::runtime::expand(e, &vars))
-            }
+            (_, Some(e)) if !e.is_empty() => Some(sub_path_expr(container, vm, e, env)?),
             _ => None,
         };
         let source = match sub {
@@ -323,6 +320,32 @@ pub fn container_mounts(
         });
     }
     Ok(out)
+}
+
+/// The most a path may take with its NUL: Linux's `PATH_MAX`. A longer `subPathExpr`
+/// could name nothing the kernel would open.
+const PATH_MAX: usize = 4096;
+
+/// `subPathExpr` of `vm` expanded from the container's environment, measured first:
+/// each variable may be 128 KiB, so a few bytes of manifest could ask for megabytes.
+fn sub_path_expr(
+    container: &Container,
+    vm: &k8s_openapi::api::core::v1::VolumeMount,
+    expr: &str,
+    env: &[(String, String)],
+) -> Result<String, VolumeError> {
+    let vars: std::collections::HashMap<String, String> = env.iter().cloned().collect();
+    let bytes = crate::runtime::expanded_len(expr, &vars).saturating_add(1);
+    if bytes > PATH_MAX {
+        return Err(VolumeError::Mount(format!(
+            "subPathExpr of the mount of volume {:?} at {:?} in container {:?} would take \
+             {bytes} bytes ($(VAR) references expanded, with its NUL), more than the \
+             {PATH_MAX} bytes a path may take (PATH_MAX): shorten it or the variables it \
+             refers to",
+            vm.name, vm.mount_path, container.name
+        )));
+    }
+    Ok(crate::runtime::expand(expr, &vars))
 }
 
 /// Unmounts and removes every volume of the pod under `pod_dir`, and its staged

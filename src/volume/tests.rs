@@ -502,3 +502,32 @@ fn an_object_not_fetched_yet_is_waited_for_not_called_missing() {
         assert!(!err.to_string().contains("not found"), "{err}");
     }
 }
+
+#[test]
+fn a_sub_path_expr_that_expands_past_path_max_is_refused() {
+    let container: Container = serde_json::from_value(json!({"name": "app"})).expect("container");
+    let vm: k8s_openapi::api::core::v1::VolumeMount =
+        serde_json::from_value(json!({"name": "data", "mountPath": "/data"})).expect("mount");
+    // 100 references to a 100 000-byte variable: 10 MB from 400 bytes of manifest.
+    let env = [("V".to_string(), "x".repeat(100_000))];
+    let err = match sub_path_expr(&container, &vm, &"$(V)".repeat(100), &env) {
+        Err(e) => e,
+        Ok(path) => panic!("accepted a {}-byte path", path.len()),
+    };
+    assert!(err.is_container_config(), "{err}");
+    assert_eq!(
+        err.to_string(),
+        "subPathExpr of the mount of volume \"data\" at \"/data\" in container \"app\" would \
+         take 10000001 bytes ($(VAR) references expanded, with its NUL), more than the 4096 \
+         bytes a path may take (PATH_MAX): shorten it or the variables it refers to"
+    );
+    // Up to PATH_MAX with the NUL is a path.
+    let env = [("V".to_string(), "x".repeat(4095))];
+    assert_eq!(
+        sub_path_expr(&container, &vm, "$(V)", &env)
+            .expect("fits")
+            .len(),
+        4095
+    );
+    assert!(sub_path_expr(&container, &vm, "/$(V)", &env).is_err());
+}
