@@ -242,9 +242,12 @@ impl Manager {
                         .join("volumes")
                         .join("kubernetes.io~empty-dir");
                     let logs = logs_dir(&self.deps.root_dir, &pod, &uid);
-                    let total = containers.iter().map(|(_, u)| *u).sum::<u64>()
-                        + disk_usage(&volumes, resource)
-                        + disk_usage(&logs, resource);
+                    let total = containers
+                        .iter()
+                        .map(|(_, u)| *u)
+                        .fold(0, u64::saturating_add)
+                        .saturating_add(disk_usage(&volumes, resource))
+                        .saturating_add(disk_usage(&logs, resource));
                     let request = ephemeral_request(&pod);
                     (Some(total), request, containers)
                 }
@@ -298,7 +301,8 @@ fn ephemeral_request(pod: &k8s_openapi::api::core::v1::Pod) -> u64 {
                 .get("ephemeral-storage")
                 .and_then(|q| crate::quantity::parse_bytes(&q.0).ok())
         })
-        .sum()
+        // A manifest may ask for two of the largest quantities.
+        .fold(0, u64::saturating_add)
 }
 
 /// Bytes (or inodes) used under `dir`, on its own filesystem only: a tmpfs or any
@@ -327,4 +331,23 @@ fn disk_usage(dir: &Path, resource: Resource) -> u64 {
         }
     }
     total
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn two_of_the_largest_ephemeral_storage_requests_saturate() {
+        let huge = serde_json::json!({"requests": {"ephemeral-storage": "8Ei"}});
+        let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "greedy"},
+            "spec": {"containers": [
+                {"name": "a", "resources": huge},
+                {"name": "b", "resources": huge},
+            ]},
+        }))
+        .expect("pod");
+        assert_eq!(ephemeral_request(&pod), u64::MAX);
+    }
 }
