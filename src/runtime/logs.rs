@@ -81,15 +81,15 @@ fn pod_log_dir_name(namespace: &str, name: &str, uid: &str) -> String {
     format!("{namespace}_{}-{}_{uid}", &name[..keep], &hash[..NAME_HASH])
 }
 
-/// Makes `dir` and its missing parents 0700, and narrows `dir` and its parent (a
-/// container's and its pod's log folders) if an older holdfast left them wider.
+/// Makes `dir` and its missing parents 0700, and narrows `dir` (a container's log
+/// folder) if an older holdfast left it wider. Its parents are left as they are: they
+/// are below the root dir, which is kept 0700, or they are not holdfast's to change
+/// (a log opened directly under `/tmp` must not narrow `/tmp`).
 fn private_dirs(dir: &Path) -> std::io::Result<()> {
     super::root_dir::create_private(dir)?;
-    for d in [Some(dir), dir.parent()].into_iter().flatten() {
-        let mode = std::fs::metadata(d)?.permissions().mode();
-        if mode & 0o077 != 0 {
-            std::fs::set_permissions(d, std::fs::Permissions::from_mode(DIR_MODE))?;
-        }
+    let mode = std::fs::metadata(dir)?.permissions().mode();
+    if mode & 0o077 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(DIR_MODE))?;
     }
     Ok(())
 }
@@ -389,6 +389,8 @@ mod tests {
         assert_eq!(mode(&path), LOG_MODE);
         assert_eq!(mode(&dir.join("pods/ns_p_u/c")), DIR_MODE);
         assert_eq!(mode(&dir.join("pods/ns_p_u")), DIR_MODE);
+        // A folder it did not make is not its to narrow (were it `/tmp`...).
+        assert_eq!(mode(&dir.join("pods")), 0o755);
         let mut out = LineBuffer::new(Stream::Stdout);
         for i in 0..20 {
             out.feed(&mut log, format!("line {i}\n").as_bytes())
