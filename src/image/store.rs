@@ -25,6 +25,11 @@ struct DropinSeen {
     manifests: Vec<String>,
 }
 
+/// Tree of the image index's own facts; [`RECONCILED`]: the index has been brought
+/// together with the content store once (see [`ImageStore::reconcile`]).
+const INDEX_META: &str = "image_index";
+const RECONCILED: &str = "reconciled";
+
 /// How finely `last_used` is kept.
 const LAST_USED_RESOLUTION: std::time::Duration = std::time::Duration::from_secs(600);
 
@@ -558,13 +563,16 @@ impl ImageStore {
     /// store was lost, moved aside, or went back in time; a power cut between the file
     /// and the index) is put back from it, tags included; in a new or rebuilt store,
     /// manifests that have no record file (stored before there were any) are put back
-    /// under their digest. Only then, and only in a store that was not new, are the
-    /// blobs and layers no image uses removed (what an import or removal cut short
-    /// left), each one logged. A new or rebuilt store removes nothing: it cannot tell
-    /// what it forgot from what nobody uses.
+    /// under their digest. Only then, and only in a store whose index was reconciled
+    /// before, are the blobs and layers no image uses removed (what an import or
+    /// removal cut short left), each one logged. A new or rebuilt store removes
+    /// nothing the first time: it cannot tell what it forgot from what nobody uses.
     fn reconcile(&self) -> Result<(), ImageError> {
         let started = std::time::Instant::now();
-        let fresh = self.store.is_fresh();
+        // Set once this store's index has been brought together with the disk: from
+        // then on every change goes through it, and what it does not know is unused.
+        let reconciled: Tree<bool> = self.store.tree(INDEX_META)?;
+        let fresh = reconciled.get(RECONCILED)?.is_none();
         let _guard = self.guard();
         let mut restored = 0usize;
         // An index entry without its file (stored before there were files).
@@ -621,7 +629,10 @@ impl ImageStore {
             }
         }
         self.store.apply(batch)?;
-        if restored > 0 {
+        if fresh {
+            reconciled.put(RECONCILED, &true)?;
+        }
+        if restored > 0 || fresh {
             self.store.flush()?;
             log::warn!(
                 "image index: {restored} image(s) put back from the content store in {} ms",
