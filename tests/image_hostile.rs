@@ -1,11 +1,16 @@
 //! Image archives against a small disk, as root on a loop-mounted ext4 the test makes:
 //! a gzip bomb layer is refused before it fills the disk and leaves nothing behind, an
-//! import onto a full disk says the disk is full, and healthy imports work afterwards.
+//! import onto a full disk says the disk is full, and healthy imports work afterwards;
+//! a pull of a layer larger than the free space stops before writing it.
 
 #[path = "support/loopfs.rs"]
 mod loopfs;
 #[path = "support/oci.rs"]
 mod oci;
+#[path = "support/pki.rs"]
+mod pki;
+#[path = "support/registry.rs"]
+mod registry;
 
 use std::fs::{self, File};
 use std::io::{self, Read, Write};
@@ -277,4 +282,87 @@ fn an_import_onto_a_full_disk_says_the_disk_is_full() {
         .is_some());
     drop(images);
     drop(store);
+}
+
+#[test]
+fn a_pull_larger_than_the_free_space_stops_before_filling_the_disk() {
+    if !need_root() || !registry::tools_present() {
+        return;
+    }
+    let scratch = Scratch::new("image-pull-full");
+    let pki = pki::Pki::new(&scratch.0.join("pki"));
+    let reg = registry::Registry::start(&scratch.0.join("registry"), &pki, registry::Auth::None);
+    let image = Image {
+        // Compressed already, so that skopeo pushes the layer as it is: 40 MB of noise.
+        layers: vec![
+            Layer::new(vec![Entry::file("data", &oci::noise(40 << 20, 11), 0o644)]).gzipped(),
+        ],
+        ..Image::default()
+    };
+    let layout = scratch.0.join("layout");
+    let platform = match oci::goarch() {
+        ("arm", _) => "linux/arm/v7".to_string(),
+        (arch, _) => format!("linux/{arch}"),
+    };
+    let (_, built) = oci::write_index_dir(&layout, &[(platform.as_str(), &image)]).expect("layout");
+    reg.push(&layout, "big", "1", None);
+    let cfg = scratch.0.join("config.yaml");
+    fs::write(
+        &cfg,
+        format!(
+            "holdfast:\n  registries:\n    \"{}\":\n      caFile: {}\n",
+            reg.host(),
+            reg.ca.display()
+        ),
+    )
+    .expect("config");
+
+    let fs = LoopFs::mount(&scratch.0.join("mnt"), 32).expect("loop filesystem");
+    let root = fs.mount.join("root");
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_holdfast"))
+            .args(args)
+            .arg("--root-dir")
+            .arg(&root)
+            .env("HOME", &root)
+            .output()
+            .expect("run holdfast")
+    };
+    fs::create_dir_all(&root).expect("root dir");
+    {
+        // The state a node has before its first pull.
+        let store = Store::open(&root.join("db")).expect("open store");
+        ImageStore::open(&root, &store).expect("open image store");
+        store.flush().expect("flush");
+    }
+    let before = fs.free();
+    let reference = format!("{}/big:1", reg.host());
+    let out = run(&[
+        "image",
+        "pull",
+        &reference,
+        "--config",
+        cfg.to_str().expect("utf-8 path"),
+    ]);
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("{said}");
+    assert!(!out.status.success(), "{said}");
+    assert!(said.contains("disk is full"), "{said}");
+    assert!(
+        said.contains(&format!("download blob {}", built[0].layer_digests[0])),
+        "{said}"
+    );
+    let after = fs.free();
+    eprintln!("free before {before}, after {after}");
+    assert!(
+        after + 1024 * 1024 >= before,
+        "the pull took {} bytes of the disk",
+        before.saturating_sub(after)
+    );
+    let left = names(&root.join("content/tmp"));
+    assert!(left.is_empty(), "left in tmp: {left:?}");
 }
