@@ -417,3 +417,31 @@ fn the_bound_follows_the_compressed_size() {
     assert_eq!(l.stream_limit(1 << 30), (1u64 << 30) * MAX_INFLATE_RATIO);
     assert_eq!(l.stream_limit(u64::MAX), u64::MAX);
 }
+
+#[test]
+fn a_write_that_finds_the_disk_full_says_so_with_its_cause() {
+    let tmp = TempDir::new("enospc");
+    let unpacker = Unpacker {
+        root: tmp.0.clone(),
+        layer: "sha256:full".into(),
+        dirs: Vec::new(),
+        budget: DiskBudget::new(&tmp.0, "unpack layer sha256:full"),
+        read: Rc::new(Cell::new(0)),
+        limit: u64::MAX,
+    };
+    let enospc = io::Error::from_raw_os_error(nix::libc::ENOSPC);
+    let shown = unpacker.io("etc/big", "write file")(enospc).to_string();
+    assert!(
+        shown.contains("etc/big") && shown.contains("write file"),
+        "{shown}"
+    );
+    assert!(shown.contains("No space left on device"), "{shown}");
+    assert!(shown.contains("disk is full"), "{shown}");
+    assert!(
+        shown.contains("bytes free on"),
+        "says what is free: {shown}"
+    );
+    let denied = io::Error::from_raw_os_error(nix::libc::EACCES);
+    let shown = unpacker.io("etc/big", "write file")(denied).to_string();
+    assert!(shown.contains("Permission denied"), "{shown}");
+}
