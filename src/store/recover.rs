@@ -2,8 +2,14 @@
 //! not open is moved aside (never deleted) and a fresh one takes its place; records
 //! that no longer decode are moved into the `quarantine` tree.
 //!
+//! sled is opened first in a child process (`holdfast store probe`), so a panic inside
+//! it, which `panic = "abort"` makes uncatchable, moves the store aside too. A store
+//! that went back in time (see [`super::generation`]) is moved aside as well: which of
+//! its records are stale cannot be told, so none is believed.
+//!
 //! The caller rebuilds a fresh store from what the running containers tell (their
-//! spec annotations) and from the pod sources.
+//! spec annotations) and from the pod sources; the image index is rebuilt from the
+//! content store (see `image::store`).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
