@@ -37,6 +37,8 @@
 //! - [`server`]: the kubelet HTTP API (logs, exec, stats, metrics) for the apiserver,
 //!   metrics-server and Prometheus.
 //! - [`metrics`]: holdfast's own Prometheus series, recorded by any module.
+//! - [`yaml`]: the bounded read and the look at nesting and aliases every YAML file
+//!   from outside gets before serde_yaml decodes it.
 
 pub mod agent;
 pub mod backoff;
@@ -60,6 +62,7 @@ pub mod time;
 pub mod tls;
 pub mod uplink;
 pub mod volume;
+pub mod yaml;
 
 mod error;
 #[cfg(test)]

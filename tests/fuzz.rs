@@ -132,47 +132,9 @@ const CONFIG: Target = Target {
     hang: SEC,
 };
 
-/// serde_yaml takes seconds over YAML nested a few thousand levels deep. The manifest
-/// reader refuses such input before decoding it; the config file and kubeconfig
-/// readers do not yet, so those targets leave such inputs out (the fuzzing goes on past
-/// them) and `known_defects` keeps one of each.
-const KNOWN_DEPTH: usize = 100;
-
-fn nested_deeper_than(input: &[u8], limit: usize) -> bool {
-    let (mut depth, mut deepest) = (0usize, 0usize);
-    let mut dashes = 0usize;
-    for (i, &b) in input.iter().enumerate() {
-        match b {
-            b'[' | b'{' => {
-                depth += 1;
-                deepest = deepest.max(depth);
-            }
-            b']' | b'}' => depth = depth.saturating_sub(1),
-            b'-' if input.get(i + 1) == Some(&b' ') => {
-                dashes += 1;
-                deepest = deepest.max(dashes);
-            }
-            b'\n' => dashes = 0,
-            _ => {}
-        }
-    }
-    deepest > limit
-}
-
 fn config_exec() -> Exec {
-    config_exec_with(true)
-}
-
-fn config_raw() -> Exec {
-    config_exec_with(false)
-}
-
-fn config_exec_with(skip_known: bool) -> Exec {
     let path = PathBuf::from("/etc/holdfast/config.yaml");
     Box::new(move |input| {
-        if skip_known && nested_deeper_than(input, KNOWN_DEPTH) {
-            return "left out: deep nesting (known)".to_string();
-        }
         let text = String::from_utf8_lossy(input);
         match holdfast::config::parse_config(&path, &text) {
             Ok((_, warnings)) => format!("ok {} warnings", warnings.len().min(3)),
@@ -212,22 +174,11 @@ const KUBECONFIG: Target = Target {
 };
 
 fn kubeconfig_exec() -> Exec {
-    kubeconfig_exec_with(true)
-}
-
-fn kubeconfig_raw() -> Exec {
-    kubeconfig_exec_with(false)
-}
-
-fn kubeconfig_exec_with(skip_known: bool) -> Exec {
     let dir = TempDir::new("fuzz-kubeconfig");
     let path = dir.0.join("kubeconfig");
     let now = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
     Box::new(move |input| {
         let _keep = &dir;
-        if skip_known && nested_deeper_than(input, KNOWN_DEPTH) {
-            return "left out: deep nesting (known)".to_string();
-        }
         fs::write(&path, input).expect("write the kubeconfig");
         match holdfast::uplink::kubeconfig::Kubeconfig::load_at(&path, now) {
             Ok(_) => "ok".to_string(),
@@ -1087,17 +1038,6 @@ const TARGETS: [Entry; 10] = [
 fn regressions() {
     for (target, make) in TARGETS {
         let dir = fuzz::repo_path(&format!("tests/fuzz/regressions/{}", target.name));
-        fuzz::replay(target, &dir, make);
-    }
-}
-
-/// Inputs that fail for defects not fixed yet, under `tests/fuzz/known/<target>/`.
-#[test]
-#[ignore = "serde_yaml takes seconds over deeply nested YAML in the config file and the kubeconfig; run when their readers bound nesting as the manifest reader does"]
-fn known_defects() {
-    let known: [Entry; 2] = [(&CONFIG, config_raw), (&KUBECONFIG, kubeconfig_raw)];
-    for (target, make) in known {
-        let dir = fuzz::repo_path(&format!("tests/fuzz/known/{}", target.name));
         fuzz::replay(target, &dir, make);
     }
 }

@@ -50,7 +50,7 @@ pub fn load_board(name: &str, dir: &Path) -> Result<(BoardProfile, Vec<String>),
             .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.');
     if plain {
         let path = dir.join(format!("{name}.yaml"));
-        match std::fs::read_to_string(&path) {
+        match crate::yaml::read_bounded(&path, crate::yaml::MAX_BYTES) {
             Ok(text) => return parse_board(name, &path, &text),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => {
@@ -102,6 +102,7 @@ pub fn parse_board(
         key: key.to_string(),
         reason,
     };
+    crate::yaml::prescan(text).map_err(file_err)?;
     let top = match serde_yaml::from_str::<Value>(text) {
         Ok(Value::Mapping(m)) => m,
         Ok(_) => {
@@ -416,6 +417,33 @@ mod tests {
             other => panic!("{other:?}"),
         }
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_deeply_nested_or_huge_profile_is_refused_naming_the_file() {
+        let dir = temp_dir("deep");
+        let path = dir.join("gw.yaml");
+        std::fs::write(&path, format!("name: gw\nconfig: {}", "[".repeat(60_000))).expect("write");
+        let started = std::time::Instant::now();
+        let deep = load_board("gw", &dir);
+        let elapsed = started.elapsed();
+        std::fs::write(&path, format!("name: gw\n# {}\n", "x".repeat(1024 * 1024))).expect("write");
+        let huge = load_board("gw", &dir);
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(
+            elapsed < std::time::Duration::from_millis(200),
+            "{elapsed:?}"
+        );
+        let deep = deep.expect_err("60 000 open brackets").to_string();
+        for part in [
+            path.display().to_string(),
+            "nested deeper than 64 levels (line 2)".into(),
+        ] {
+            assert!(deep.contains(&part), "{deep}");
+        }
+        let huge = huge.expect_err("over 1 MiB").to_string();
+        assert!(huge.contains("1048576 bytes allowed"), "{huge}");
+        assert!(huge.contains(&path.display().to_string()), "{huge}");
     }
 
     #[test]

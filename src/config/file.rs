@@ -68,15 +68,22 @@ pub struct FileConfig {
 /// Reads and parses the config file at `path`; returns what it sets and a warning for
 /// every key that is ignored.
 pub fn read_config_file(path: &Path) -> Result<(FileConfig, Vec<String>), ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|e| ConfigError::File {
-        path: path.to_path_buf(),
-        reason: format!("read: {e}"),
-    })?;
+    let text =
+        crate::yaml::read_bounded(path, crate::yaml::MAX_BYTES).map_err(|e| ConfigError::File {
+            path: path.to_path_buf(),
+            reason: format!("read: {e}"),
+        })?;
     parse_config(path, &text)
 }
 
 /// Parses config file text; `path` names the file in errors and anchors relative paths.
 pub fn parse_config(path: &Path, text: &str) -> Result<(FileConfig, Vec<String>), ConfigError> {
+    // Nesting and aliases that would cost serde_yaml seconds or gigabytes are refused
+    // by a look that costs one pass.
+    crate::yaml::prescan(text).map_err(|reason| ConfigError::File {
+        path: path.to_path_buf(),
+        reason,
+    })?;
     let value: Value = serde_yaml::from_str(text).map_err(|e| ConfigError::File {
         path: path.to_path_buf(),
         reason: format!("not valid YAML: {e}"),
@@ -555,5 +562,58 @@ holdfast:
             other => panic!("{other:?}"),
         }
         assert!(matches!(parse("- a\n- b\n"), Err(ConfigError::File { .. })));
+    }
+
+    #[test]
+    fn deep_nesting_is_refused_at_once_naming_the_file_the_line_and_the_bound() {
+        let text = format!(
+            "syncFrequency: 1m\nnodeLabels:\n  a: {}\n",
+            "[".repeat(60_000)
+        );
+        let started = std::time::Instant::now();
+        let err = parse(&text).expect_err("60 000 open brackets");
+        assert!(started.elapsed() < std::time::Duration::from_millis(200));
+        let message = err.to_string();
+        for part in [
+            "/etc/holdfast/config.yaml",
+            "nested deeper than 64 levels",
+            "line 3",
+        ] {
+            assert!(message.contains(part), "{message}");
+        }
+        // Nesting a config file could really have still reads.
+        let (c, _) = parse("syncFrequency: 1m\nholdfast:\n  nodeLabels: {a: b}\n").expect("config");
+        assert_eq!(c.sync_frequency, Some(Duration::from_secs(60)));
+        assert_eq!(c.node_labels.get("a").map(String::as_str), Some("b"));
+    }
+
+    #[test]
+    fn a_file_over_the_bound_is_refused_naming_its_size() {
+        let dir = std::env::temp_dir().join(format!("holdfast-config-size-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        let path = dir.join("config.yaml");
+        let mut text = String::from("syncFrequency: 1m\n");
+        text.push_str(&format!(
+            "# {}\n",
+            "x".repeat(crate::yaml::MAX_BYTES as usize)
+        ));
+        std::fs::write(&path, &text).expect("write config");
+        let result = read_config_file(&path);
+        std::fs::write(&path, "syncFrequency: 1m\n").expect("write config");
+        let small = read_config_file(&path);
+        std::fs::remove_dir_all(&dir).expect("cleanup");
+        let message = result.expect_err("over 1 MiB").to_string();
+        let size = format!("{} bytes", text.len());
+        for part in [
+            path.display().to_string(),
+            size,
+            "1048576 bytes allowed".into(),
+        ] {
+            assert!(message.contains(&part), "{message} names {part}");
+        }
+        assert_eq!(
+            small.expect("small config").0.sync_frequency,
+            Some(Duration::from_secs(60))
+        );
     }
 }

@@ -9,10 +9,10 @@ use k8s_openapi::api::core::v1::Pod;
 use serde::Deserialize;
 use serde_yaml::Value;
 
-use super::prescan::prescan;
 use super::static_pod::make_static_pod;
 use super::validate::validate_pod;
 use super::SourceError;
+use crate::yaml::prescan;
 
 /// A manifest larger than this is refused rather than read. Real pod manifests are a
 /// few KiB; a pod must also fit the apiserver as a mirror pod, whose requests stop at

@@ -9,7 +9,6 @@ mod apiserver;
 mod file;
 mod manifest;
 mod mux;
-mod prescan;
 mod static_pod;
 mod validate;
 

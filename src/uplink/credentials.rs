@@ -3,7 +3,6 @@
 //! from its file as client-go does, so a rotated token is picked up). Never logs a secret.
 
 use std::fmt;
-use std::fs;
 use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -222,7 +221,8 @@ enum TokenFileError {
 
 /// A token file's content without surrounding whitespace, as client-go reads it.
 fn read_token(path: &std::path::Path) -> Result<String, TokenFileError> {
-    let text = fs::read_to_string(path).map_err(TokenFileError::Io)?;
+    let text =
+        crate::yaml::read_bounded(path, crate::yaml::MAX_BYTES).map_err(TokenFileError::Io)?;
     let token = text.trim();
     if token.is_empty() {
         return Err(TokenFileError::Empty);
@@ -279,6 +279,8 @@ impl BearerToken {
 
 #[cfg(test)]
 mod tests {
+    use std::fs;
+
     use super::*;
 
     #[test]

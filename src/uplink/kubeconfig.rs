@@ -5,7 +5,6 @@
 //! never the environment (`KUBECONFIG` is the config module's business). What the
 //! credentials hold is checked in `credentials`; this file finds them.
 
-use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
@@ -13,6 +12,7 @@ use rustls_pki_types::{CertificateDer, ServerName};
 use serde::Deserialize;
 
 use super::credentials::{self, ClientIdentity, Source, Token};
+use crate::yaml::{prescan, read_bounded, read_bytes_bounded, MAX_BYTES};
 
 #[derive(Debug, thiserror::Error)]
 pub enum KubeconfigError {
@@ -187,11 +187,13 @@ impl Site<'_> {
             )),
             (Some(f), None) => {
                 let file = self.resolve(f);
-                let bytes = fs::read(&file).map_err(|source| KubeconfigError::Read {
-                    path: self.path.to_path_buf(),
-                    field: self.field(name),
-                    file: file.clone(),
-                    source,
+                let bytes = read_bytes_bounded(&file, MAX_BYTES).map_err(|source| {
+                    KubeconfigError::Read {
+                        path: self.path.to_path_buf(),
+                        field: self.field(name),
+                        file: file.clone(),
+                        source,
+                    }
                 })?;
                 Ok(Some((Source::File(file), bytes)))
             }
@@ -213,7 +215,7 @@ impl Kubeconfig {
 
     /// As [`Kubeconfig::load`], judging certificate validity at `now`.
     pub fn load_at(path: &Path, now: SystemTime) -> Result<Kubeconfig, KubeconfigError> {
-        let text = fs::read_to_string(path).map_err(|source| KubeconfigError::Open {
+        let text = read_bounded(path, MAX_BYTES).map_err(|source| KubeconfigError::Open {
             path: path.to_path_buf(),
             source,
         })?;
@@ -221,6 +223,9 @@ impl Kubeconfig {
             path: path.to_path_buf(),
             message,
         };
+        // Nesting and aliases that would cost serde_yaml seconds or gigabytes are
+        // refused by a look that costs one pass.
+        prescan(&text).map_err(&invalid)?;
         let raw: Raw =
             serde_yaml::from_str(&text).map_err(|e| invalid(format!("not a kubeconfig: {e}")))?;
         let contexts = raw.contexts.unwrap_or_default();

@@ -379,3 +379,39 @@ fn a_key_of_another_certificate_is_refused_when_the_client_is_built() {
     );
     assert!(message.contains(&path.display().to_string()));
 }
+
+#[test]
+fn deep_nesting_is_refused_at_once_naming_the_file_the_line_and_the_bound() {
+    let f = Fixture::new();
+    let head = f.config(CLUSTER, USER);
+    let text = format!("{head}preferences: {}", "[".repeat(60_000));
+    let started = std::time::Instant::now();
+    let message = f.error(&text);
+    assert!(started.elapsed() < std::time::Duration::from_millis(200));
+    let line = format!(
+        "nested deeper than 64 levels (line {})",
+        head.lines().count() + 1
+    );
+    assert!(message.contains(&line), "{message}");
+    // The same kubeconfig without the brackets still loads.
+    f.load(&f.config(CLUSTER, USER)).expect("kubeconfig");
+}
+
+#[test]
+fn a_kubeconfig_over_the_bound_is_refused_naming_its_size() {
+    let f = Fixture::new();
+    let text = format!("{}# {}\n", f.config(CLUSTER, USER), "x".repeat(1024 * 1024));
+    let message = f.error(&text);
+    let size = format!("{} bytes", text.len());
+    assert!(message.contains(&size), "{message}");
+    assert!(message.contains("1048576 bytes allowed"), "{message}");
+}
+
+#[test]
+fn a_certificate_file_that_never_ends_is_refused() {
+    let f = Fixture::new();
+    let cluster = "    server: https://10.0.0.1:6443/\n    certificate-authority: /dev/zero\n";
+    let message = f.error(&f.config(cluster, USER));
+    assert!(message.contains("/dev/zero"), "{message}");
+    assert!(message.contains("bytes allowed"), "{message}");
+}

@@ -1,5 +1,8 @@
-//! The look a manifest gets before serde_yaml decodes it: how deep it nests and how many
-//! nodes it holds once its aliases are expanded, from libyaml's own event stream.
+//! YAML from outside (manifests, the config file, board profiles, the kubeconfig): read
+//! with a bound on its size, then looked at for how deep it nests and how many nodes it
+//! holds once its aliases are expanded, from libyaml's own event stream, before
+//! serde_yaml decodes it. Every reader of such a file calls [`read_bounded`] and
+//! [`prescan`].
 //!
 //! Why not leave it to serde_yaml: libyaml's scanner keeps one possible simple key per
 //! open flow collection and walks all of them for every token, so a file of nested
@@ -15,7 +18,9 @@
 
 use std::collections::HashMap;
 use std::ffi::CStr;
+use std::io::Read;
 use std::mem::MaybeUninit;
+use std::path::Path;
 
 /// Deepest nesting of mappings and sequences allowed. A pod needs about a dozen levels
 /// (spec.affinity.nodeAffinity...matchExpressions[].values[] is 11); 64 leaves room for
@@ -30,7 +35,8 @@ pub const MAX_DEPTH: usize = 64;
 pub const MAX_NODES: u64 = 100_000;
 
 /// Ok when the text is shallow and small enough to decode, or is not valid YAML (the
-/// decoder then says where). Err gives the reason, for the manifest's error.
+/// decoder then says where). Err gives the reason, with the line and the bound, for the
+/// reader to put after the file's name.
 pub fn prescan(text: &str) -> Result<(), String> {
     let mut parser = Parser::new(text);
     let mut frames: Vec<Frame> = Vec::new();
@@ -70,7 +76,8 @@ pub fn prescan(text: &str) -> Result<(), String> {
             Kind::CollectionStart => {
                 if frames.len() >= MAX_DEPTH {
                     return Err(format!(
-                        "nested deeper than {MAX_DEPTH} levels (line {}); no pod needs that many",
+                        "nested deeper than {MAX_DEPTH} levels (line {}); no pod, config or \
+                         kubeconfig needs that many",
                         event.line
                     ));
                 }
@@ -108,13 +115,57 @@ pub fn prescan(text: &str) -> Result<(), String> {
     }
 }
 
+/// Most bytes a YAML file from outside may hold. Real pod manifests, config files,
+/// profiles and kubeconfigs are a few KiB; a pod must also fit the apiserver as a mirror
+/// pod, whose etcd values stop at 1.5 MiB. 1 MiB keeps every real file while bounding
+/// what one costs the device: at most 1 MiB read, and under a second of decoding on
+/// x86_64 even nested to the depth allowed.
+pub const MAX_BYTES: u64 = 1024 * 1024;
+
+/// The text of the file at `path`, reading at most `max` + 1 bytes, so that a file
+/// that is too large (or never ends, as /dev/zero) costs no more than the bound. A file
+/// over `max` bytes is an `InvalidData` error naming its size and the bound, as is one
+/// that is not UTF-8; the other errors are the system's.
+pub fn read_bounded(path: &Path, max: u64) -> std::io::Result<String> {
+    String::from_utf8(read_bytes_bounded(path, max)?).map_err(|e| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("not UTF-8: {}", e.utf8_error()),
+        )
+    })
+}
+
+/// As [`read_bounded`], for files that need not be text (certificates, keys).
+pub fn read_bytes_bounded(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
+    let file = std::fs::File::open(path)?;
+    let len = file.metadata()?.len();
+    let too_large = |len: u64| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("file is {len} bytes or more, larger than the {max} bytes allowed"),
+        )
+    };
+    if len > max {
+        return Err(too_large(len));
+    }
+    let mut bytes = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
+    file.take(max.saturating_add(1)).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > max {
+        return Err(too_large(bytes.len() as u64));
+    }
+    Ok(bytes)
+}
+
 fn too_many(line: u64, alias: bool) -> String {
     let how = if alias {
         " once its aliases are expanded"
     } else {
         ""
     };
-    format!("more than {MAX_NODES} YAML nodes{how} (line {line}); no pod needs that many")
+    format!(
+        "more than {MAX_NODES} YAML nodes{how} (line {line}); no pod, config or \
+         kubeconfig needs that many"
+    )
 }
 
 /// One open mapping or sequence: its anchor and how many nodes it holds so far.
@@ -362,6 +413,32 @@ spec:
         // The second document's aliases name no anchor of its own: counted as one node
         // each (the decoder refuses them), not as 60 000.
         assert_eq!(prescan(&text), Ok(()));
+    }
+
+    #[test]
+    fn reads_stop_one_byte_past_the_bound() {
+        let dir = std::env::temp_dir().join(format!("holdfast-yaml-read-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        let path = dir.join("f");
+        std::fs::write(&path, "a: 1\n").expect("write");
+        let at_bound = read_bounded(&path, 5);
+        let over = read_bounded(&path, 4);
+        std::fs::write(&path, b"a: \xff\n").expect("write");
+        let not_text = read_bounded(&path, 5);
+        std::fs::remove_dir_all(&dir).expect("cleanup");
+        assert_eq!(at_bound.expect("5 bytes of 5"), "a: 1\n");
+        let over = over.expect_err("5 bytes of 4").to_string();
+        assert!(
+            over.contains("5 bytes or more, larger than the 4 bytes allowed"),
+            "{over}"
+        );
+        assert!(not_text
+            .expect_err("not UTF-8")
+            .to_string()
+            .contains("not UTF-8"));
+        // A file that never ends (its size says 0) costs the bound, no more.
+        let zero = read_bytes_bounded(Path::new("/dev/zero"), 1000).expect_err("endless");
+        assert!(zero.to_string().contains("1001 bytes or more"), "{zero}");
     }
 
     #[test]
