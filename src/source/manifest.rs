@@ -19,7 +19,7 @@ use crate::yaml::prescan;
 /// 3 MiB and whose etcd values at 1.5 MiB. 1 MiB keeps every pod that could exist in a
 /// cluster while bounding what one file costs the device: at most 1 MiB read, and
 /// under a second of decoding on x86_64 even nested to the depth allowed.
-const MAX_MANIFEST_BYTES: u64 = 1024 * 1024;
+const MAX_MANIFEST_BYTES: u64 = crate::yaml::MAX_BYTES;
 
 /// No node has use for more pods in one file; a bound keeps the error list short.
 const MAX_DOCUMENTS: usize = 100;

@@ -90,7 +90,7 @@ impl Keyring {
     /// empty when none does. A file that cannot be read or parsed is an error naming it.
     pub fn load_first(paths: &[PathBuf]) -> Result<Keyring, String> {
         for path in paths {
-            match std::fs::read(path) {
+            match crate::yaml::read_bytes_bounded(path, crate::yaml::MAX_BYTES) {
                 Ok(bytes) => return Keyring::parse(&bytes, &format!("file {}", path.display())),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
                 Err(e) => return Err(format!("read {}: {e}", path.display())),
@@ -101,7 +101,8 @@ impl Keyring {
 
     /// One file, which must exist.
     pub fn load(path: &Path) -> Result<Keyring, String> {
-        let bytes = std::fs::read(path).map_err(|e| format!("read {}: {e}", path.display()))?;
+        let bytes = crate::yaml::read_bytes_bounded(path, crate::yaml::MAX_BYTES)
+            .map_err(|e| format!("read {}: {e}", path.display()))?;
         Keyring::parse(&bytes, &format!("file {}", path.display()))
     }
 
