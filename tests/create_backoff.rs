@@ -48,32 +48,6 @@ fn failed_tries(a: &Agent, pod: &str) -> usize {
         .count()
 }
 
-/// The containers the agent's shim processes are for (a shim names its container's
-/// dir, under the root, last on its command line; `shim start` and the `shim run` it
-/// detaches are one container's).
-fn shims(a: &Agent) -> Vec<String> {
-    let root = a.root.display().to_string();
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        let args: Vec<String> = String::from_utf8_lossy(&cmd)
-            .split('\0')
-            .map(str::to_owned)
-            .collect();
-        if args.iter().any(|x| x == "shim") {
-            if let Some(dir) = args.iter().rev().find(|x| x.starts_with(&root)) {
-                if !out.contains(dir) {
-                    out.push(dir.clone());
-                }
-            }
-        }
-    }
-    out
-}
-
 /// The containers' cgroups of pod `uid` that exist now.
 fn pod_cgroups(a: &Agent, uid: &str) -> Vec<String> {
     let mut out = Vec::new();
@@ -132,7 +106,7 @@ fn a_container_the_runtime_cannot_create_is_retried_with_back_off() {
     let mut most_dirs = 0;
     let mut reasons = Vec::new();
     while first.elapsed() < Duration::from_secs(25) {
-        most_shims = most_shims.max(shims(&a).len());
+        most_shims = most_shims.max(a.shim_dirs().len());
         // One container dir per try would pile up: at most the healthy one and the
         // one being tried.
         let dirs = std::fs::read_dir(a.root.join("containers"))
@@ -181,7 +155,7 @@ fn a_container_the_runtime_cannot_create_is_retried_with_back_off() {
         "shims for up to {most_shims} containers ran at once"
     );
     assert!(most_dirs <= 2, "up to {most_dirs} container dirs at once");
-    let now_shims = shims(&a);
+    let now_shims = a.shim_dirs();
     assert!(now_shims.len() <= 2, "shims: {now_shims:#?}");
 
     // The healthy pod ran on, the same container.
@@ -201,7 +175,7 @@ fn a_container_the_runtime_cannot_create_is_retried_with_back_off() {
     a.wait_until(
         "only the healthy pod's shim",
         Duration::from_secs(30),
-        |a| shims(a).len() == 1,
+        |a| a.shim_dirs().len() == 1,
     );
     let dirs: Vec<_> = std::fs::read_dir(a.root.join("containers"))
         .into_iter()

@@ -15,10 +15,17 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use agent::oci::{self, Entry, Layer};
-use agent::{cgroup_dirs, container, need_root, Agent};
+use agent::{cgroup_dirs, container, need_root, sh_pod, Agent};
 use serde_json::Value;
 
 const MIN: Duration = Duration::from_secs(60);
+
+/// A pod `name` of one container `main` running `script`, with `spec` and `main` added
+/// to the pod's spec and to the container.
+fn pod(name: &str, spec: &str, script: &str, main: &str) -> String {
+    sh_pod(name, spec, "main", script, main)
+}
+
 /// `i64::MAX`, the largest number the API's int64 fields take.
 const HUGE: &str = "9223372036854775807";
 
@@ -28,17 +35,6 @@ const HEALTHY: &str = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: healthy\nsp
 
 /// A container script that ends at once on SIGTERM (sleep as PID 1 ignores it).
 const TRAP_TERM: &str = "trap 'exit 0' TERM; while true; do sleep 1; done";
-
-/// A pod `name` of one container `main` running `script`, with `spec` and `main` added
-/// to the pod's spec and to the container (each line indented as it belongs).
-fn pod(name: &str, spec: &str, script: &str, main: &str) -> String {
-    format!(
-        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  hostNetwork: true\n\
-         {spec}  containers:\n  - name: main\n    image: busybox:demo\n    \
-         command: [\"sh\", \"-c\", {}]\n{main}",
-        serde_json::to_string(script).expect("json string")
-    )
-}
 
 /// An agent running the healthy pod, and what its container was when it started.
 struct Bench {
@@ -184,7 +180,7 @@ impl Bench {
                 left.push(format!("container dir {}", e.path().display()));
             }
         }
-        for dir in shims(a) {
+        for dir in a.shim_dirs() {
             if !dir.ends_with(&self.healthy_id) {
                 left.push(format!("shim for {dir}"));
             }
@@ -262,31 +258,6 @@ fn walk(dir: &Path, depth: u32, f: &mut dyn FnMut(&Path)) {
     }
 }
 
-/// The container dirs the agent's shims are for (a shim names its container's dir,
-/// under the root, last on its command line).
-fn shims(a: &Agent) -> Vec<String> {
-    let root = a.root.display().to_string();
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        let args: Vec<String> = String::from_utf8_lossy(&cmd)
-            .split('\0')
-            .map(str::to_owned)
-            .collect();
-        if args.iter().any(|x| x == "shim") {
-            if let Some(dir) = args.iter().rev().find(|x| x.starts_with(&root)) {
-                if !out.contains(dir) {
-                    out.push(dir.clone());
-                }
-            }
-        }
-    }
-    out
-}
-
 /// Why the pod is not running, as its status says: the pod's reason and message, and
 /// each container's waiting or terminated reason and message.
 fn why(p: &Value) -> String {
@@ -317,17 +288,6 @@ fn running(p: &Value) -> bool {
 
 fn phase(p: &Value) -> &str {
     p["status"]["phase"].as_str().unwrap_or("")
-}
-
-/// The agent's peak resident memory, in KiB.
-fn peak_rss_kib(a: &Agent) -> u64 {
-    let pid = a.pid().expect("agent runs");
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
 }
 
 /// A pod that ends at once on SIGTERM runs, and is removed promptly even though its
@@ -438,7 +398,7 @@ fn a_variable_expansion_bomb() {
             p = i - 1
         ));
     }
-    let before = peak_rss_kib(&b.a);
+    let before = b.a.peak_rss_kib();
     b.a.write_manifest(
         "bomb.yaml",
         &pod(
@@ -449,7 +409,7 @@ fn a_variable_expansion_bomb() {
         ),
     );
     let Some(uid) = b.admitted("bomb.yaml", "bomb") else {
-        let after = peak_rss_kib(&b.a);
+        let after = b.a.peak_rss_kib();
         assert!(
             after.saturating_sub(before) < 64 * 1024,
             "the agent's peak memory grew from {before} KiB to {after} KiB"
@@ -460,7 +420,7 @@ fn a_variable_expansion_bomb() {
         b.a.wait_pod("bomb", "refused or failed, saying why", MIN, |p| {
             !why(p).is_empty() && !running(p) && !why(p).contains("ContainerCreating")
         });
-    let after = peak_rss_kib(&b.a);
+    let after = b.a.peak_rss_kib();
     eprintln!(
         "env-bomb: {}; agent peak RSS {before} KiB -> {after} KiB",
         why(&p)
@@ -504,7 +464,7 @@ fn a_memory_limit_of_one_byte() {
     let at_first = tries(&b.a);
     let mut most = 0;
     while first.elapsed() < Duration::from_secs(20) {
-        most = most.max(shims(&b.a).len());
+        most = most.max(b.a.shim_dirs().len());
         assert!(b.a.exited().is_none(), "the agent died");
         std::thread::sleep(Duration::from_millis(200));
     }

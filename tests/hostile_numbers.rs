@@ -8,24 +8,19 @@ mod support;
 use std::time::Duration;
 
 use serde_json::Value;
-use support::agent::{need_root, Agent};
+use support::agent::{need_root, sh_pod, Agent};
 
 const MIN: Duration = Duration::from_secs(60);
+
+/// A host-network pod with one container `app` running `script`; `pod_extra` goes under
+/// `spec:`, `container_extra` under the container.
+fn pod(name: &str, pod_extra: &str, script: &str, container_extra: &str) -> String {
+    sh_pod(name, pod_extra, "app", script, container_extra)
+}
 
 /// A container that exits 0 on SIGTERM, so that a grace period, however long, ends as
 /// soon as the signal comes.
 const TERM_EXITS: &str = "trap 'exit 0' TERM; while :; do sleep 1; done";
-
-/// A host-network pod with one container running `script`; `pod_extra` goes under
-/// `spec:`, `container_extra` under the container.
-fn pod(name: &str, pod_extra: &str, script: &str, container_extra: &str) -> String {
-    format!(
-        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  hostNetwork: true\n\
-         {pod_extra}  containers:\n  - name: app\n    image: busybox:demo\n    \
-         command: [\"sh\", \"-c\", {}]\n{container_extra}",
-        serde_json::to_string(script).expect("json string")
-    )
-}
 
 fn running(p: &Value) -> bool {
     p["status"]["containerStatuses"][0]["state"]["running"].is_object()
@@ -45,17 +40,6 @@ fn assert_alive(a: &mut Agent) {
             a.agent_log()
         );
     }
-}
-
-/// The agent's peak resident memory (VmHWM), in KiB.
-fn peak_rss_kib(a: &Agent) -> u64 {
-    let pid = a.pid().expect("agent running");
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("agent status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmHWM in /proc/PID/status")
 }
 
 #[test]
@@ -164,7 +148,7 @@ fn an_environment_that_doubles_itself_is_refused_with_a_reason() {
     assert!(message.contains("131072"), "names the bound: {message}");
     a.wait_pod("bystander", "running", MIN, running);
     assert_alive(&mut a);
-    let peak = peak_rss_kib(&a);
+    let peak = a.peak_rss_kib();
     eprintln!("agent peak RSS with the refused environment: {peak} KiB");
     assert!(peak < 256 * 1024, "the agent peaked at {peak} KiB");
 
@@ -194,7 +178,7 @@ fn refused_beside_a_bystander(a: &mut Agent, name: &str) -> String {
     });
     a.wait_pod("bystander", "running", MIN, running);
     assert_alive(a);
-    let peak = peak_rss_kib(a);
+    let peak = a.peak_rss_kib();
     eprintln!("agent peak RSS with {name} refused: {peak} KiB");
     assert!(peak < 256 * 1024, "the agent peaked at {peak} KiB");
     let message = p["status"]["containerStatuses"][0]["state"]["waiting"]["message"]

@@ -367,6 +367,38 @@ impl Agent {
         assert!(procs.is_empty(), "processes left behind: {procs:#?}");
     }
 
+    /// The container dirs this agent's shims are for (a shim names its container's dir,
+    /// under the root, last on its command line; `shim start` and the `shim run` it
+    /// detaches are one container's).
+    pub fn shim_dirs(&self) -> Vec<String> {
+        let root = self.root.display().to_string();
+        let mut out = Vec::new();
+        for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let args: Vec<String> = String::from_utf8_lossy(&cmd)
+                .split('\0')
+                .map(str::to_owned)
+                .collect();
+            if args.iter().any(|x| x == "shim") {
+                if let Some(dir) = args.iter().rev().find(|x| x.starts_with(&root)) {
+                    if !out.contains(dir) {
+                        out.push(dir.clone());
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// The agent's peak resident memory (VmHWM), in KiB.
+    pub fn peak_rss_kib(&self) -> u64 {
+        let pid = self.pid().expect("agent runs");
+        proc_status_kib(pid, "VmHWM").expect("VmHWM in /proc/PID/status")
+    }
+
     /// Stops the agent and removes everything (`holdfast reset`).
     pub fn reset(&mut self) {
         self.kill9();
@@ -592,4 +624,32 @@ pub fn remove_cgroup_tree(dir: &std::path::Path) {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// A field of `/proc/<pid>/status` given in kB (`VmRSS`, `VmHWM`), in KiB; None when the
+/// process is gone.
+pub fn proc_status_kib(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+/// A host-network pod `name` with one busybox container `container` running the shell
+/// `script`; `pod_extra` goes under `spec:`, `container_extra` under the container (each
+/// line indented as it belongs there).
+pub fn sh_pod(
+    name: &str,
+    pod_extra: &str,
+    container: &str,
+    script: &str,
+    container_extra: &str,
+) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  hostNetwork: true\n\
+         {pod_extra}  containers:\n  - name: {container}\n    image: busybox:demo\n    \
+         command: [\"sh\", \"-c\", {}]\n{container_extra}",
+        serde_json::to_string(script).expect("json string")
+    )
 }
