@@ -19,6 +19,7 @@ use super::status::{self, StatusInputs};
 use super::Deps;
 use crate::uplink::report::EventType;
 
+mod deadline;
 mod environment;
 mod hooks;
 mod image;
@@ -88,7 +89,8 @@ pub(super) struct Worker {
     said: Vec<String>,
     /// When the network was last checked (CNI CHECK).
     last_check: Option<Instant>,
-    /// Set when the agent ended the pod (rejected or evicted): nothing of it runs.
+    /// Set when the agent ended the pod (rejected, evicted, or past its active
+    /// deadline): nothing of it runs.
     ended: Option<Ended>,
     /// The containers' probes and the results coming back from them.
     probes: probes::Probes,
@@ -259,8 +261,18 @@ impl Worker {
             self.finished = true;
         }
         if self.finished {
+            if !self.running().is_empty() {
+                // The agent stopped while it was ending the pod (past its deadline,
+                // within the grace period): what still runs of it stops now.
+                self.stop_containers(self.grace_period()).await;
+                self.refresh().await;
+            }
             self.persist().await;
             self.finish().await;
+            return;
+        }
+        if self.ended.is_none() && self.past_active_deadline() {
+            self.deadline_exceeded().await;
             return;
         }
         // A pod the agent ended runs nothing more; one without a sandbox cannot start

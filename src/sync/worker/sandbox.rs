@@ -1,7 +1,8 @@
 //! The worker's side of a pod's sandbox (see `sync::sandbox`): set up before its
 //! containers start, kept up to date on resync (CNI CHECK, changed ConfigMaps and
 //! Secrets), torn down once its containers are gone; and a pod that ends without its
-//! containers having the last word — rejected at admission, or evicted.
+//! containers having the last word — rejected at admission, evicted, or past its
+//! active deadline (see `deadline`).
 
 use std::time::Duration;
 
@@ -32,6 +33,13 @@ pub struct Ended {
 }
 
 impl Ended {
+    /// Whether the end is a disruption, which the kubelet marks with the
+    /// DisruptionTarget condition: an eviction is; a pod past its active deadline
+    /// (`generateAPIPodStatus` sets only phase, reason and message) is not.
+    pub fn disrupts(&self) -> bool {
+        !self.rejected && self.reason == "Evicted"
+    }
+
     /// What a stored status says, if the agent ended the pod (only it sets a pod-level
     /// reason on a Failed pod).
     pub fn from_status(status: &PodStatus) -> Option<Ended> {
@@ -247,8 +255,8 @@ impl Worker {
     }
 
     /// The status of a pod the agent ended: a rejected pod shows only why (as the
-    /// kubelet's `rejectPod` sets it); an evicted one its containers as they ended, and
-    /// the DisruptionTarget condition.
+    /// kubelet's `rejectPod` sets it); an evicted one (or one past its active deadline)
+    /// its containers as they ended, and an evicted one the DisruptionTarget condition.
     pub(super) fn ended_status(&self, computed: PodStatus) -> PodStatus {
         let Some(end) = &self.ended else {
             return computed;
@@ -266,6 +274,9 @@ impl Worker {
         s.phase = Some("Failed".into());
         s.reason = Some(end.reason.clone());
         s.message = Some(end.message.clone());
+        if !end.disrupts() {
+            return s;
+        }
         let before = self
             .state
             .as_ref()
@@ -312,6 +323,18 @@ mod tests {
             ..PodStatus::default()
         };
         assert!(!Ended::from_status(&evicted).expect("ended").rejected);
+        assert!(Ended::from_status(&evicted).expect("ended").disrupts());
+        let past_deadline = PodStatus {
+            reason: Some("DeadlineExceeded".into()),
+            ..evicted
+        };
+        let ended = Ended::from_status(&past_deadline).expect("ended");
+        assert!(!ended.rejected);
+        assert!(
+            !ended.disrupts(),
+            "the kubelet sets no DisruptionTarget for it"
+        );
+        assert!(!e.disrupts());
         let failed = PodStatus {
             phase: Some("Failed".into()),
             ..PodStatus::default()

@@ -136,7 +136,7 @@ impl Worker {
     }
 
     /// The running containers, by name.
-    fn running(&self) -> Vec<(String, ContainerId)> {
+    pub(super) fn running(&self) -> Vec<(String, ContainerId)> {
         self.records
             .values()
             .filter_map(|r| r.current.as_ref().map(|c| (r.name.clone(), c)))
