@@ -43,13 +43,16 @@ pub fn environment(
     image: Option<&ImageConfig>,
 ) -> Result<(Vec<String>, HashMap<String, String>), RuntimeError> {
     let mut ordered: Vec<(String, String)> = vec![("PATH".to_owned(), DEFAULT_PATH.to_owned())];
-    let set = |name: &str, value: String, ordered: &mut Vec<(String, String)>| match ordered
-        .iter_mut()
-        .find(|(n, _)| n == name)
-    {
-        Some(slot) => slot.1 = value,
-        None => ordered.push((name.to_owned(), value)),
-    };
+    // By name, so that a hundred thousand variables merge in linear time.
+    let mut index: HashMap<String, usize> = HashMap::from([("PATH".to_owned(), 0)]);
+    let mut set =
+        |name: &str, value: String, ordered: &mut Vec<(String, String)>| match index.get(name) {
+            Some(&i) => ordered[i].1 = value,
+            None => {
+                index.insert(name.to_owned(), ordered.len());
+                ordered.push((name.to_owned(), value));
+            }
+        };
     for entry in image.and_then(|c| c.env().as_ref()).into_iter().flatten() {
         let (name, value) = entry.split_once('=').unwrap_or((entry.as_str(), ""));
         set(name, value.to_owned(), &mut ordered);

@@ -71,9 +71,83 @@ pub fn is_best_effort(container: &Container) -> bool {
     })
 }
 
+/// The most the whole environment of a container may take, every `NAME=value` and its
+/// NUL added up, the image's `Env` with the container's own: the same 1 MiB the pod's
+/// own variables have (`sync::env::MAX_ENV_BYTES`), so that with the command line's
+/// [`command::MAX_ARGV_BYTES`] execve's 2 MiB for both is never passed.
+pub const MAX_ENV_BYTES: usize = 1024 * 1024;
+
+/// Longest a variable name is quoted in a message: a name may be most of 128 KiB.
+const NAME_IN_MESSAGE: usize = 64;
+
+/// Measures the image's `Env` with the container's own variables (`own`) before they
+/// are merged: each of the image's variables within [`command::MAX_ARG_STRLEN`], the
+/// whole within [`MAX_ENV_BYTES`]. The image's config is up to 4 MiB of JSON from a
+/// registry or a tar, which can hold a million small variables; the merge would copy
+/// each. An image variable the container sets too does not count (the container's
+/// value replaces it); a name the image sets twice counts twice, since knowing it would
+/// take a set as large as what is being bounded. Errors name variables, never values.
+pub fn check_environment(
+    own: &[(String, String)],
+    image: Option<&oci_spec::image::Config>,
+) -> Result<(), RuntimeError> {
+    let entry = |name: &str, value: &str| name.len().saturating_add(value.len()).saturating_add(2);
+    let own_names: HashSet<&str> = own.iter().map(|(n, _)| n.as_str()).collect();
+    let mut total = own
+        .iter()
+        .fold(0usize, |sum, (n, v)| sum.saturating_add(entry(n, v)));
+    let mut path = own_names.contains("PATH");
+    for var in image.and_then(|c| c.env().as_deref()).unwrap_or_default() {
+        let (name, value) = var.split_once('=').unwrap_or((var.as_str(), ""));
+        let bytes = entry(name, value);
+        if bytes > command::MAX_ARG_STRLEN {
+            return Err(RuntimeError::Config(format!(
+                "the image's env {} would take {bytes} bytes (NAME=value), more than the \
+                 {} bytes one variable may take (the kernel's MAX_ARG_STRLEN): rebuild the \
+                 image without it",
+                quoted(name),
+                command::MAX_ARG_STRLEN
+            )));
+        }
+        if own_names.contains(name) {
+            continue;
+        }
+        path |= name == "PATH";
+        total = total.saturating_add(bytes);
+        if total > MAX_ENV_BYTES {
+            return Err(RuntimeError::Config(format!(
+                "environment would take {total} bytes with the image's env {}, more than \
+                 the {MAX_ENV_BYTES} bytes (1 MiB) the image's Env and the container's env \
+                 and envFrom may take together: trim the image's Env, or mount large \
+                 values as a volume instead",
+                quoted(name)
+            )));
+        }
+    }
+    if !path {
+        total = total.saturating_add(entry("PATH", command::DEFAULT_PATH));
+    }
+    if total > MAX_ENV_BYTES {
+        return Err(RuntimeError::Config(format!(
+            "environment would take {total} bytes with the default PATH, more than the \
+             {MAX_ENV_BYTES} bytes (1 MiB) a container's environment may take"
+        )));
+    }
+    Ok(())
+}
+
+/// `name` quoted for a message, cut to [`NAME_IN_MESSAGE`] characters.
+fn quoted(name: &str) -> String {
+    match name.char_indices().nth(NAME_IN_MESSAGE) {
+        Some((at, _)) => format!("{:?}... ({} bytes)", &name[..at], name.len()),
+        None => format!("{name:?}"),
+    }
+}
+
 pub fn build(input: &SpecInput<'_>) -> Result<Spec, RuntimeError> {
     let container = input.container;
     let image = input.image.config().as_ref();
+    check_environment(input.env, image)?;
     let (env, own_env) = command::environment(input.env, image)?;
     let args = command::argv(container, image, &own_env)?;
     let cwd = container

@@ -214,3 +214,114 @@ fn bad_quantity_and_relative_workdir_are_config_errors() {
         assert!(matches!(build(&input), Err(RuntimeError::Config(_))));
     }
 }
+
+/// An image whose config sets `env`, with a command so the spec needs nothing else.
+fn image_with_env(env: Vec<String>) -> ImageConfiguration {
+    ImageConfigurationBuilder::default()
+        .config(
+            ConfigBuilder::default()
+                .cmd(vec!["/bin/true".to_string()])
+                .env(env)
+                .build()
+                .expect("config"),
+        )
+        .build()
+        .expect("image")
+}
+
+/// `build` of a plain container with `own` env and `image`: its error's status message.
+fn build_env(own: &[(String, String)], image: &ImageConfiguration) -> Result<Spec, String> {
+    let p = pod(true);
+    let c = Container {
+        name: "c".into(),
+        ..Default::default()
+    };
+    let input = SpecInput {
+        pod: &p,
+        container: &c,
+        env: own,
+        image,
+        user: (0, 0),
+        rootfs: Path::new("/r"),
+        cgroups_path: "/h/x",
+        hosts: Path::new("/h"),
+        resolv_conf: Path::new("/r"),
+        hostname_file: Path::new("/n"),
+        nofile_hard_limit: NOFILE,
+    };
+    build(&input).map_err(|e| {
+        assert_eq!(e.reason(), "CreateContainerConfigError", "{e}");
+        e.status_message()
+    })
+}
+
+#[test]
+fn the_images_env_counts_into_the_bounds_of_the_environment() {
+    // One variable past MAX_ARG_STRLEN ("BIG=" + value + NUL): no execve takes it.
+    let big = format!("BIG={}", "x".repeat(command::MAX_ARG_STRLEN));
+    let err = build_env(&[], &image_with_env(vec![big])).expect_err("one var too long");
+    assert!(
+        err.starts_with("the image's env \"BIG\" would take 131077 bytes"),
+        "{err}"
+    );
+    assert!(!err.contains("xxxx"), "no value in the message: {err}");
+
+    // Each within its bound, nine of them past 1 MiB together.
+    let fits = command::MAX_ARG_STRLEN - 16;
+    let many: Vec<String> = (0..9)
+        .map(|i| format!("V{i}={}", "y".repeat(fits)))
+        .collect();
+    let err = build_env(&[], &image_with_env(many.clone())).expect_err("too much in all");
+    assert!(err.contains("with the image's env \"V8\""), "{err}");
+    assert!(err.contains("1048576 bytes (1 MiB)"), "{err}");
+
+    // The same, with the container's own variables adding the rest: together refused.
+    let own: Vec<(String, String)> = (0..4)
+        .map(|i| (format!("O{i}"), "z".repeat(fits)))
+        .collect();
+    let err = build_env(&own, &image_with_env(many[..5].to_vec())).expect_err("together");
+    assert!(err.contains("with the image's env \"V4\""), "{err}");
+
+    // Variables the container sets replace the image's and count once.
+    let own: Vec<(String, String)> = (0..5)
+        .map(|i| (format!("V{i}"), "z".repeat(fits)))
+        .collect();
+    let spec = build_env(&own, &image_with_env(many[..7].to_vec())).expect("fits");
+    let env = spec
+        .process()
+        .as_ref()
+        .and_then(|p| p.env().clone())
+        .unwrap_or_default();
+    assert_eq!(env.len(), 8, "PATH and V0..V6");
+    assert!(env.iter().any(|e| e.starts_with("V0=zzz")));
+    assert!(env.iter().any(|e| e.starts_with("V6=yyy")));
+}
+
+#[test]
+fn a_long_name_is_cut_in_the_message() {
+    let name = "N".repeat(200_000);
+    let err = build_env(&[], &image_with_env(vec![format!("{name}=1")])).expect_err("too long");
+    assert!(err.len() < 400, "{} bytes: {err}", err.len());
+    assert!(err.contains("... (200000 bytes)"), "{err}");
+}
+
+#[test]
+fn a_hundred_thousand_image_variables_merge_in_linear_time() {
+    // 100 000 distinct names in 1 MiB: the merge looked each one up in a list, which
+    // took minutes; by name it is a fraction of a second.
+    let env: Vec<String> = (0..100_000).map(|i| format!("V{i}=")).collect();
+    let image = image_with_env(env);
+    let began = std::time::Instant::now();
+    let spec = build_env(&[], &image).expect("within 1 MiB");
+    let n = spec
+        .process()
+        .as_ref()
+        .and_then(|p| p.env().as_ref())
+        .map_or(0, Vec::len);
+    assert_eq!(n, 100_001);
+    assert!(
+        began.elapsed() < std::time::Duration::from_secs(20),
+        "{:?}",
+        began.elapsed()
+    );
+}
