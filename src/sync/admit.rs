@@ -60,15 +60,17 @@ impl SyncLoop {
     }
 
     fn update_burstable_shares(&self) {
-        let total: u64 = self
+        let total = self
             .admitted
             .values()
             .filter(|(q, _)| *q == Qos::Burstable)
             .map(|(_, a)| a.cpu_milli)
-            .sum();
+            .fold(0, u64::saturating_add);
+        // Counted here, in order; written by whichever blocking thread runs last.
+        self.deps.sandboxes.count_burstable_requests(total);
         let deps = self.deps.clone();
         tokio::task::spawn_blocking(move || {
-            if let Err(e) = deps.sandboxes.set_burstable_shares(total) {
+            if let Err(e) = deps.sandboxes.write_burstable_shares() {
                 log::warn!("burstable pods' cpu shares: {e}");
             }
         });

@@ -7,8 +7,8 @@
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::Pod;
 
@@ -38,6 +38,11 @@ pub struct Sandboxes {
     pub enforce_pods: bool,
     /// That cap, when the node's memory is known.
     pub pods_memory: Option<u64>,
+    /// The burstable pods' requested millicores as last counted, and the lock under
+    /// which the level's shares are written: the writes run on blocking threads in any
+    /// order, and each writes the newest count, so the last one never writes a stale one.
+    burstable_milli: AtomicU64,
+    burstable_write: Mutex<()>,
 }
 
 /// A pod's sandbox, ready for its containers.
@@ -146,6 +151,8 @@ impl Sandboxes {
             memory_pressure: Arc::new(AtomicBool::new(false)),
             enforce_pods: p.enforce_node_allocatable.iter().any(|k| k == "pods"),
             pods_memory,
+            burstable_milli: AtomicU64::new(0),
+            burstable_write: Mutex::new(()),
         }
     }
 
@@ -357,9 +364,22 @@ impl Sandboxes {
         )
     }
 
-    /// The burstable level's cpu shares: the sum of its pods' requests.
-    pub fn set_burstable_shares(&self, requested_milli: u64) -> Result<(), ResourcesError> {
+    /// Counts the burstable pods' requests anew; [`Self::write_burstable_shares`] then
+    /// writes them. Call in the order the counts were made.
+    pub fn count_burstable_requests(&self, requested_milli: u64) {
+        self.burstable_milli
+            .store(requested_milli, Ordering::SeqCst);
+    }
+
+    /// The burstable level's cpu shares: the sum of its pods' requests, as last counted.
+    /// Blocks on the cgroup write (and on another such write in progress).
+    pub fn write_burstable_shares(&self) -> Result<(), ResourcesError> {
         use crate::resources::cgroups::{shares, Limits};
+        let _one_at_a_time = self
+            .burstable_write
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let requested_milli = self.burstable_milli.load(Ordering::SeqCst);
         self.cgroups.ensure(
             &self.cgroups.qos_path(Qos::Burstable),
             &Limits {
