@@ -423,6 +423,16 @@ fn wire_format(t: Timestamp, fraction: bool) -> String {
     }
 }
 
+/// A year: how far ahead [`instant_after`] places what the monotonic clock cannot hold.
+pub const FAR: std::time::Duration = std::time::Duration::from_secs(365 * 24 * 3600);
+
+/// `t + d` on the monotonic clock. Durations from outside (a spec's seconds, the config
+/// file's back-off) may be past what the clock holds; then a year on stands in, rather
+/// than the panic of `+`.
+pub fn instant_after(t: tokio::time::Instant, d: std::time::Duration) -> tokio::time::Instant {
+    t.checked_add(d).or_else(|| t.checked_add(FAR)).unwrap_or(t)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

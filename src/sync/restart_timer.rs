@@ -43,9 +43,7 @@ impl RestartTimers {
         now: Instant,
     ) -> Instant {
         // A delay from the config file past what the clock can hold waits "for ever".
-        let at = now
-            .checked_add(delay)
-            .unwrap_or_else(|| now + Duration::from_secs(365 * 24 * 3600));
+        let at = crate::time::instant_after(now, delay);
         self.due.insert(
             container.to_string(),
             Due {
@@ -79,7 +77,7 @@ impl RestartTimers {
                 let left = Duration::try_from(until.duration_since(wall))
                     .unwrap_or(Duration::ZERO)
                     .min(delay);
-                let at = now + left;
+                let at = crate::time::instant_after(now, left);
                 self.due.insert(
                     container.to_string(),
                     Due {

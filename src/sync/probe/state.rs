@@ -204,10 +204,7 @@ impl ProbeState {
 /// `t + d`. The spec's durations are i32 seconds (68 years at most), which the
 /// monotonic clock holds; should it not, a year on stands in rather than a panic.
 fn later(t: Instant, d: Duration) -> Instant {
-    const YEAR: Duration = Duration::from_secs(365 * 24 * 3600);
-    t.checked_add(d)
-        .or_else(|| t.checked_add(YEAR))
-        .unwrap_or(t)
+    crate::time::instant_after(t, d)
 }
 
 /// Appends as much of `s` as fits, cut at a character boundary.

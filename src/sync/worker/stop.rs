@@ -29,10 +29,7 @@ pub(super) fn grace_wait(seconds: i64) -> Duration {
 
 /// `wait` from now, or the farthest the clock can hold should it not hold that.
 pub(super) fn deadline_in(wait: Duration) -> Instant {
-    let now = Instant::now();
-    now.checked_add(wait)
-        .or_else(|| now.checked_add(MAX_GRACE))
-        .unwrap_or(now)
+    crate::time::instant_after(Instant::now(), wait)
 }
 
 impl Worker {
