@@ -80,6 +80,10 @@ pub struct Permit {
 }
 
 impl Held {
+    fn forget_unproven(&mut self, slot: &Arc<Slot>) {
+        self.unproven.retain(|s| !Arc::ptr_eq(s, slot));
+    }
+
     fn release(&mut self, source: IpAddr) {
         self.total = self.total.saturating_sub(1);
         if let Some(n) = self.by_source.get_mut(&source) {
@@ -107,7 +111,7 @@ impl Admission {
     /// connection is refused (and counted).
     pub fn admit(self: &Arc<Self>, peer: IpAddr) -> Result<Permit, Refused> {
         let source = source_of(peer);
-        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut held = self.lock();
         if held.by_source.get(&source).copied().unwrap_or(0) >= self.max_per_source {
             REFUSED_PER_SOURCE.fetch_add(1, Ordering::Relaxed);
             return Err(Refused::PerSource);
@@ -141,22 +145,18 @@ impl Admission {
     /// Connections held now.
     #[cfg(test)]
     fn held(&self) -> usize {
-        self.held
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .total
+        self.lock().total
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Held> {
+        self.held.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
 impl Permit {
     /// The client proved a certificate: this connection keeps its place.
     pub fn proven(&self) {
-        let mut held = self
-            .admission
-            .held
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        held.unproven.retain(|s| !Arc::ptr_eq(s, &self.slot));
+        self.admission.lock().forget_unproven(&self.slot);
     }
 
     /// Resolves once the connection has given its place up to a newer one.
@@ -169,12 +169,8 @@ impl Permit {
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        let mut held = self
-            .admission
-            .held
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        held.unproven.retain(|s| !Arc::ptr_eq(s, &self.slot));
+        let mut held = self.admission.lock();
+        held.forget_unproven(&self.slot);
         if !self.slot.evicted.load(Ordering::Relaxed) {
             held.release(self.slot.source);
         }
