@@ -211,6 +211,16 @@ impl TokenManager {
         let cached = self.tree.get(&store_key)?;
         if let Some(c) = &cached {
             let down = self.inner.link.as_ref().is_some_and(Link::is_down);
+            if down && c.expiration <= now {
+                self.said(
+                    &store_key,
+                    Some(format!(
+                        "service-account token {store_key}: {}; the apiserver is out of reach, so the pod keeps it",
+                        expired_at(c.expiration)
+                    )),
+                );
+                return Ok(c.token.clone());
+            }
             if down || !c.requires_refresh(now, jitter) {
                 return Ok(c.token.clone());
             }
@@ -232,10 +242,15 @@ impl TokenManager {
                 Ok(minted.token)
             }
             (Err(reason), Some(c)) => {
+                let age = if c.expiration <= now {
+                    format!(" ({})", expired_at(c.expiration))
+                } else {
+                    String::new()
+                };
                 self.said(
                     &store_key,
                     Some(format!(
-                        "service-account token {store_key}: couldn't update token: {reason}; the pod keeps its last one"
+                        "service-account token {store_key}: couldn't update token: {reason}; the pod keeps its last one{age}"
                     )),
                 );
                 Ok(c.token)
@@ -297,6 +312,30 @@ impl TokenManager {
                 }
             }
         }
+    }
+}
+
+/// `expired at <time>`: what a log line says of a token served past its
+/// `expirationTimestamp` (the apiserver's `--service-account-extend-token-expiration`
+/// still accepts a kube-api-access token for a year; a token with its own audience or
+/// TTL it does not).
+fn expired_at(expiration: i64) -> String {
+    match crate::time::Timestamp::from_second(expiration) {
+        Ok(t) => format!("expired at {}", crate::time::rfc3339_nano(t)),
+        Err(_) => format!("expired at Unix time {expiration}"),
+    }
+}
+
+/// What was last said of `key`, for tests.
+#[cfg(test)]
+impl TokenManager {
+    fn last_said(&self, key: &str) -> Option<String> {
+        self.inner
+            .said
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(key)
+            .cloned()
     }
 }
 

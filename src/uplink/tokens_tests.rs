@@ -178,6 +178,8 @@ fn a_failed_refresh_keeps_the_last_token_even_expired() {
     // Expired, and the apiserver out of reach: still the last one.
     assert_eq!(tm.get_at(&k, NOW + 5000, 0).expect("get"), "first");
     assert_eq!(calls(&s), 3);
+    let said = tm.last_said(&k.store_key()).expect("a word");
+    assert!(said.contains("expired at 2026-11-25T00:10:00"), "{said}");
 }
 
 #[test]
@@ -229,6 +231,30 @@ fn offline_the_stored_token_survives_a_restart_and_is_served_without_asking() {
     tm.set_minter(s.clone());
     assert_eq!(tm.get_at(&k, NOW + 86_400 * 30, 0).expect("get"), "kept");
     assert_eq!(calls(&s), 0, "a link known down is not tried");
+    // And it says that the token it serves has expired, and since when.
+    let said = tm
+        .last_said(&k.store_key())
+        .expect("a word on the expired token");
+    assert!(
+        said.contains("expired at 2026-11-25T01:00:07")
+            && said.contains("the apiserver is out of reach"),
+        "{said}"
+    );
+}
+
+#[test]
+fn a_token_still_valid_offline_is_served_without_a_word() {
+    let tmp = TempDir::new("tokens-offline-fresh");
+    let k = key("u1", 3607);
+    {
+        let (store, tm) = manager(&tmp, up_link());
+        tm.set_minter(script(vec![Ok(token("kept", NOW, 3607))]));
+        assert_eq!(tm.get_at(&k, NOW, 0).expect("get"), "kept");
+        store.flush().expect("flush");
+    }
+    let (_store, tm) = manager(&tmp, Link::new(std::time::Duration::from_secs(1)));
+    assert_eq!(tm.get_at(&k, NOW + 3000, 0).expect("get"), "kept");
+    assert_eq!(tm.last_said(&k.store_key()), None);
 }
 
 #[test]
