@@ -5,6 +5,7 @@
 //! pod's volumes up).
 
 pub mod client;
+pub mod csr;
 pub mod credentials;
 pub mod der;
 pub mod error;
