@@ -184,6 +184,27 @@ pub static API_REQUESTS: Counter = Counter::new(
     "holdfast_api_requests_total",
     "Requests sent to the kube-apiserver and answered by it (any code), watches included",
 );
+/// notAfter (Unix seconds, 0 while there is none) of the apiserver client certificate,
+/// rendered as the kubelet's TTL gauge.
+pub static CLIENT_CERT_NOT_AFTER: std::sync::atomic::AtomicI64 =
+    std::sync::atomic::AtomicI64::new(0);
+/// Client certificate rotations that failed, under the kubelet's name.
+pub static CLIENT_CERT_RENEW_ERRORS: Counter = Counter::new(
+    "kubelet_certificate_manager_client_expiration_renew_errors",
+    "Client certificate renewals that failed",
+);
+fn render_client_cert(out: &mut String) {
+    let not_after = CLIENT_CERT_NOT_AFTER.load(Ordering::Relaxed);
+    if not_after != 0 {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+        let name = "kubelet_certificate_manager_client_ttl_seconds";
+        header(out, name, "Seconds until the client certificate expires", "gauge");
+        let _ = writeln!(out, "{name} {}", not_after.saturating_sub(now));
+    }
+    CLIENT_CERT_RENEW_ERRORS.render(out);
+}
 /// Requests the kubelet API answered, any route.
 pub static KUBELET_API_REQUESTS: Counter = Counter::new(
     "holdfast_kubelet_api_requests_total",
@@ -199,6 +220,7 @@ pub fn render_all(out: &mut String) {
     IMAGE_PULL_BYTES.render(out);
     IMAGE_PULL_DURATION.render(out);
     API_REQUESTS.render(out);
+    render_client_cert(out);
     KUBELET_API_REQUESTS.render(out);
 }
 
