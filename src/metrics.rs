@@ -211,6 +211,142 @@ pub static KUBELET_API_REQUESTS: Counter = Counter::new(
     "Requests the kubelet API answered",
 );
 
+/// A counter with one label whose values are fixed in advance: one atomic per value.
+pub struct LabelledCounter<const N: usize> {
+    name: &'static str,
+    help: &'static str,
+    label: &'static str,
+    values: [&'static str; N],
+    counts: [AtomicU64; N],
+}
+
+impl<const N: usize> LabelledCounter<N> {
+    pub const fn new(
+        name: &'static str,
+        help: &'static str,
+        label: &'static str,
+        values: [&'static str; N],
+    ) -> Self {
+        LabelledCounter {
+            name,
+            help,
+            label,
+            values,
+            counts: [const { AtomicU64::new(0) }; N],
+        }
+    }
+
+    /// Counts one for `value`; a value not declared is not counted.
+    pub fn inc(&self, value: &str) {
+        if let Some(i) = self.values.iter().position(|v| *v == value) {
+            self.counts[i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub fn get(&self, value: &str) -> u64 {
+        self.values
+            .iter()
+            .position(|v| *v == value)
+            .map_or(0, |i| self.counts[i].load(Ordering::Relaxed))
+    }
+
+    pub fn render(&self, out: &mut String) {
+        header(out, self.name, self.help, "counter");
+        for (v, c) in self.values.iter().zip(&self.counts) {
+            let n = c.load(Ordering::Relaxed);
+            let _ = writeln!(out, "{}{{{}=\"{v}\"}} {n}", self.name, self.label);
+        }
+    }
+}
+
+/// A counter per user name, for at most [`MAX_USERS`] names; the rest count as
+/// `other`, so that a client cycling through names cannot grow the series without
+/// bound.
+pub struct UserCounter {
+    name: &'static str,
+    help: &'static str,
+    counts: std::sync::Mutex<Vec<(String, u64)>>,
+}
+
+/// How many distinct user names a [`UserCounter`] keeps.
+pub const MAX_USERS: usize = 64;
+
+impl UserCounter {
+    pub const fn new(name: &'static str, help: &'static str) -> Self {
+        UserCounter {
+            name,
+            help,
+            counts: std::sync::Mutex::new(Vec::new()),
+        }
+    }
+
+    pub fn inc(&self, user: &str) {
+        let mut counts = self
+            .counts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let key = if counts.len() < MAX_USERS || counts.iter().any(|(u, _)| u == user) {
+            user
+        } else {
+            "other"
+        };
+        match counts.iter_mut().find(|(u, _)| u == key) {
+            Some((_, n)) => *n = n.saturating_add(1),
+            None => counts.push((key.to_owned(), 1)),
+        }
+    }
+
+    pub fn render(&self, out: &mut String) {
+        header(out, self.name, self.help, "counter");
+        let counts = self
+            .counts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (user, n) in counts.iter() {
+            let _ = writeln!(out, "{}{{user=\"{}\"}} {n}", self.name, escape(user));
+        }
+    }
+}
+
+/// Kubelet API connections by the user their client certificate names.
+pub static KUBELET_API_CONNECTIONS_BY_USER: UserCounter = UserCounter::new(
+    "holdfast_kubelet_api_connections_by_user_total",
+    "Kubelet API connections by the user of their client certificate (at most 64 users, then other)",
+);
+/// Kubelet API requests by authenticated user (anonymous ones as system:anonymous).
+pub static KUBELET_API_REQUESTS_BY_USER: UserCounter = UserCounter::new(
+    "holdfast_kubelet_api_requests_by_user_total",
+    "Kubelet API requests by authenticated user (at most 64 users, then other)",
+);
+/// Authorization decisions: asked of the apiserver or its cache (allowed, denied), or
+/// by the offline policy while it could not be asked.
+pub static KUBELET_API_AUTHZ_DECISIONS: LabelledCounter<4> = LabelledCounter::new(
+    "holdfast_kubelet_api_authorization_decisions_total",
+    "Kubelet API authorization decisions",
+    "decision",
+    ["allowed", "denied", "offline_allowed", "offline_denied"],
+);
+/// Lookups in the SubjectAccessReview cache.
+pub static KUBELET_API_AUTHZ_CACHE: LabelledCounter<2> = LabelledCounter::new(
+    "holdfast_kubelet_api_authorization_cache_total",
+    "Kubelet API authorization decisions looked up in the cache",
+    "result",
+    ["hit", "miss"],
+);
+/// Lookups in the TokenReview cache.
+pub static KUBELET_API_TOKEN_CACHE: LabelledCounter<2> = LabelledCounter::new(
+    "holdfast_kubelet_api_token_cache_total",
+    "Kubelet API bearer tokens looked up in the cache",
+    "result",
+    ["hit", "miss"],
+);
+/// How long authentication and authorization of one request took.
+pub static KUBELET_API_AUTH_DURATION: Histogram = Histogram::new(
+    "holdfast_kubelet_api_auth_duration_seconds",
+    "Time the kubelet API took to authenticate and authorize a request",
+    LATENCY_BUCKETS,
+);
+
 /// Renders every series kept here.
 pub fn render_all(out: &mut String) {
     SYNC_DURATION.render(out);
@@ -222,6 +358,12 @@ pub fn render_all(out: &mut String) {
     API_REQUESTS.render(out);
     render_client_cert(out);
     KUBELET_API_REQUESTS.render(out);
+    KUBELET_API_CONNECTIONS_BY_USER.render(out);
+    KUBELET_API_REQUESTS_BY_USER.render(out);
+    KUBELET_API_AUTHZ_DECISIONS.render(out);
+    KUBELET_API_AUTHZ_CACHE.render(out);
+    KUBELET_API_TOKEN_CACHE.render(out);
+    KUBELET_API_AUTH_DURATION.render(out);
 }
 
 #[cfg(test)]

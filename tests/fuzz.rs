@@ -615,6 +615,14 @@ fn http_exec() -> Exec {
         },
         sampler: Arc::new(holdfast::server::sampler::Sampler::default()),
         streams: Arc::new(tokio::sync::Semaphore::new(holdfast::server::MAX_STREAMS)),
+        auth: holdfast::server::Auth::new(
+            &ServerConfig {
+                anonymous: true,
+                ..ServerConfig::default()
+            },
+            "fuzz-node",
+            None,
+        ),
     });
     let listener = rt
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))

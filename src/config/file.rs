@@ -294,6 +294,7 @@ impl Reader<'_> {
                 _ => {
                     if !self.image_holdfast_key(&key, value, base, out)?
                         && !self.pod_holdfast_key(&key, value, base, &mut out.pods)?
+                        && !self.server_holdfast_key(&key, value, &mut out.server)?
                     {
                         warnings.push(self.unknown(&key));
                     }

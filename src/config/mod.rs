@@ -37,7 +37,7 @@ pub use images::{FileImages, ImageConfig};
 pub use maps::{check_eviction, check_label, check_reserved};
 pub use names::{check_dns1123_label, check_dns1123_subdomain};
 pub use pods::{PodKeys, PodSettings};
-pub use server::{AuthorizationMode, ServerConfig, DEFAULT_HEALTHZ_PORT};
+pub use server::{AuthorizationMode, OfflinePolicy, ServerConfig, DEFAULT_HEALTHZ_PORT};
 pub use taints::{check_taint, parse_taint};
 
 const DEFAULT_ROOT_DIR: &str = "/var/lib/holdfast";

@@ -3,9 +3,15 @@
 //! `healthzPort`), its serving certificate (`tlsCertFile`, `tlsPrivateKeyFile`) and who
 //! may call it (`authentication.x509.clientCAFile`, `authentication.anonymous.enabled`,
 //! `authorization.mode`).
+//!
+//! Delegated authentication and authorization: `authentication.webhook.enabled` and
+//! `.cacheTTL`, `authorization.webhook.cacheAuthorizedTTL` and `.cacheUnauthorizedTTL`,
+//! and holdfast's `holdfast.offlineAuthorization` (who is let in while the apiserver
+//! cannot be asked).
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde_yaml::Value;
 
@@ -21,11 +27,34 @@ pub enum AuthorizationMode {
     /// Every authenticated request is allowed (anonymous ones too, if enabled).
     #[default]
     AlwaysAllow,
-    /// Asked for in the file; holdfast cannot ask the apiserver (SubjectAccessReview),
-    /// so it allows every client with a certificate from the client CA and refuses
-    /// anonymous requests (403), which is what the apiserver would answer for them.
+    /// Each request is a SubjectAccessReview to the apiserver, its answer cached; while
+    /// the apiserver cannot be asked, cached answers hold until they expire, then only
+    /// the offline policy's identities are let in.
     Webhook,
 }
+
+/// Who is let in while the apiserver cannot be asked (`holdfast.offlineAuthorization`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OfflinePolicy {
+    pub users: Vec<String>,
+    pub groups: Vec<String>,
+}
+
+impl Default for OfflinePolicy {
+    /// The apiserver's own client (kubeadm's name for it) and cluster admins.
+    fn default() -> Self {
+        OfflinePolicy {
+            users: vec!["kube-apiserver-kubelet-client".into()],
+            groups: vec!["system:masters".into()],
+        }
+    }
+}
+
+/// `authentication.webhook.cacheTTL` when the file leaves it out: the kubelet's.
+pub const DEFAULT_TOKEN_CACHE_TTL: Duration = Duration::from_secs(120);
+/// `authorization.webhook.cacheAuthorizedTTL` and `cacheUnauthorizedTTL` defaults.
+pub const DEFAULT_AUTHORIZED_TTL: Duration = Duration::from_secs(300);
+pub const DEFAULT_UNAUTHORIZED_TTL: Duration = Duration::from_secs(30);
 
 /// The kubelet API's settings, after the file is read.
 #[derive(Debug, Clone, PartialEq)]
@@ -48,6 +77,16 @@ pub struct ServerConfig {
     pub anonymous: bool,
     /// `authorization.mode`, default AlwaysAllow.
     pub authorization: AuthorizationMode,
+    /// `authentication.webhook.enabled`, default false: bearer tokens are reviewed by
+    /// the apiserver (TokenReview).
+    pub token_webhook: bool,
+    /// `authentication.webhook.cacheTTL`, default 2m.
+    pub token_cache_ttl: Duration,
+    /// `authorization.webhook.cacheAuthorizedTTL` (5m) and `cacheUnauthorizedTTL` (30s).
+    pub authorized_ttl: Duration,
+    pub unauthorized_ttl: Duration,
+    /// `holdfast.offlineAuthorization`.
+    pub offline: OfflinePolicy,
 }
 
 impl Default for ServerConfig {
@@ -62,6 +101,11 @@ impl Default for ServerConfig {
             client_ca_file: None,
             anonymous: false,
             authorization: AuthorizationMode::AlwaysAllow,
+            token_webhook: false,
+            token_cache_ttl: DEFAULT_TOKEN_CACHE_TTL,
+            authorized_ttl: DEFAULT_AUTHORIZED_TTL,
+            unauthorized_ttl: DEFAULT_UNAUTHORIZED_TTL,
+            offline: OfflinePolicy::default(),
         }
     }
 }
@@ -78,6 +122,11 @@ pub struct ServerFileConfig {
     pub client_ca_file: Option<PathBuf>,
     pub anonymous: Option<bool>,
     pub authorization: Option<AuthorizationMode>,
+    pub token_webhook: Option<bool>,
+    pub token_cache_ttl: Option<Duration>,
+    pub authorized_ttl: Option<Duration>,
+    pub unauthorized_ttl: Option<Duration>,
+    pub offline: Option<OfflinePolicy>,
 }
 
 impl ServerFileConfig {
@@ -107,6 +156,21 @@ impl ServerFileConfig {
         }
         if let Some(m) = self.authorization {
             config.authorization = m;
+        }
+        if let Some(b) = self.token_webhook {
+            config.token_webhook = b;
+        }
+        for (from, to) in [
+            (self.token_cache_ttl, &mut config.token_cache_ttl),
+            (self.authorized_ttl, &mut config.authorized_ttl),
+            (self.unauthorized_ttl, &mut config.unauthorized_ttl),
+        ] {
+            if let Some(d) = from {
+                *to = d;
+            }
+        }
+        if let Some(p) = &self.offline {
+            config.offline = p.clone();
         }
     }
 }
@@ -164,8 +228,25 @@ impl Reader<'_> {
                                 }
                             }
                         }
-                        // Token review needs the apiserver for every request.
-                        "authentication.webhook" => {}
+                        "authentication.webhook" => {
+                            for (k2, v2) in self.mapping(&k, v)? {
+                                let k2 = self.sub_key(&k, k2)?;
+                                match (k2.as_str(), v2) {
+                                    ("authentication.webhook.enabled", Value::Bool(b)) => {
+                                        s.token_webhook = Some(*b)
+                                    }
+                                    ("authentication.webhook.enabled", other) => {
+                                        return Err(self.err(
+                                            &k2,
+                                            format!("expected true or false, got {}", short(other)),
+                                        ))
+                                    }
+                                    ("authentication.webhook.cacheTTL", v2) => {                                        s.token_cache_ttl = Some(self.ttl(&k2, v2)?)
+                                    }
+                                    _ => return Err(self.err(&k2, "unknown key".into())),
+                                }
+                            }
+                        }
                         _ => return Err(self.err(&k, "unknown key".into())),
                     }
                 }
@@ -186,7 +267,19 @@ impl Reader<'_> {
                                 }
                             })
                         }
-                        "authorization.webhook" => {}
+                        "authorization.webhook" => {
+                            for (k2, v2) in self.mapping(&k, v)? {
+                                let k2 = self.sub_key(&k, k2)?;
+                                match k2.as_str() {
+                                    "authorization.webhook.cacheAuthorizedTTL" => {                                        s.authorized_ttl = Some(self.ttl(&k2, v2)?)
+                                    }
+                                    "authorization.webhook.cacheUnauthorizedTTL" => {
+                                        s.unauthorized_ttl = Some(self.ttl(&k2, v2)?)
+                                    }
+                                    _ => return Err(self.err(&k2, "unknown key".into())),
+                                }
+                            }
+                        }
                         _ => return Err(self.err(&k, "unknown key".into())),
                     }
                 }
@@ -194,6 +287,49 @@ impl Reader<'_> {
             _ => return Ok(false),
         }
         Ok(true)
+    }
+
+    /// Reads `holdfast.offlineAuthorization` into `out`; false for any other key of
+    /// the `holdfast:` section.
+    pub(super) fn server_holdfast_key(
+        &self,
+        key: &str,
+        value: &Value,
+        out: &mut ServerFileConfig,
+    ) -> Result<bool, ConfigError> {
+        if key != "holdfast.offlineAuthorization" {
+            return Ok(false);
+        }
+        let mut policy = OfflinePolicy {
+            users: Vec::new(),
+            groups: Vec::new(),
+        };
+        for (k, v) in self.mapping(key, value)? {
+            let k = self.sub_key(key, k)?;
+            let list = match k.as_str() {
+                "holdfast.offlineAuthorization.users" => &mut policy.users,
+                "holdfast.offlineAuthorization.groups" => &mut policy.groups,
+                _ => return Err(self.err(&k, "unknown key".into())),
+            };
+            let Value::Sequence(items) = v else {
+                return Err(self.err(&k, format!("expected a list of names, got {}", short(v))));
+            };
+            for item in items {
+                let name = self.string(&k, item)?;
+                if name.trim().is_empty() {
+                    return Err(self.err(&k, "expected a name, got an empty string".into()));
+                }
+                list.push(name);
+            }
+        }
+        out.offline = Some(policy);
+        Ok(true)
+    }
+
+    /// A cache lifetime: a Go duration, zero for no caching.
+    fn ttl(&self, key: &str, value: &Value) -> Result<Duration, ConfigError> {
+        let s = self.string(key, value)?;
+        super::duration::parse_duration(&s).map_err(|e| self.err(key, e))
     }
 
     fn sub_key(&self, parent: &str, key: &Value) -> Result<String, ConfigError> {
@@ -258,9 +394,12 @@ tlsPrivateKeyFile: /etc/pki/kubelet.key
 authentication:
   x509: {clientCAFile: /etc/kubernetes/pki/ca.crt}
   anonymous: {enabled: true}
-  webhook: {enabled: true}
+  webhook: {enabled: true, cacheTTL: 10s}
 authorization:
   mode: Webhook
+  webhook: {cacheAuthorizedTTL: 1m, cacheUnauthorizedTTL: 0s}
+holdfast:
+  offlineAuthorization: {users: [ops], groups: [site-admins, system:masters]}
 ",
         )
         .expect("parse");
@@ -278,6 +417,14 @@ authorization:
                 client_ca_file: Some("/etc/kubernetes/pki/ca.crt".into()),
                 anonymous: true,
                 authorization: AuthorizationMode::Webhook,
+                token_webhook: true,
+                token_cache_ttl: Duration::from_secs(10),
+                authorized_ttl: Duration::from_secs(60),
+                unauthorized_ttl: Duration::ZERO,
+                offline: OfflinePolicy {
+                    users: vec!["ops".into()],
+                    groups: vec!["site-admins".into(), "system:masters".into()],
+                },
             }
         );
     }
@@ -303,6 +450,36 @@ authorization:
             key("authentication: {x509: {clientCAFile: 3}}\n"),
             "authentication.x509.clientCAFile"
         );
+        assert_eq!(
+            key("authentication: {webhook: {cacheTTL: soon}}\n"),
+            "authentication.webhook.cacheTTL"
+        );
+        assert_eq!(
+            key("authentication: {webhook: {enabled: 1}}\n"),
+            "authentication.webhook.enabled"
+        );
+        assert_eq!(
+            key("authorization: {webhook: {cacheAuthorizedTTL: -1s}}\n"),
+            "authorization.webhook.cacheAuthorizedTTL"
+        );
+        assert_eq!(
+            key("holdfast: {offlineAuthorization: {users: root}}\n"),
+            "holdfast.offlineAuthorization.users"
+        );
+        assert_eq!(
+            key("holdfast: {offlineAuthorization: {people: [a]}}\n"),
+            "holdfast.offlineAuthorization.people"
+        );
+        assert_eq!(s.token_cache_ttl, Duration::from_secs(120));
+        assert_eq!(s.authorized_ttl, Duration::from_secs(300));
+        assert_eq!(s.unauthorized_ttl, Duration::from_secs(30));
+        assert_eq!(s.offline.users, vec!["kube-apiserver-kubelet-client"]);
+        assert_eq!(s.offline.groups, vec!["system:masters"]);
+        // An empty policy is allowed: then nobody is let in while offline.
+        let cfg = parse("holdfast: {offlineAuthorization: {}}\n").expect("parse");
+        let mut empty = ServerConfig::default();
+        cfg.server.apply(&mut empty);
+        assert!(empty.offline.users.is_empty() && empty.offline.groups.is_empty());
     }
 
     #[test]

@@ -27,8 +27,8 @@ const MAX_HEADER_BYTES: usize = 32 * 1024;
 /// Who is calling, as authentication found it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Identity {
-    /// A certificate that chains to the client CA.
-    Client,
+    /// A certificate that chains to the client CA, and the user it names.
+    Client(Arc<super::auth::User>),
     /// No valid certificate (or a plain-HTTP port); on the TLS port, why not.
     Anonymous(Option<Arc<str>>),
 }
@@ -146,11 +146,12 @@ async fn serve_stream(
                 }
             };
             let identity = match clients.identify(tls_stream.get_ref().1.peer_certificates()) {
-                Ok(()) => {
+                Ok(user) => {
                     if let Some(p) = permit {
                         p.proven();
                     }
-                    Identity::Client
+                    crate::metrics::KUBELET_API_CONNECTIONS_BY_USER.inc(&user.name);
+                    Identity::Client(Arc::new(user))
                 }
                 Err(why) => Identity::Anonymous(Some(why.into())),
             };

@@ -10,8 +10,10 @@
 //! slowly holds only its own bounded buffer.
 //!
 //! Listeners (see [`listen`]):
-//! - `address:port` (10250): TLS; every route but `/healthz` needs a client
-//!   certificate signed by `authentication.x509.clientCAFile` (401 otherwise).
+//! - `address:port` (10250): TLS; every route but `/healthz` is authenticated and
+//!   authorized by [`auth`] (a client certificate from
+//!   `authentication.x509.clientCAFile`, a bearer token the apiserver reviews, or
+//!   anonymous; `authorization.mode`), 401 or 403 otherwise.
 //! - `address:readOnlyPort` (off by default): plain HTTP, only `/healthz`, `/pods`,
 //!   `/stats/summary`, `/metrics` and `/metrics/resource`, as the kubelet serves there.
 //! - `healthzBindAddress:healthzPort` (127.0.0.1:10248): plain `/healthz`.
@@ -27,9 +29,11 @@
 //! [`x509`], [`http`] (bodies, responses, connections), [`routes`], [`pods`], [`logs`], [`stats`] with
 //! [`cgroups`] and [`sampler`], [`metrics`], and the streams: [`streams`] (exec and
 //! attach over either protocol), [`portforward`] (TCP into the pod's network
-//! namespace), [`websocket`], [`spdy`].
+//! namespace), [`websocket`], [`spdy`]; [`run`] (`/run`: a command's output);
+//! [`auth`] (who is calling and whether they may).
 
 mod admission;
+mod auth;
 pub mod cgroups;
 mod http;
 mod logs;
@@ -37,6 +41,7 @@ mod metrics;
 mod pods;
 mod portforward;
 mod routes;
+mod run;
 pub mod sampler;
 mod spdy;
 mod stats;
@@ -57,6 +62,7 @@ use crate::runtime::LibcontainerRuntime;
 use crate::store::Tree;
 use crate::sync::PodState;
 
+pub use auth::{Auth, User};
 pub use http::Identity;
 
 /// How many long-lived streams (log follows, exec, attach, port-forward) may be open at
@@ -93,6 +99,8 @@ pub struct ApiDeps {
     /// CPU samples for usageNanoCores.
     pub sampler: Arc<sampler::Sampler>,
     pub streams: Arc<Semaphore>,
+    /// Authentication and authorization of the secure port ([`auth`]).
+    pub auth: Arc<Auth>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -236,6 +244,7 @@ pub async fn start(
         settings: config.server.clone(),
         sampler: Arc::new(sampler::Sampler::default()),
         streams: Arc::new(Semaphore::new(MAX_STREAMS)),
+        auth: Auth::new(&config.server, &config.node_name, config.kubeconfig.clone()),
     };
     if let Err(e) = listen(deps).await {
         log::error!("kubelet API not started: {}", crate::error_chain(&e));
@@ -274,8 +283,15 @@ pub fn configz(c: &crate::config::Config) -> serde_json::Value {
         "authentication": {
             "x509": {"clientCAFile": s.client_ca_file},
             "anonymous": {"enabled": s.anonymous},
+            "webhook": {"enabled": s.token_webhook, "cacheTTL": secs(s.token_cache_ttl)},
         },
-        "authorization": {"mode": format!("{:?}", s.authorization)},
+        "authorization": {
+            "mode": format!("{:?}", s.authorization),
+            "webhook": {
+                "cacheAuthorizedTTL": secs(s.authorized_ttl),
+                "cacheUnauthorizedTTL": secs(s.unauthorized_ttl),
+            },
+        },
         "cgroupRoot": c.cgroup_root,
         "containerLogMaxSize": c.container_log_max_size.to_string(),
         "containerLogMaxFiles": c.container_log_max_files,

@@ -1,6 +1,6 @@
 //! Routing: which path goes where, which methods each takes (405 otherwise), which
-//! routes each port serves, and authentication (401 without a valid client
-//! certificate on every route but `/healthz`).
+//! routes each port serves, and on the secure port every route but `/healthz` passes
+//! [`super::auth`] first (401 or 403).
 
 use std::sync::Arc;
 
@@ -9,7 +9,6 @@ use hyper::{Method, Request, StatusCode};
 
 use super::http::{error, respond, Identity, Resp};
 use super::{logs, metrics, pods, stats, streams, ApiDeps, Port};
-use crate::config::AuthorizationMode;
 
 /// The routes the kubelet serves, by their first path segment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,6 +24,7 @@ enum Route {
     Exec,
     Attach,
     PortForward,
+    Run,
 }
 
 impl Route {
@@ -42,6 +42,7 @@ impl Route {
             _ if path.starts_with("/exec/") => Route::Exec,
             _ if path.starts_with("/attach/") => Route::Attach,
             _ if path.starts_with("/portForward/") => Route::PortForward,
+            _ if path.starts_with("/run/") => Route::Run,
             _ => return None,
         })
     }
@@ -50,6 +51,7 @@ impl Route {
         match self {
             Route::Exec | Route::Attach | Route::PortForward => &[Method::GET, Method::POST],
             Route::StatsSummary => &[Method::GET, Method::POST],
+            Route::Run => &[Method::POST],
             _ => &[Method::GET],
         }
     }
@@ -87,32 +89,12 @@ pub async fn handle(
         return error(StatusCode::NOT_FOUND, "404 page not found");
     }
     if route != Route::Healthz && port == Port::Secure {
-        match (
-            identity,
-            deps.settings.anonymous,
-            deps.settings.authorization,
-        ) {
-            (Identity::Client, _, _) => {}
-            // The kubelet says only "Unauthorized"; what was wrong with the
-            // certificate saves its operator a packet capture.
-            (Identity::Anonymous(why), false, _) => {
-                return match why {
-                    Some(why) => error(StatusCode::UNAUTHORIZED, &format!("Unauthorized: {why}")),
-                    None => error(StatusCode::UNAUTHORIZED, "Unauthorized"),
-                };
-            }
-            // The apiserver would refuse system:anonymous; holdfast cannot ask it.
-            (Identity::Anonymous(_), true, AuthorizationMode::Webhook) => {
-                return error(
-                    StatusCode::FORBIDDEN,
-                    &format!(
-                        "Forbidden (user=system:anonymous, verb={}, resource=nodes, subresource={})",
-                        verb(req.method()),
-                        subresource(route)
-                    ),
-                );
-            }
-            (Identity::Anonymous(_), true, AuthorizationMode::AlwaysAllow) => {}
+        let admitted = deps
+            .auth
+            .admit(&identity, req.method(), req.headers(), &path)
+            .await;
+        if let Err(refusal) = admitted {
+            return refusal;
         }
     }
     if !route.methods().contains(req.method()) {
@@ -140,6 +122,7 @@ pub async fn handle(
         Route::Metrics => metrics::own(&deps).await,
         Route::MetricsResource => metrics::resource(&deps).await,
         Route::ContainerLogs => logs::container_logs(&deps, &path, &query).await,
+        Route::Run => super::run::run(&deps, &path, &query).await,
         Route::Exec | Route::Attach | Route::PortForward => {
             streams::handle(req, route_kind(route), &path, &query, deps).await
         }
@@ -151,24 +134,6 @@ fn route_kind(route: Route) -> streams::Kind {
         Route::Exec => streams::Kind::Exec,
         Route::Attach => streams::Kind::Attach,
         _ => streams::Kind::PortForward,
-    }
-}
-
-fn verb(m: &Method) -> &'static str {
-    match *m {
-        Method::GET => "get",
-        Method::POST => "create",
-        _ => "update",
-    }
-}
-
-/// The node subresource the kubelet's authorizer asks about for a route.
-fn subresource(route: Route) -> &'static str {
-    match route {
-        Route::StatsSummary => "stats",
-        Route::Metrics | Route::MetricsResource => "metrics",
-        Route::Pods | Route::RunningPods | Route::Configz => "proxy",
-        _ => "proxy",
     }
 }
 
@@ -293,6 +258,8 @@ mod tests {
             Some(Route::ContainerLogs)
         );
         assert_eq!(Route::of("/exec/ns/p/c"), Some(Route::Exec));
+        assert_eq!(Route::of("/run/ns/p/c"), Some(Route::Run));
+        assert!(!Route::Run.read_only());
         assert_eq!(Route::of("/nope"), None);
         assert!(!Route::ContainerLogs.read_only());
         assert!(Route::MetricsResource.read_only());

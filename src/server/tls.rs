@@ -221,9 +221,12 @@ impl ClientAuth {
         })
     }
 
-    /// Whether the certificates a client presented chain to the client CA; if not, why
-    /// not, in words for the client's 401.
-    pub fn identify(&self, certs: Option<&[CertificateDer<'_>]>) -> Result<(), String> {
+    /// The user named by the certificates a client presented if they chain to the
+    /// client CA (subject CN and O); if not, why not, in words for the client's 401.
+    pub fn identify(
+        &self,
+        certs: Option<&[CertificateDer<'_>]>,
+    ) -> Result<super::auth::User, String> {
         let Some([leaf, rest @ ..]) = certs else {
             return Err("no client certificate".into());
         };
@@ -244,8 +247,10 @@ impl ClientAuth {
         }
         inner
             .verify_client_cert(leaf, rest, UnixTime::now())
-            .map(|_| ())
-            .map_err(|e| refusal(&e))
+            .map_err(|e| refusal(&e))?;
+        let subject = super::x509::subject(leaf)
+            .ok_or("the client certificate's subject cannot be read")?;
+        super::auth::User::from_subject(subject)
     }
 }
 

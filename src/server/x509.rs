@@ -1,5 +1,6 @@
 //! The two fields of a client certificate that the handshake needs before the client
-//! CA check runs: its X.509 version and its public key. webpki parses version 3
+//! CA check runs, its X.509 version and its public key, and after it the subject that
+//! names the client ([`subject`]). webpki parses version 3
 //! certificates only, so without this a client holding a version 1 certificate (what
 //! `openssl x509 -req` makes without an extension file) would get a TLS alert instead
 //! of the 401 that says what is wrong. Reads DER and nothing else; trusts nothing.
@@ -82,6 +83,103 @@ pub fn fields(cert: &[u8]) -> Option<Fields<'_>> {
     Some(Fields { version, spki })
 }
 
+/// Who a client certificate names: its subject's common name and organizations, as
+/// the kubelet reads them for a user name and groups.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Subject {
+    /// The last CN of the subject (Go's `pkix.Name` keeps the last one).
+    pub common_name: Option<String>,
+    /// Every O, in order.
+    pub organizations: Vec<String>,
+}
+
+/// The most attributes read from a subject, and the longest value kept: a subject is
+/// a handful of short strings, anything past these is not a client's name.
+const MAX_SUBJECT_ATTRIBUTES: usize = 64;
+const MAX_SUBJECT_VALUE: usize = 1024;
+const SET: u8 = 0x31;
+const OID: u8 = 0x06;
+/// 2.5.4.3 and 2.5.4.10.
+const OID_COMMON_NAME: &[u8] = &[0x55, 0x04, 0x03];
+const OID_ORGANIZATION: &[u8] = &[0x55, 0x04, 0x0a];
+
+/// Reads the subject of a DER certificate; None if it is not a certificate or its
+/// subject is not a well-formed Name of string attributes.
+pub fn subject(cert: &[u8]) -> Option<Subject> {
+    let (SEQUENCE, cert, _) = element(cert)? else {
+        return None;
+    };
+    let (SEQUENCE, tbs, _) = element(cert)? else {
+        return None;
+    };
+    let rest = match element(tbs)? {
+        (VERSION, _, rest) => rest,
+        _ => tbs,
+    };
+    // serialNumber, signature, issuer, validity, then the subject.
+    let (INTEGER, _, mut rest) = element(rest)? else {
+        return None;
+    };
+    for _ in 0..3 {
+        let (SEQUENCE, _, next) = element(rest)? else {
+            return None;
+        };
+        rest = next;
+    }
+    let (SEQUENCE, mut rdns, _) = element(rest)? else {
+        return None;
+    };
+    let mut out = Subject::default();
+    let mut seen = 0usize;
+    while !rdns.is_empty() {
+        let (SET, mut set, next) = element(rdns)? else {
+            return None;
+        };
+        rdns = next;
+        while !set.is_empty() {
+            seen += 1;
+            if seen > MAX_SUBJECT_ATTRIBUTES {
+                return None;
+            }
+            let (SEQUENCE, pair, next) = element(set)? else {
+                return None;
+            };
+            set = next;
+            let (OID, oid, value) = element(pair)? else {
+                return None;
+            };
+            let (tag, text, _) = element(value)?;
+            if oid != OID_COMMON_NAME && oid != OID_ORGANIZATION {
+                continue;
+            }
+            let text = string_value(tag, text)?;
+            if oid == OID_COMMON_NAME {
+                out.common_name = Some(text);
+            } else {
+                out.organizations.push(text);
+            }
+        }
+    }
+    Some(out)
+}
+
+/// A DirectoryString's text: UTF8String, PrintableString, IA5String or (as Go reads
+/// it) a T61String holding UTF-8.
+fn string_value(tag: u8, bytes: &[u8]) -> Option<String> {
+    const UTF8: u8 = 0x0c;
+    const PRINTABLE: u8 = 0x13;
+    const T61: u8 = 0x14;
+    const IA5: u8 = 0x16;
+    if bytes.len() > MAX_SUBJECT_VALUE || !matches!(tag, UTF8 | PRINTABLE | T61 | IA5) {
+        return None;
+    }
+    let s = std::str::from_utf8(bytes).ok()?;
+    if s.chars().any(char::is_control) {
+        return None;
+    }
+    Some(s.to_owned())
+}
+
 /// Checks a handshake signature against the certificate's public key alone, without
 /// webpki's parse of the whole certificate (which refuses versions 1 and 2). For
 /// TLS 1.3 through rustls's raw-key check; for TLS 1.2, as rustls does it for a
@@ -156,6 +254,32 @@ mod tests {
         let f = fields(c.der()).expect("fields");
         assert_eq!(f.version, 3);
         assert_eq!(f.spki, key.subject_public_key_info().as_slice());
+    }
+
+    #[test]
+    fn reads_the_subject_common_name_and_organizations() {
+        let key = rcgen::KeyPair::generate().expect("key");
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "system:node:other");
+        params
+            .distinguished_name
+            .push(rcgen::DnType::OrganizationName, "system:nodes");
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CountryName, "DE");
+        let c = params.self_signed(&key).expect("cert");
+        let s = subject(c.der()).expect("subject");
+        assert_eq!(s.common_name.as_deref(), Some("system:node:other"));
+        assert_eq!(s.organizations, vec!["system:nodes".to_string()]);
+        let (c, _) = cert();
+        assert_eq!(subject(c.der()).map(|s| s.organizations.len()), Some(0));
+        assert_eq!(subject(b"not a certificate"), None);
+        let der = c.der().to_vec();
+        for cut in [1, 10, der.len() / 2, der.len() - 1] {
+            assert_eq!(subject(&der[..cut]), None, "cut at {cut}");
+        }
     }
 
     #[test]
