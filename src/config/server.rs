@@ -1,8 +1,8 @@
 //! The config keys of the kubelet HTTP API, spelled as KubeletConfiguration spells them:
 //! where it listens (`address`, `port`, `readOnlyPort`, `healthzBindAddress`,
-//! `healthzPort`), its serving certificate (`tlsCertFile`, `tlsPrivateKeyFile`) and who
-//! may call it (`authentication.x509.clientCAFile`, `authentication.anonymous.enabled`,
-//! `authorization.mode`).
+//! `healthzPort`), its serving certificate (`tlsCertFile`, `tlsPrivateKeyFile`,
+//! `serverTLSBootstrap`) and who may call it (`authentication.x509.clientCAFile`,
+//! `authentication.anonymous.enabled`, `authorization.mode`).
 //!
 //! Delegated authentication and authorization: `authentication.webhook.enabled` and
 //! `.cacheTTL`, `authorization.webhook.cacheAuthorizedTTL` and `.cacheUnauthorizedTTL`,
@@ -87,6 +87,9 @@ pub struct ServerConfig {
     pub unauthorized_ttl: Duration,
     /// `holdfast.offlineAuthorization`.
     pub offline: OfflinePolicy,
+    /// `serverTLSBootstrap`, default false: with a kubeconfig, the serving certificate
+    /// is asked of the cluster (a `kubernetes.io/kubelet-serving` CSR) and rotated.
+    pub server_tls_bootstrap: bool,
 }
 
 impl Default for ServerConfig {
@@ -106,6 +109,7 @@ impl Default for ServerConfig {
             authorized_ttl: DEFAULT_AUTHORIZED_TTL,
             unauthorized_ttl: DEFAULT_UNAUTHORIZED_TTL,
             offline: OfflinePolicy::default(),
+            server_tls_bootstrap: false,
         }
     }
 }
@@ -127,6 +131,7 @@ pub struct ServerFileConfig {
     pub authorized_ttl: Option<Duration>,
     pub unauthorized_ttl: Option<Duration>,
     pub offline: Option<OfflinePolicy>,
+    pub server_tls_bootstrap: Option<bool>,
 }
 
 impl ServerFileConfig {
@@ -172,6 +177,9 @@ impl ServerFileConfig {
         if let Some(p) = &self.offline {
             config.offline = p.clone();
         }
+        if let Some(b) = self.server_tls_bootstrap {
+            config.server_tls_bootstrap = b;
+        }
     }
 }
 
@@ -194,6 +202,14 @@ impl Reader<'_> {
             "tlsPrivateKeyFile" => {
                 s.tls_private_key_file = Some(base.join(self.file_path(key, value)?))
             }
+            "serverTLSBootstrap" => match value {
+                Value::Bool(b) => s.server_tls_bootstrap = Some(*b),
+                other => {
+                    return Err(
+                        self.err(key, format!("expected true or false, got {}", short(other)))
+                    )
+                }
+            },
             "authentication" => {
                 let m = self.mapping(key, value)?;
                 for (k, v) in m {
@@ -241,7 +257,8 @@ impl Reader<'_> {
                                             format!("expected true or false, got {}", short(other)),
                                         ))
                                     }
-                                    ("authentication.webhook.cacheTTL", v2) => {                                        s.token_cache_ttl = Some(self.ttl(&k2, v2)?)
+                                    ("authentication.webhook.cacheTTL", v2) => {
+                                        s.token_cache_ttl = Some(self.ttl(&k2, v2)?)
                                     }
                                     _ => return Err(self.err(&k2, "unknown key".into())),
                                 }
@@ -271,7 +288,8 @@ impl Reader<'_> {
                             for (k2, v2) in self.mapping(&k, v)? {
                                 let k2 = self.sub_key(&k, k2)?;
                                 match k2.as_str() {
-                                    "authorization.webhook.cacheAuthorizedTTL" => {                                        s.authorized_ttl = Some(self.ttl(&k2, v2)?)
+                                    "authorization.webhook.cacheAuthorizedTTL" => {
+                                        s.authorized_ttl = Some(self.ttl(&k2, v2)?)
                                     }
                                     "authorization.webhook.cacheUnauthorizedTTL" => {
                                         s.unauthorized_ttl = Some(self.ttl(&k2, v2)?)
@@ -391,6 +409,7 @@ healthzBindAddress: 0.0.0.0
 healthzPort: 0
 tlsCertFile: pki/kubelet.crt
 tlsPrivateKeyFile: /etc/pki/kubelet.key
+serverTLSBootstrap: true
 authentication:
   x509: {clientCAFile: /etc/kubernetes/pki/ca.crt}
   anonymous: {enabled: true}
@@ -425,6 +444,7 @@ holdfast:
                     users: vec!["ops".into()],
                     groups: vec!["site-admins".into(), "system:masters".into()],
                 },
+                server_tls_bootstrap: true,
             }
         );
     }
@@ -435,12 +455,14 @@ holdfast:
         assert_eq!(s.healthz_port, 10248);
         assert_eq!(s.read_only_port, 0);
         assert!(!s.anonymous);
+        assert!(!s.server_tls_bootstrap);
         let key = |text: &str| match parse(text) {
             Err(ConfigError::Key { key, .. }) => key,
             other => panic!("{other:?}"),
         };
         assert_eq!(key("address: here\n"), "address");
         assert_eq!(key("readOnlyPort: 70000\n"), "readOnlyPort");
+        assert_eq!(key("serverTLSBootstrap: yes\n"), "serverTLSBootstrap");
         assert_eq!(key("authorization: {mode: RBAC}\n"), "authorization.mode");
         assert_eq!(
             key("authentication: {anonymous: {enabled: yes please}}\n"),

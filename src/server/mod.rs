@@ -26,7 +26,8 @@
 //! request's headers [`HEADER_READ_TIMEOUT`].
 //!
 //! Files: [`admission`], [`tls`] (serving certificate, client authentication) with
-//! [`x509`], [`http`] (bodies, responses, connections), [`routes`], [`pods`], [`logs`], [`stats`] with
+//! [`x509`] and [`serving`] (the cluster's certificate, `serverTLSBootstrap`), [`http`]
+//! (bodies, responses, connections), [`routes`], [`pods`], [`logs`], [`stats`] with
 //! [`cgroups`] and [`sampler`], [`metrics`], and the streams: [`streams`] (exec and
 //! attach over either protocol), [`portforward`] (TCP into the pod's network
 //! namespace), [`websocket`], [`spdy`]; [`run`] (`/run`: a command's output);
@@ -43,6 +44,7 @@ mod portforward;
 mod routes;
 mod run;
 pub mod sampler;
+pub mod serving;
 mod spdy;
 mod stats;
 mod streams;
@@ -147,13 +149,24 @@ pub enum Port {
 /// Starts the listeners the settings ask for, each in its own task; a listener whose
 /// port is taken is retried with back-off, so the pods run whatever happens here.
 /// Fails only for what retrying cannot fix (a certificate or CA that cannot be used).
-pub async fn listen(deps: ApiDeps) -> Result<(), ServerError> {
+/// With `bootstrap`, the cluster's certificate is served from the first connection on
+/// if one is kept, and asked for if not.
+pub async fn listen(
+    deps: ApiDeps,
+    bootstrap: Option<serving::Bootstrap>,
+) -> Result<(), ServerError> {
     let s = deps.settings.clone();
     let tls = {
         let (root, node, settings) = (deps.root_dir.clone(), deps.node_name.clone(), s.clone());
-        tokio::task::spawn_blocking(move || tls::server_config(&root, &node, &settings))
-            .await
-            .map_err(|e| ServerError::Tls(e.to_string()))??
+        tokio::task::spawn_blocking(move || {
+            let tls = tls::server_config(&root, &node, &settings)?;
+            if let Some(b) = bootstrap {
+                b.start(&tls.serving);
+            }
+            Ok::<_, ServerError>(tls)
+        })
+        .await
+        .map_err(|e| ServerError::Tls(e.to_string()))??
     };
     let acceptor = tokio_rustls::TlsAcceptor::from(tls.config);
     let verifier = tls.clients;
@@ -246,7 +259,7 @@ pub async fn start(
         streams: Arc::new(Semaphore::new(MAX_STREAMS)),
         auth: Auth::new(&config.server, &config.node_name, config.kubeconfig.clone()),
     };
-    if let Err(e) = listen(deps).await {
+    if let Err(e) = listen(deps, serving::Bootstrap::from_config(config)).await {
         log::error!("kubelet API not started: {}", crate::error_chain(&e));
     }
 }
@@ -280,6 +293,7 @@ pub fn configz(c: &crate::config::Config) -> serde_json::Value {
         "healthzBindAddress": s.healthz_bind_address.to_string(),
         "tlsCertFile": s.tls_cert_file,
         "tlsPrivateKeyFile": s.tls_private_key_file,
+        "serverTLSBootstrap": s.server_tls_bootstrap,
         "authentication": {
             "x509": {"clientCAFile": s.client_ca_file},
             "anonymous": {"enabled": s.anonymous},

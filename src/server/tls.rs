@@ -3,7 +3,8 @@
 //! - Serving certificate: `tlsCertFile` + `tlsPrivateKeyFile`, or one made at first
 //!   start and kept in `<root>/pki/kubelet.crt` and `kubelet.key` (0600), self-signed
 //!   for the node's name, hostname and addresses, as the kubelet does. Made again when
-//!   those names change (a new address after a move).
+//!   those names change (a new address after a move). With `serverTLSBootstrap` the
+//!   cluster's certificate replaces it while the listener runs ([`super::serving`]).
 //! - Clients: as the kubelet (Go's `RequestClientCert` with verification at the
 //!   authentication layer), the handshake asks for a certificate but accepts any, so
 //!   that a request without one, or with one from another CA, gets an HTTP 401 rather
@@ -30,6 +31,8 @@ use crate::config::ServerConfig;
 pub struct TlsSetup {
     pub config: Arc<rustls::ServerConfig>,
     pub clients: Arc<ClientAuth>,
+    /// What the listener serves; replaced by `serverTLSBootstrap` (see [`super::serving`]).
+    pub serving: Arc<super::serving::ServingCert>,
 }
 
 /// Builds the TLS server config: reads (or makes) the serving certificate and the
@@ -54,21 +57,25 @@ pub fn server_config(
         settings.client_ca_file.as_deref(),
         provider.clone(),
     )?);
-    let config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| ServerError::Tls(e.to_string()))?
-        .with_client_cert_verifier(clients.clone())
-        .with_single_cert(chain, key)
-        .map_err(|e| ServerError::Certificate {
+    let certified = rustls::sign::CertifiedKey::from_der(chain, key, &provider).map_err(|e| {
+        ServerError::Certificate {
             path: settings
                 .tls_cert_file
                 .clone()
                 .unwrap_or_else(|| root.join("pki/kubelet.crt")),
             reason: e.to_string(),
-        })?;
+        }
+    })?;
+    let serving = Arc::new(super::serving::ServingCert::new(certified));
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ServerError::Tls(e.to_string()))?
+        .with_client_cert_verifier(clients.clone())
+        .with_cert_resolver(serving.clone());
     Ok(TlsSetup {
         config: Arc::new(config),
         clients,
+        serving,
     })
 }
 

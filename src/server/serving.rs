@@ -1,0 +1,674 @@
+//! The serving certificate as the cluster issues it (`serverTLSBootstrap`): a
+//! `kubernetes.io/kubelet-serving` CSR for the node's names and addresses, the issued pair
+//! kept in `<root>/pki/kubelet-server-current.pem`, swapped into the running listener
+//! when issued and asked for again at the rotation deadline or when the node's addresses
+//! change. Until the first one is issued the listener serves what [`super::tls`] made
+//! (`tlsCertFile`, else the self-signed certificate).
+//!
+//! kube-controller-manager approves no kubelet-serving CSR: the cluster's operator does
+//! (`kubectl certificate approve`). A request is waited for [`CSR_WAIT`], as the
+//! kubelet's certificate manager waits, and then sent again with a new key; a request
+//! that could not be sent, or was denied, is sent again with back-off. Whatever happens
+//! the listener keeps what it serves, and each new reason is logged once.
+//!
+//! Only the CSR and the pair files live in [`crate::uplink::csr`]; this file decides
+//! what to ask for and when, and owns the certificate the listener hands out.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock, Weak};
+use std::time::{Duration, SystemTime};
+
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+
+use crate::backoff::Backoff;
+use crate::config::Config;
+use crate::uplink::csr::{self, CsrError, CsrSpec, Issued, PairFiles};
+use crate::uplink::Client;
+
+/// How long one CSR is waited for before a new one is sent (client-go's certificate
+/// manager waits 15 minutes).
+pub const CSR_WAIT: Duration = Duration::from_secs(15 * 60);
+
+/// How often the node's addresses are looked at while a certificate is served.
+pub const ADDRESS_CHECK: Duration = Duration::from_secs(10);
+
+/// Between requests that failed (apiserver unreachable, denied, no usable kubeconfig).
+const RETRY: Backoff = Backoff {
+    initial: Duration::from_secs(2),
+    max: Duration::from_secs(300),
+};
+
+/// The listener's serving certificate, which can be replaced while it runs: a new
+/// connection gets the one set last, a connection already open keeps the one its
+/// handshake used.
+#[derive(Debug)]
+pub struct ServingCert {
+    current: RwLock<Arc<CertifiedKey>>,
+}
+
+impl ServingCert {
+    pub fn new(first: CertifiedKey) -> Self {
+        ServingCert {
+            current: RwLock::new(Arc::new(first)),
+        }
+    }
+
+    pub fn set(&self, next: CertifiedKey) {
+        let next = Arc::new(next);
+        match self.current.write() {
+            Ok(mut c) => *c = next,
+            Err(poisoned) => *poisoned.into_inner() = next,
+        }
+    }
+
+    pub fn current(&self) -> Arc<CertifiedKey> {
+        match self.current.read() {
+            Ok(c) => c.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+}
+
+impl ResolvesServerCert for ServingCert {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.current())
+    }
+}
+
+/// The names a serving certificate is for: the node's Hostname address as a DNS name
+/// (or an IP address if it is one) and its InternalIP, sorted, as the kubelet builds
+/// its request from the Node's addresses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Names {
+    pub dns: Vec<String>,
+    pub ips: Vec<IpAddr>,
+}
+
+impl Names {
+    /// What the Node's status reports now (see [`crate::node::node_address`]).
+    pub fn of_node(config: &Config) -> Names {
+        let address = crate::node::node_address(config).and_then(|a| a.parse().ok());
+        Names::new(&config.node_name, address)
+    }
+
+    fn new(hostname: &str, internal_ip: Option<IpAddr>) -> Names {
+        let mut names = Names {
+            dns: Vec::new(),
+            ips: internal_ip.into_iter().collect(),
+        };
+        match hostname.parse::<IpAddr>() {
+            Ok(ip) => names.ips.push(ip),
+            Err(_) if !hostname.is_empty() => names.dns.push(hostname.to_string()),
+            Err(_) => {}
+        }
+        names.sort();
+        names
+    }
+
+    fn sort(&mut self) {
+        self.dns.sort();
+        self.dns.dedup();
+        self.ips.sort();
+        self.ips.dedup();
+    }
+
+    /// The subject alternative names of a DER certificate; None if it cannot be read.
+    pub fn of_certificate(der: &[u8]) -> Option<Names> {
+        let mut names = san::read(der)?;
+        names.sort();
+        Some(names)
+    }
+
+    /// The request for these names, as the kubelet sends it for an ECDSA key.
+    pub fn request(&self, node_name: &str) -> CsrSpec {
+        CsrSpec {
+            signer_name: csr::KUBELET_SERVING_SIGNER.to_string(),
+            common_name: format!("system:node:{node_name}"),
+            organizations: vec!["system:nodes".to_string()],
+            dns_names: self.dns.clone(),
+            ip_addresses: self.ips.clone(),
+            // client-go asks key encipherment for RSA keys only.
+            usages: vec!["digital signature".to_string(), "server auth".to_string()],
+            expiration_seconds: None,
+        }
+    }
+}
+
+/// A pair from the cluster, as the listener and the rotation see it.
+struct Held {
+    issued: Issued,
+    names: Option<Names>,
+    deadline: SystemTime,
+}
+
+impl Held {
+    fn new(issued: Issued) -> Held {
+        let names = crate::tls::certificates(issued.chain_pem.as_bytes())
+            .ok()
+            .and_then(|chain| Names::of_certificate(&chain[0]));
+        let deadline = csr::rotation_deadline(&issued.validity);
+        Held {
+            issued,
+            names,
+            deadline,
+        }
+    }
+}
+
+/// When the next request is due, from now: at once without a certificate from the
+/// cluster or with one for other names, else at its rotation deadline, looked at again
+/// within [`ADDRESS_CHECK`].
+fn next_request(
+    held: Option<(&Option<Names>, SystemTime)>,
+    wanted: &Names,
+    now: SystemTime,
+) -> Duration {
+    match held {
+        Some((Some(names), deadline)) if names == wanted => deadline
+            .duration_since(now)
+            .unwrap_or(Duration::ZERO)
+            .min(ADDRESS_CHECK),
+        _ => Duration::ZERO,
+    }
+}
+
+/// Turns an issued pair into what the listener serves.
+fn certified(issued: &Issued) -> Result<CertifiedKey, String> {
+    let chain = crate::tls::certificates(issued.chain_pem.as_bytes())?;
+    let key = crate::tls::private_key(issued.key_pem.as_bytes())?;
+    CertifiedKey::from_der(chain, key, &crate::tls::provider()).map_err(|e| e.to_string())
+}
+
+/// `serverTLSBootstrap` for one agent: what it asks for and where it keeps it.
+pub struct Bootstrap {
+    config: Config,
+    kubeconfig: PathBuf,
+    files: PairFiles,
+}
+
+impl Bootstrap {
+    /// Some when the config asks for `serverTLSBootstrap` and names a kubeconfig.
+    pub fn from_config(config: &Config) -> Option<Bootstrap> {
+        if !config.server.server_tls_bootstrap {
+            return None;
+        }
+        let Some(kubeconfig) = config.kubeconfig.clone() else {
+            log::warn!(
+                "kubelet API: serverTLSBootstrap needs a kubeconfig to ask the cluster for a \
+                 serving certificate; serving the certificate made here"
+            );
+            return None;
+        };
+        Some(Bootstrap {
+            config: config.clone(),
+            kubeconfig,
+            files: PairFiles::new(config.root_dir.join("pki"), csr::SERVER_PREFIX),
+        })
+    }
+
+    /// The stored pair if it can be served: it reads, its key is its certificate's, it
+    /// is valid now (or the clock is not set yet), and it names the node's addresses.
+    fn stored(&self) -> Option<Held> {
+        let issued = match self.files.load() {
+            Ok(Some(i)) => i,
+            Ok(None) => return None,
+            Err(e) => {
+                log::warn!("kubelet API: serving certificate {e}; asking for a new one");
+                return None;
+            }
+        };
+        if crate::time::clock_is_sane() && !issued.valid_at(SystemTime::now()) {
+            log::info!(
+                "kubelet API: serving certificate {} is not valid now; asking for a new one",
+                self.files.current_path().display()
+            );
+            return None;
+        }
+        let held = Held::new(issued);
+        let wanted = Names::of_node(&self.config);
+        if held.names.as_ref() != Some(&wanted) {
+            log::info!(
+                "kubelet API: serving certificate {} is for {:?}, the node is {wanted:?}; \
+                 asking for a new one",
+                self.files.current_path().display(),
+                held.names
+            );
+            return None;
+        }
+        Some(held)
+    }
+
+    /// Serves the stored pair at once if it can be, then asks for and rotates the
+    /// certificate on a thread of its own, which ends when `serving` is dropped.
+    /// Blocking (files).
+    pub fn start(self, serving: &Arc<ServingCert>) {
+        let held = self.stored().and_then(|h| match certified(&h.issued) {
+            Ok(c) => {
+                serving.set(c);
+                log::info!(
+                    "kubelet API: serving the cluster's certificate {}",
+                    self.files.current_path().display()
+                );
+                Some(h)
+            }
+            Err(e) => {
+                log::warn!("kubelet API: serving certificate: {e}; asking for a new one");
+                None
+            }
+        });
+        let weak = Arc::downgrade(serving);
+        let spawned = std::thread::Builder::new()
+            .name("serving-cert".into())
+            .spawn(move || self.run(held, weak));
+        if let Err(e) = spawned {
+            log::error!("kubelet API: cannot start the serving certificate thread: {e}");
+        }
+    }
+
+    fn run(self, mut held: Option<Held>, serving: Weak<ServingCert>) {
+        let mut failures = 0u32;
+        let mut last_reason = String::new();
+        loop {
+            let wanted = Names::of_node(&self.config);
+            let wait = next_request(
+                held.as_ref().map(|h| (&h.names, h.deadline)),
+                &wanted,
+                SystemTime::now(),
+            );
+            if !wait.is_zero() {
+                if !sleep_while_served(&serving, wait) {
+                    return;
+                }
+                continue;
+            }
+            match self.request(&wanted) {
+                Ok(issued) => {
+                    let Some(target) = serving.upgrade() else {
+                        return;
+                    };
+                    match certified(&issued) {
+                        Ok(c) => target.set(c),
+                        Err(e) => {
+                            // Checked by the request already; a failure here is a bug.
+                            log::error!("kubelet API: issued serving certificate: {e}");
+                            continue;
+                        }
+                    }
+                    match self.files.save(&issued) {
+                        Ok(path) => log::info!(
+                            "kubelet API: serving the certificate the cluster issued for \
+                             {wanted:?}, kept in {}",
+                            path.display()
+                        ),
+                        Err(e) => log::error!(
+                            "kubelet API: serving the certificate the cluster issued, but it \
+                             could not be kept in {}: {e}; it will be asked for again at \
+                             the next start",
+                            self.files.dir().display()
+                        ),
+                    }
+                    held = Some(Held::new(issued));
+                    failures = 0;
+                    last_reason.clear();
+                }
+                Err(e) => {
+                    let (reason, retry_now) = match &e {
+                        Failure::Csr(CsrError::Timeout { .. }) => ("timeout".to_string(), true),
+                        Failure::Csr(CsrError::Denied { .. }) => ("denied".to_string(), false),
+                        other => (other.to_string(), false),
+                    };
+                    if reason != last_reason {
+                        log::warn!(
+                            "kubelet API: no serving certificate from the cluster: {}; \
+                             serving what it has and asking again",
+                            crate::error_chain(&e)
+                        );
+                        last_reason = reason;
+                    }
+                    if retry_now {
+                        continue;
+                    }
+                    failures = failures.saturating_add(1);
+                    let delay = RETRY.jittered(failures, crate::backoff::random());
+                    if !sleep_while_served(&serving, delay.max(RETRY.initial)) {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// One request with a client read from the kubeconfig now (it may have been
+    /// written, or its client certificate rotated, since the last one).
+    fn request(&self, names: &Names) -> Result<Issued, Failure> {
+        let client = Client::from_kubeconfig(&self.kubeconfig).map_err(Failure::Kubeconfig)?;
+        csr::request(&client, &names.request(&self.config.node_name), CSR_WAIT)
+            .map_err(Failure::Csr)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+enum Failure {
+    #[error(transparent)]
+    Kubeconfig(crate::uplink::KubeconfigError),
+    #[error(transparent)]
+    Csr(CsrError),
+}
+
+/// Sleeps `total` in short steps; false as soon as the listener is gone.
+fn sleep_while_served(serving: &Weak<ServingCert>, total: Duration) -> bool {
+    let started = std::time::Instant::now();
+    loop {
+        if serving.strong_count() == 0 {
+            return false;
+        }
+        let elapsed = started.elapsed();
+        if elapsed >= total {
+            return true;
+        }
+        std::thread::sleep((total - elapsed).min(Duration::from_secs(1)));
+    }
+}
+
+/// The subjectAltName extension of an X.509 certificate, DER only.
+mod san {
+    use std::net::IpAddr;
+
+    use super::Names;
+
+    const SEQUENCE: u8 = 0x30;
+    const OID: u8 = 0x06;
+    const OCTET_STRING: u8 = 0x04;
+    /// `[3] EXPLICIT Extensions` of a TBSCertificate.
+    const EXTENSIONS: u8 = 0xa3;
+    const DNS_NAME: u8 = 0x82;
+    const IP_ADDRESS: u8 = 0x87;
+    /// 2.5.29.17
+    const SUBJECT_ALT_NAME: &[u8] = &[0x55, 0x1d, 0x11];
+
+    /// One element at the start of `input`: its tag, contents, and what follows.
+    fn element(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+        let (&tag, rest) = input.split_first()?;
+        let (&first, rest) = rest.split_first()?;
+        let (len, rest) = if first < 0x80 {
+            (usize::from(first), rest)
+        } else {
+            let n = usize::from(first & 0x7f);
+            if n == 0 || n > 4 || rest.len() < n {
+                return None;
+            }
+            let (bytes, rest) = rest.split_at(n);
+            (
+                bytes.iter().fold(0usize, |a, b| (a << 8) | usize::from(*b)),
+                rest,
+            )
+        };
+        if rest.len() < len {
+            return None;
+        }
+        let (contents, rest) = rest.split_at(len);
+        Some((tag, contents, rest))
+    }
+
+    pub(super) fn read(cert: &[u8]) -> Option<Names> {
+        let (SEQUENCE, cert, _) = element(cert)? else {
+            return None;
+        };
+        let (SEQUENCE, mut tbs, _) = element(cert)? else {
+            return None;
+        };
+        let mut names = Names {
+            dns: Vec::new(),
+            ips: Vec::new(),
+        };
+        // Version, serial, signature, issuer, validity, subject, key, unique ids: only
+        // the extensions matter here.
+        while let Some((tag, contents, rest)) = element(tbs) {
+            tbs = rest;
+            if tag != EXTENSIONS {
+                continue;
+            }
+            let (SEQUENCE, mut exts, _) = element(contents)? else {
+                return None;
+            };
+            while let Some((SEQUENCE, ext, rest)) = element(exts) {
+                exts = rest;
+                let (OID, oid, mut fields) = element(ext)? else {
+                    return None;
+                };
+                if oid != SUBJECT_ALT_NAME {
+                    continue;
+                }
+                // Skip `critical`, if present, to the value.
+                let value = loop {
+                    let (tag, contents, rest) = element(fields)?;
+                    if tag == OCTET_STRING {
+                        break contents;
+                    }
+                    fields = rest;
+                };
+                let (SEQUENCE, mut general, _) = element(value)? else {
+                    return None;
+                };
+                while let Some((tag, contents, rest)) = element(general) {
+                    general = rest;
+                    match (tag, contents.len()) {
+                        (DNS_NAME, _) => names
+                            .dns
+                            .push(String::from_utf8_lossy(contents).into_owned()),
+                        (IP_ADDRESS, 4) => {
+                            let b: [u8; 4] = contents.try_into().ok()?;
+                            names.ips.push(IpAddr::from(b));
+                        }
+                        (IP_ADDRESS, 16) => {
+                            let b: [u8; 16] = contents.try_into().ok()?;
+                            names.ips.push(IpAddr::from(b));
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+        Some(names)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn self_signed(names: &[&str]) -> (CertifiedKey, Vec<u8>) {
+        let key = rcgen::KeyPair::generate().expect("key");
+        let params =
+            rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+                .expect("params");
+        let cert = params.self_signed(&key).expect("certificate");
+        let der = cert.der().to_vec();
+        let issued = Issued::from_pem(cert.pem(), key.serialize_pem()).expect("pair");
+        (certified(&issued).expect("certified"), der)
+    }
+
+    #[test]
+    fn names_are_the_nodes_hostname_and_internal_ip_sorted() {
+        let n = Names::new("gw-7", Some(IpAddr::from([10, 0, 0, 9])));
+        assert_eq!(n.dns, vec!["gw-7".to_string()]);
+        assert_eq!(n.ips, vec![IpAddr::from([10, 0, 0, 9])]);
+        let n = Names::new("10.0.240.5", Some(IpAddr::from([10, 0, 240, 5])));
+        assert!(n.dns.is_empty());
+        assert_eq!(n.ips, vec![IpAddr::from([10, 0, 240, 5])]);
+        let spec = Names::new("gw-7", Some(IpAddr::from([10, 0, 0, 9]))).request("gw-7");
+        assert_eq!(spec.signer_name, "kubernetes.io/kubelet-serving");
+        assert_eq!(spec.common_name, "system:node:gw-7");
+        assert_eq!(spec.organizations, vec!["system:nodes".to_string()]);
+        assert_eq!(spec.usages, vec!["digital signature", "server auth"]);
+    }
+
+    #[test]
+    fn certificate_names_are_read_from_its_extension() {
+        let (_, der) = self_signed(&["gw-7", "10.0.0.9", "fd00::1", "a.example"]);
+        let n = Names::of_certificate(&der).expect("names");
+        assert_eq!(n.dns, vec!["a.example".to_string(), "gw-7".to_string()]);
+        assert_eq!(
+            n.ips,
+            vec![
+                IpAddr::from([10, 0, 0, 9]),
+                "fd00::1".parse::<IpAddr>().expect("ip")
+            ]
+        );
+        assert_eq!(Names::of_certificate(&der[..der.len() / 2]), None);
+        assert_eq!(Names::of_certificate(b"not a certificate"), None);
+    }
+
+    #[test]
+    fn a_request_is_due_without_a_matching_certificate_else_at_its_deadline() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let wanted = Names::new("gw", Some(IpAddr::from([10, 0, 0, 9])));
+        let other = Some(Names::new("gw", Some(IpAddr::from([10, 0, 0, 8]))));
+        let far = now + Duration::from_secs(3600);
+        assert_eq!(next_request(None, &wanted, now), Duration::ZERO);
+        assert_eq!(
+            next_request(Some((&other, far)), &wanted, now),
+            Duration::ZERO
+        );
+        assert_eq!(
+            next_request(Some((&None, far)), &wanted, now),
+            Duration::ZERO
+        );
+        let same = Some(wanted.clone());
+        assert_eq!(
+            next_request(Some((&same, far)), &wanted, now),
+            ADDRESS_CHECK
+        );
+        let soon = now + Duration::from_secs(3);
+        assert_eq!(
+            next_request(Some((&same, soon)), &wanted, now),
+            Duration::from_secs(3)
+        );
+        let past = now - Duration::from_secs(3);
+        assert_eq!(
+            next_request(Some((&same, past)), &wanted, now),
+            Duration::ZERO
+        );
+    }
+
+    /// Accepts any server certificate: the test looks at which one was served.
+    #[derive(Debug)]
+    struct AnyServer(Arc<rustls::crypto::CryptoProvider>);
+
+    impl rustls::client::danger::ServerCertVerifier for AnyServer {
+        fn verify_server_cert(
+            &self,
+            _: &rustls_pki_types::CertificateDer<'_>,
+            _: &[rustls_pki_types::CertificateDer<'_>],
+            _: &rustls_pki_types::ServerName<'_>,
+            _: &[u8],
+            _: rustls_pki_types::UnixTime,
+        ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+            Ok(rustls::client::danger::ServerCertVerified::assertion())
+        }
+        fn verify_tls12_signature(
+            &self,
+            m: &[u8],
+            c: &rustls_pki_types::CertificateDer<'_>,
+            d: &rustls::DigitallySignedStruct,
+        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+            let algs = &self.0.signature_verification_algorithms;
+            rustls::crypto::verify_tls12_signature(m, c, d, algs)
+        }
+        fn verify_tls13_signature(
+            &self,
+            m: &[u8],
+            c: &rustls_pki_types::CertificateDer<'_>,
+            d: &rustls::DigitallySignedStruct,
+        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+            let algs = &self.0.signature_verification_algorithms;
+            rustls::crypto::verify_tls13_signature(m, c, d, algs)
+        }
+        fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+            self.0.signature_verification_algorithms.supported_schemes()
+        }
+    }
+
+    /// Moves TLS records between the two ends until neither has anything to send.
+    fn pump(client: &mut rustls::ClientConnection, server: &mut rustls::ServerConnection) {
+        for _ in 0..32 {
+            let mut buf = Vec::new();
+            let mut moved = false;
+            while client.wants_write() {
+                client.write_tls(&mut buf).expect("client write");
+            }
+            if !buf.is_empty() {
+                moved = true;
+                server.read_tls(&mut buf.as_slice()).expect("server read");
+                server.process_new_packets().expect("server process");
+            }
+            let mut buf = Vec::new();
+            while server.wants_write() {
+                server.write_tls(&mut buf).expect("server write");
+            }
+            if !buf.is_empty() {
+                moved = true;
+                client.read_tls(&mut buf.as_slice()).expect("client read");
+                client.process_new_packets().expect("client process");
+            }
+            if !moved {
+                return;
+            }
+        }
+    }
+
+    #[test]
+    fn a_swapped_certificate_is_served_to_new_connections_and_open_ones_go_on() {
+        use std::io::{Read, Write};
+        let (first, first_der) = self_signed(&["one"]);
+        let (second, second_der) = self_signed(&["two"]);
+        let provider = crate::tls::provider();
+        let serving = Arc::new(ServingCert::new(first));
+        let server_config = Arc::new(
+            rustls::ServerConfig::builder_with_provider(provider.clone())
+                .with_safe_default_protocol_versions()
+                .expect("versions")
+                .with_no_client_auth()
+                .with_cert_resolver(serving.clone()),
+        );
+        let mut client_config = rustls::ClientConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .expect("versions")
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AnyServer(provider)))
+            .with_no_client_auth();
+        // A resumed session shows the certificate of the session it resumes.
+        client_config.resumption = rustls::client::Resumption::disabled();
+        let client_config = Arc::new(client_config);
+        let connect = || {
+            let name = rustls_pki_types::ServerName::try_from("one").expect("name");
+            let mut c = rustls::ClientConnection::new(client_config.clone(), name).expect("c");
+            let mut s = rustls::ServerConnection::new(server_config.clone()).expect("s");
+            pump(&mut c, &mut s);
+            assert!(!c.is_handshaking() && !s.is_handshaking());
+            let served = c.peer_certificates().expect("served")[0].as_ref().to_vec();
+            (c, s, served)
+        };
+        let (mut old_c, mut old_s, served) = connect();
+        assert_eq!(served, first_der);
+
+        serving.set(second);
+        let (_, _, served) = connect();
+        assert_eq!(
+            served, second_der,
+            "a new connection gets the new certificate"
+        );
+
+        old_c.writer().write_all(b"still here").expect("write");
+        pump(&mut old_c, &mut old_s);
+        let mut got = [0u8; 10];
+        old_s.reader().read_exact(&mut got).expect("read");
+        assert_eq!(&got, b"still here", "the open connection goes on");
+        let kept = old_c.peer_certificates().expect("served")[0]
+            .as_ref()
+            .to_vec();
+        assert_eq!(kept, first_der);
+    }
+}
