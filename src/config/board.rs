@@ -242,6 +242,8 @@ pub(super) fn fill_from_profile(file: FileConfig, profile: FileConfig) -> FileCo
         board: _,
         board_dir: _,
         kubeconfig,
+        bootstrap_kubeconfig,
+        rotate_certificates,
         register_with_taints,
         node_status_update_frequency,
         node_status_report_frequency,
@@ -277,6 +279,8 @@ pub(super) fn fill_from_profile(file: FileConfig, profile: FileConfig) -> FileCo
         board: file.board,
         board_dir: file.board_dir,
         kubeconfig: file.kubeconfig.or(kubeconfig),
+        bootstrap_kubeconfig: file.bootstrap_kubeconfig.or(bootstrap_kubeconfig),
+        rotate_certificates: file.rotate_certificates.or(rotate_certificates),
         register_with_taints: file.register_with_taints.or(register_with_taints),
         node_status_update_frequency: file
             .node_status_update_frequency

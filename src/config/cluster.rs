@@ -54,6 +54,14 @@ impl Reader<'_> {
                 out.uplink_retry_max = Some(self.positive_duration(key, value)?);
             }
             "registerWithTaints" => out.register_with_taints = Some(self.taints(key, value)?),
+            "rotateCertificates" => match value {
+                Value::Bool(b) => out.rotate_certificates = Some(*b),
+                other => {
+                    return Err(
+                        self.err(key, format!("expected true or false, got {}", short(other)))
+                    )
+                }
+            },
             _ => return Ok(false),
         }
         Ok(true)
@@ -251,6 +259,55 @@ holdfast:
         }
         match parse("uplinkRetryMax: 0s\n") {
             Err(ConfigError::Key { key, .. }) => assert_eq!(key, "uplinkRetryMax"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn bootstrap_kubeconfig_and_rotation() {
+        let tmp = TempDir::new("cluster-bootstrap");
+        let path = tmp.0.join("config.yaml");
+        std::fs::write(&path, "holdfast:\n  bootstrapKubeconfig: bootstrap.conf\n").expect("write");
+        let p = path.display().to_string();
+        let (config, warnings) =
+            load_run_args(&args(&["--hostname-override=gw", "--config", &p])).expect("load");
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(
+            config.bootstrap_kubeconfig,
+            Some(tmp.0.join("bootstrap.conf"))
+        );
+        assert!(
+            config.rotate_certificates,
+            "on by default when bootstrapping"
+        );
+
+        let (config, _) = load_run_args(&args(&[
+            "--hostname-override=gw",
+            "--config",
+            &p,
+            "--bootstrap-kubeconfig=/b.conf",
+        ]))
+        .expect("load");
+        assert_eq!(config.bootstrap_kubeconfig, Some(PathBuf::from("/b.conf")));
+
+        std::fs::write(
+            &path,
+            "rotateCertificates: false\nholdfast: {bootstrapKubeconfig: b}\n",
+        )
+        .expect("write");
+        let (config, _) =
+            load_run_args(&args(&["--hostname-override=gw", "--config", &p])).expect("load");
+        assert!(!config.rotate_certificates);
+
+        let (config, _) = load_run_args(&args(&["--hostname-override=gw"])).expect("load");
+        assert!(
+            !config.rotate_certificates,
+            "off without a bootstrap, as the kubelet"
+        );
+        assert_eq!(config.bootstrap_kubeconfig, None);
+
+        match parse("rotateCertificates: yes please\n") {
+            Err(ConfigError::Key { key, .. }) => assert_eq!(key, "rotateCertificates"),
             other => panic!("{other:?}"),
         }
     }

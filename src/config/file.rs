@@ -43,6 +43,10 @@ pub struct FileConfig {
     pub board_dir: Option<PathBuf>,
     /// `holdfast.kubeconfig`.
     pub kubeconfig: Option<PathBuf>,
+    /// `holdfast.bootstrapKubeconfig`.
+    pub bootstrap_kubeconfig: Option<PathBuf>,
+    /// `rotateCertificates`.
+    pub rotate_certificates: Option<bool>,
     /// `registerWithTaints`; `None` when the file leaves it out, so a profile can fill it.
     pub register_with_taints: Option<Vec<Taint>>,
     /// `nodeStatusUpdateFrequency`, `nodeStatusReportFrequency`.
@@ -290,6 +294,9 @@ impl Reader<'_> {
                 }
                 "holdfast.kubeconfig" => {
                     out.kubeconfig = Some(base.join(self.path_value(&key, value)?));
+                }
+                "holdfast.bootstrapKubeconfig" => {
+                    out.bootstrap_kubeconfig = Some(base.join(self.path_value(&key, value)?));
                 }
                 _ => {
                     if !self.image_holdfast_key(&key, value, base, out)?

@@ -30,6 +30,9 @@ pub struct RunFlags {
     pub kube_reserved: BTreeMap<String, String>,
     pub eviction_hard: BTreeMap<String, String>,
     pub kubeconfig: Option<PathBuf>,
+    /// `--bootstrap-kubeconfig`: the credential (a bootstrap token) that asks the
+    /// cluster for the node's client certificate when `--kubeconfig` has none usable.
+    pub bootstrap_kubeconfig: Option<PathBuf>,
     pub node_ip: Option<IpAddr>,
     /// `--register-with-taints`: replaces the file's list as a whole.
     pub register_with_taints: Option<Vec<Taint>>,
@@ -44,6 +47,9 @@ pub const USAGE: &str = "usage: holdfast run [flags]
 flags:
   --config FILE               KubeletConfiguration-shaped YAML file
   --kubeconfig FILE           how to reach the apiserver; without one, standalone
+  --bootstrap-kubeconfig FILE asks the cluster for the node's client certificate
+                              when the kubeconfig is missing or its certificate is
+                              unusable, then writes the kubeconfig
   --root-dir DIR              state directory (default /var/lib/holdfast)
   --pod-manifest-path DIR     static pod manifests (default /etc/kubernetes/manifests)
   --hostname-override NAME    node name instead of the machine's hostname
@@ -87,6 +93,7 @@ pub fn parse_flags(args: &[String]) -> Result<RunFlags, ConfigError> {
             "--kube-reserved" => "--kube-reserved",
             "--eviction-hard" => "--eviction-hard",
             "--kubeconfig" => "--kubeconfig",
+            "--bootstrap-kubeconfig" => "--bootstrap-kubeconfig",
             "--node-ip" => "--node-ip",
             "--register-with-taints" => "--register-with-taints",
             "--uplink-retry-max" => "--uplink-retry-max",
@@ -124,6 +131,7 @@ pub fn parse_flags(args: &[String]) -> Result<RunFlags, ConfigError> {
             "--board" => flags.board = Some(value),
             "--board-dir" => flags.board_dir = Some(PathBuf::from(value)),
             "--kubeconfig" => flags.kubeconfig = Some(PathBuf::from(value)),
+            "--bootstrap-kubeconfig" => flags.bootstrap_kubeconfig = Some(PathBuf::from(value)),
             "--node-ip" => flags.node_ip = Some(node_ip(canonical, &value)?),
             "--register-with-taints" => {
                 flags.register_with_taints = Some(taints(canonical, &value)?);

@@ -84,6 +84,14 @@ pub struct Config {
     /// `--kubeconfig` / `holdfast.kubeconfig`: how to reach the apiserver; `None` runs
     /// standalone.
     pub kubeconfig: Option<PathBuf>,
+    /// `--bootstrap-kubeconfig` / `holdfast.bootstrapKubeconfig`: asks the cluster for
+    /// the node's client certificate (a `kubernetes.io/kube-apiserver-client-kubelet`
+    /// CSR) when the kubeconfig is missing or its certificate is unusable.
+    pub bootstrap_kubeconfig: Option<PathBuf>,
+    /// `rotateCertificates`: asks for a new client certificate before the current one
+    /// expires. Default true with a bootstrap kubeconfig (as kubeadm sets it), else false
+    /// (the kubelet's default).
+    pub rotate_certificates: bool,
     /// `--node-ip`: the node's InternalIP; `None` picks the default route's address.
     pub node_ip: Option<IpAddr>,
     /// `--register-with-taints` / `registerWithTaints`: taints the Node is created with.
@@ -151,6 +159,8 @@ impl Config {
             node_labels: BTreeMap::new(),
             board: None,
             kubeconfig: None,
+            bootstrap_kubeconfig: None,
+            rotate_certificates: false,
             node_ip: None,
             register_with_taints: Vec::new(),
             node_status_update_frequency: DEFAULT_NODE_STATUS_UPDATE_FREQUENCY,
@@ -298,6 +308,13 @@ fn merge(
     config.node_labels = map(&file.node_labels, &flags.node_labels);
     config.board = flags.board.clone().or_else(|| file.board.clone());
     config.kubeconfig = flags.kubeconfig.clone().or_else(|| file.kubeconfig.clone());
+    config.bootstrap_kubeconfig = flags
+        .bootstrap_kubeconfig
+        .clone()
+        .or_else(|| file.bootstrap_kubeconfig.clone());
+    config.rotate_certificates = file
+        .rotate_certificates
+        .unwrap_or(config.bootstrap_kubeconfig.is_some());
     config.node_ip = flags.node_ip;
     if let Some(taints) = flags
         .register_with_taints

@@ -55,6 +55,29 @@ impl UplinkStatus {
     }
 }
 
+/// The node's client certificate: until when, and why there is no working one.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClientCertStatus {
+    pub not_after: Option<Timestamp>,
+    pub rotated_at: Option<Timestamp>,
+    /// What is wrong (an expired certificate and a refused bootstrap token, a failing
+    /// rotation); `None` when well.
+    pub problem: Option<String>,
+}
+
+impl ClientCertStatus {
+    fn of(r: &crate::uplink::rotation::CertReport) -> Option<ClientCertStatus> {
+        let at = |s: Option<i64>| s.and_then(|s| Timestamp::from_second(s).ok());
+        let status = ClientCertStatus {
+            not_after: at(r.not_after),
+            rotated_at: at(r.rotated_at),
+            problem: r.problem.clone(),
+        };
+        (status.not_after.is_some() || status.problem.is_some()).then_some(status)
+    }
+}
+
 /// Writes held in memory while the store's disk is full.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -70,6 +93,9 @@ pub struct AgentStatus {
     /// Whether a running agent answered (otherwise this came from the root dir).
     pub agent_running: bool,
     pub uplink: UplinkStatus,
+    /// The client certificate, when the uplink uses one or has a problem with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_certificate: Option<ClientCertStatus>,
     /// What waits to be reported; from the store when no agent runs.
     pub outbox: Option<Depth>,
     /// Bytes the store takes on disk.
@@ -93,6 +119,7 @@ pub fn from_agent(
             Some(v) => UplinkStatus::of(&v.link()),
             None => UplinkStatus::without_link("standalone"),
         },
+        client_certificate: uplink.and_then(|v| ClientCertStatus::of(&v.credentials.report())),
         outbox: uplink.map(UplinkView::outbox),
         store_bytes: dir_size(&root_dir.join("db")),
         store_held: podstates.store().holding().map(|(h, records)| HeldWrites {
@@ -111,6 +138,7 @@ pub fn from_root(root_dir: &Path) -> AgentStatus {
     let mut status = AgentStatus {
         agent_running: false,
         uplink: UplinkStatus::without_link("unknown"),
+        client_certificate: None,
         outbox: None,
         store_bytes: dir_size(&db),
         store_held: None,
@@ -182,6 +210,20 @@ pub fn render(s: &AgentStatus, now: Timestamp) -> String {
     out.push_str(&format!("uplink:       {line}\n"));
     if u.state == "up" || u.state == "down" {
         out.push_str(&format!("last sync:    {}\n", when(&u.last_sync)));
+    }
+    if let Some(c) = &s.client_certificate {
+        if let Some(t) = c.not_after {
+            let state = if t < now { "expired" } else { "valid until" };
+            let rotated = match c.rotated_at {
+                Some(r) => format!(", rotated {}", ago(r, now)),
+                None => String::new(),
+            };
+            let rel = if t < now { ago(t, now) } else { until(t, now) };
+            out.push_str(&format!("client cert:  {state} {t} ({rel}){rotated}\n"));
+        }
+        if let Some(p) = &c.problem {
+            out.push_str(&format!("credentials:  {p}\n"));
+        }
     }
     match &s.outbox {
         Some(o) => out.push_str(&format!(
@@ -273,7 +315,11 @@ mod tests {
             "Started",
             "x".into(),
         );
-        let view = UplinkView { link, outbox };
+        let view = UplinkView {
+            link,
+            outbox,
+            credentials: Default::default(),
+        };
         let dir = crate::testutil::TempDir::new("status-down");
         let store = Store::open(&dir.0.join("db")).expect("store");
         let podstates: Tree<PodState> = store.tree("podstates").expect("tree");
@@ -295,8 +341,44 @@ mod tests {
         assert!(text.contains("1 event(s)"), "{text}");
         let json = serde_json::to_value(&s).expect("json");
         assert_eq!(json["uplink"]["state"], "down");
+        assert!(
+            json.get("clientCertificate").is_none(),
+            "no certificate, no entry"
+        );
         assert_eq!(json["outbox"]["events"], 1);
         assert!(json["uplink"]["nextRetry"].is_string());
+    }
+
+    #[test]
+    fn an_expired_certificate_and_a_refused_bootstrap_are_said() {
+        let (_, outbox) = Reporter::connected();
+        let view = UplinkView {
+            link: Link::new(Duration::from_secs(300)),
+            outbox,
+            credentials: Default::default(),
+        };
+        view.credentials
+            .set_validity(Some(crate::uplink::der::Validity {
+                not_before: at(-100).as_second(),
+                not_after: at(-10).as_second(),
+            }));
+        view.credentials
+            .set_problem("the apiserver refused the bootstrap kubeconfig".into());
+        let dir = crate::testutil::TempDir::new("status-cert");
+        let store = Store::open(&dir.0.join("db")).expect("store");
+        let podstates: Tree<PodState> = store.tree("podstates").expect("tree");
+        let s = from_agent(&dir.0, &podstates, Some(&view));
+        let text = render(&s, at(0));
+        assert!(text.contains("client cert:  expired "), "{text}");
+        assert!(text.contains("(10s ago)"), "{text}");
+        assert!(
+            text.contains("credentials:  the apiserver refused the bootstrap kubeconfig"),
+            "{text}"
+        );
+        let json = serde_json::to_value(&s).expect("json");
+        assert!(json["clientCertificate"]["problem"].is_string(), "{json}");
+        let back: AgentStatus = serde_json::from_value(json).expect("read back");
+        assert_eq!(back, s);
     }
 
     #[test]

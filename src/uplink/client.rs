@@ -58,7 +58,11 @@ pub struct Client {
 struct Inner {
     /// Replaced by a fresh one when the link is back after an outage.
     agent: RwLock<Agent>,
-    tls: Arc<rustls::ClientConfig>,
+    /// Replaced (with a fresh session cache) when the client certificate is swapped, so
+    /// no handshake resumes a session made with the old certificate.
+    tls: RwLock<Arc<rustls::ClientConfig>>,
+    /// The client certificate the handshakes present, if the kubeconfig has one.
+    cert: Option<Arc<tls::SwappableCert>>,
     tls_server_name: Option<rustls_pki_types::ServerName<'static>>,
     server: String,
     token: Option<BearerToken>,
@@ -90,12 +94,13 @@ impl Client {
 
     /// Builds a client for a loaded kubeconfig.
     pub fn new(kc: &Kubeconfig) -> Result<Client, KubeconfigError> {
-        let tls = tls::client_config(kc)?;
+        let (tls, cert) = tls::client_config_with(kc)?;
         let agent = make_agent(&tls, &kc.tls_server_name);
         Ok(Client {
             inner: Arc::new(Inner {
                 agent: RwLock::new(agent),
-                tls,
+                tls: RwLock::new(tls),
+                cert,
                 tls_server_name: kc.tls_server_name.clone(),
                 server: kc.server.clone(),
                 token: kc
@@ -113,7 +118,13 @@ impl Client {
     /// while no packet could pass, or a NAT forgot it), and a watch reading on it would
     /// wait out its whole timeout. Each watch is opened again from where it was.
     pub fn reset_connections(&self) {
-        let fresh = make_agent(&self.inner.tls, &self.inner.tls_server_name);
+        let tls = self
+            .inner
+            .tls
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        let fresh = make_agent(&tls, &self.inner.tls_server_name);
         let old = {
             let mut agent = self
                 .inner
@@ -123,6 +134,37 @@ impl Client {
             std::mem::replace(&mut *agent, fresh)
         };
         old.shutdown();
+    }
+
+    /// Presents a new client certificate from now on: every connection is closed and the
+    /// session cache emptied, so the next request makes a full handshake with it. A
+    /// client without a certificate (a token) cannot take one.
+    pub fn set_client_certificate(&self, chain_pem: &str, key_pem: &str) -> Result<(), String> {
+        let Some(cert) = &self.inner.cert else {
+            return Err("this client authenticates without a certificate".to_string());
+        };
+        let chain = crate::tls::certificates(chain_pem.as_bytes())?;
+        let key = crate::tls::private_key(key_pem.as_bytes())?;
+        cert.swap(chain, key)
+            .map_err(|e| format!("unusable certificate or key: {e}"))?;
+        {
+            let mut tls = self
+                .inner
+                .tls
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut fresh = (**tls).clone();
+            fresh.resumption = rustls::client::Resumption::default();
+            *tls = Arc::new(fresh);
+        }
+        self.reset_connections();
+        Ok(())
+    }
+
+    /// The validity of the client certificate now presented, if there is one.
+    pub fn client_certificate_validity(&self) -> Option<super::der::Validity> {
+        let leaf = self.inner.cert.as_ref()?.leaf()?;
+        super::der::validity(&leaf).ok()
     }
 
     fn agent(&self) -> Agent {

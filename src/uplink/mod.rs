@@ -4,6 +4,7 @@
 //! never blocks the sync loop (tokens are asked for on the blocking thread that sets a
 //! pod's volumes up).
 
+pub mod bootstrap;
 pub mod client;
 pub mod csr;
 pub mod credentials;
@@ -19,6 +20,7 @@ pub mod objects;
 pub mod pod_status;
 pub mod pods;
 pub mod report;
+pub mod rotation;
 pub mod start;
 pub mod tls;
 pub mod tokens;

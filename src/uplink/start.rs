@@ -20,6 +20,7 @@ use super::objects::{
 };
 use super::pods::{MirrorSet, NodeUid, PodUplink, SharedMirrors};
 use super::report::{Depth, Outbox, Reporter};
+use super::rotation::{ClientCertState, Rotation};
 use super::tokens::TokenManager;
 use crate::backoff::Backoff;
 use crate::config::Config;
@@ -56,6 +57,8 @@ pub struct Uplink {
 pub struct UplinkView {
     pub link: Link,
     pub outbox: Outbox,
+    /// The client certificate: until when, and why there is no working one.
+    pub credentials: ClientCertState,
 }
 
 impl UplinkView {
@@ -145,7 +148,7 @@ pub fn start(
     api_pods: mpsc::Sender<SourceSnapshot>,
     objects_changed: mpsc::Sender<ObjectKey>,
 ) -> Result<Option<Uplink>, crate::Error> {
-    let Some(kubeconfig) = config.kubeconfig.clone() else {
+    let Some(kubeconfig) = super::bootstrap::node_kubeconfig(config) else {
         return Ok(None);
     };
     let model = DeviceModel {
@@ -173,6 +176,7 @@ pub fn start(
     let objects = ObjectCache::open(store).map_err(|e| crate::Error::Cli(e.to_string()))?;
     let tokens = TokenManager::open(store, Some(link.clone()))?;
     let (pod_set, wanted) = pod_set();
+    let credentials = ClientCertState::default();
     let uplink = Uplink {
         reporter,
         pod_set: Some(pod_set),
@@ -183,6 +187,7 @@ pub fn start(
         view: UplinkView {
             link: link.clone(),
             outbox: outbox.clone(),
+            credentials: credentials.clone(),
         },
         stop: stop.clone(),
     };
@@ -200,6 +205,7 @@ pub fn start(
         mirrors,
         stop,
         api_pods,
+        credentials,
     };
     let spawned = std::thread::Builder::new()
         .name("uplink-start".into())
@@ -225,6 +231,7 @@ struct Parts {
     mirrors: SharedMirrors,
     stop: Arc<AtomicBool>,
     api_pods: mpsc::Sender<SourceSnapshot>,
+    credentials: ClientCertState,
 }
 
 impl Parts {
@@ -235,10 +242,12 @@ impl Parts {
             if self.stop.load(Ordering::Relaxed) {
                 return;
             }
-            match Client::from_kubeconfig(kubeconfig) {
+            // With a bootstrap kubeconfig this also asks the cluster for the node's
+            // client certificate, waiting for the signer; the pods run meanwhile.
+            match super::bootstrap::connect(&self.config, kubeconfig, &self.credentials) {
                 Ok(c) => break c,
                 Err(e) => {
-                    let msg = e.to_string();
+                    let msg = e.message;
                     if msg != last_error {
                         log::error!(
                             "{msg}; pods keep running, the kubeconfig is read again with back-off"
@@ -258,6 +267,7 @@ impl Parts {
             }
         };
         log::info!("uplink: apiserver {}", client.server());
+        self.start_rotation(&client);
         self.tokens.set_minter(Arc::new(client.clone()));
 
         let timing = Timing {
@@ -317,6 +327,30 @@ impl Parts {
             self.api_pods,
         ) {
             log::error!("uplink: cannot start the pod source: {e}");
+        }
+    }
+}
+
+impl Parts {
+    /// With `rotateCertificates` and a client certificate from the bootstrap, the thread
+    /// that renews it before it expires.
+    fn start_rotation(&self, client: &Client) {
+        let Some(bootstrap) = self.config.bootstrap_kubeconfig.clone() else {
+            return;
+        };
+        if !self.config.rotate_certificates || client.client_certificate_validity().is_none() {
+            return;
+        }
+        let rotation = Rotation {
+            client: client.clone(),
+            files: super::bootstrap::client_pair_files(&self.config),
+            node_name: self.config.node_name.clone(),
+            bootstrap: Some(bootstrap),
+            state: self.credentials.clone(),
+            stop: self.stop.clone(),
+        };
+        if let Err(e) = rotation.spawn() {
+            log::error!("uplink: cannot start the certificate rotation thread: {e}");
         }
     }
 }

@@ -45,6 +45,8 @@ pub struct Options {
     pub scheduler: bool,
     /// More kube-apiserver flags (`--audit-policy-file=...`), after the harness's own.
     pub apiserver_args: Vec<String>,
+    /// More kube-controller-manager flags (`--cluster-signing-duration=120s`).
+    pub controller_manager_args: Vec<String>,
 }
 
 impl Default for Options {
@@ -55,6 +57,7 @@ impl Default for Options {
             node_monitor_grace_period: Duration::from_secs(40),
             scheduler: true,
             apiserver_args: Vec::new(),
+            controller_manager_args: Vec::new(),
         }
     }
 }
@@ -263,7 +266,7 @@ impl ControlPlane {
         );
         let c = &self.certs;
         let grace = opts.node_monitor_grace_period.as_secs().max(2);
-        let args = vec![
+        let mut args = vec![
             format!("--kubeconfig={}", kubeconfig.display()),
             format!("--authentication-kubeconfig={}", kubeconfig.display()),
             format!("--authorization-kubeconfig={}", kubeconfig.display()),
@@ -285,6 +288,7 @@ impl ControlPlane {
             s("--node-monitor-period=1s"),
             s("--profiling=false"),
         ];
+        args.extend(opts.controller_manager_args.iter().cloned());
         self.spawn("kube-controller-manager", args);
     }
 
@@ -325,8 +329,15 @@ impl ControlPlane {
     /// CA as `clientCAFile` so the apiserver's client certificate is accepted. Writes
     /// the agent's config: `holdfast_keys` go under `holdfast:`, `top_level` after.
     pub fn join(&self, agent: &mut Agent, holdfast_keys: &str, top_level: &str) {
+        let kubeconfig = self.node_kubeconfig(&agent.node_name);
+        self.join_with(agent, holdfast_keys, top_level, "--kubeconfig", &kubeconfig);
+    }
+
+    /// [`join`](Self::join) with the node's credential given as `flag` (`--kubeconfig`,
+    /// or `--bootstrap-kubeconfig` for a node that asks for its certificate).
+    pub fn join_with(&self, agent: &mut Agent, keys: &str, top: &str, flag: &str, file: &Path) {
+        let (holdfast_keys, top_level) = (keys, top);
         let node = agent.node_name.clone();
-        let kubeconfig = self.node_kubeconfig(&node);
         let serving = self
             .certs
             .pki
@@ -340,7 +351,18 @@ impl ControlPlane {
         ));
         agent
             .extra_args
-            .extend(["--kubeconfig".into(), kubeconfig.display().to_string()]);
+            .extend([flag.to_string(), file.display().to_string()]);
+    }
+
+    /// A client certificate of `node` (CN=system:node:<node>, O=system:nodes) from the
+    /// cluster CA that expired a day ago: (certificate PEM, key PEM).
+    pub fn expired_node_pair(&self, node: &str) -> (String, String) {
+        let cn = format!("system:node:{node}");
+        let i = self
+            .certs
+            .pki
+            .expired_client(&format!("expired-{node}"), &cn, &["system:nodes"]);
+        (i.cert_pem, i.key_pem)
     }
 
     /// The last `lines` lines of a process's log (`etcd`, `kube-apiserver`, ...).

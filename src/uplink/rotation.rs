@@ -1,0 +1,274 @@
+//! Client certificate rotation, as the kubelet's `rotateCertificates`: at a random 70 to
+//! 90 % of the certificate's life a new key and CSR are sent (authenticated with the
+//! current certificate), and the issued pair is saved and swapped into the running
+//! client without a restart. A certificate that expired while the site was offline is
+//! asked for again with the bootstrap kubeconfig. Failures are retried with back-off and
+//! counted; what `holdfast status` shows of it lives in [`ClientCertState`].
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use super::client::Client;
+use super::csr::{self, CsrSpec, Issued, PairFiles};
+use super::der::Validity;
+use crate::backoff::Backoff;
+
+/// How long a rotation CSR is waited for before it counts as failed.
+const ROTATION_WAIT: Duration = Duration::from_secs(15 * 60);
+/// Retries of a failed rotation: client-go's certificate manager backs off similarly.
+const RETRY: Backoff = Backoff {
+    initial: Duration::from_secs(2),
+    max: Duration::from_secs(300),
+};
+
+/// What the status shows of the client certificate. Cheap to clone; clones share.
+#[derive(Debug, Clone, Default)]
+pub struct ClientCertState {
+    inner: Arc<Mutex<CertReport>>,
+}
+
+/// The client certificate as `holdfast status` reports it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CertReport {
+    /// notAfter of the certificate in use, Unix seconds.
+    pub not_after: Option<i64>,
+    /// When the last rotation swapped a new certificate in, Unix seconds.
+    pub rotated_at: Option<i64>,
+    /// Why the node has no working credential, or why rotation fails; `None` when well.
+    pub problem: Option<String>,
+}
+
+impl ClientCertState {
+    pub fn report(&self) -> CertReport {
+        self.lock().clone()
+    }
+
+    pub fn set_validity(&self, v: Option<Validity>) {
+        let not_after = v.map(|v| v.not_after);
+        crate::metrics::CLIENT_CERT_NOT_AFTER.store(not_after.unwrap_or(0), Ordering::Relaxed);
+        self.lock().not_after = not_after;
+    }
+
+    pub fn set_problem(&self, problem: String) {
+        self.lock().problem = Some(problem);
+    }
+
+    pub fn clear_problem(&self) {
+        self.lock().problem = None;
+    }
+
+    fn rotated(&self, v: Validity) {
+        self.set_validity(Some(v));
+        let mut r = self.lock();
+        r.rotated_at = Some(unix(SystemTime::now()));
+        r.problem = None;
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, CertReport> {
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// The rotation thread's parts.
+pub struct Rotation {
+    pub client: Client,
+    pub files: PairFiles,
+    pub node_name: String,
+    /// Asked when the current certificate is refused (it expired while offline).
+    pub bootstrap: Option<PathBuf>,
+    pub state: ClientCertState,
+    pub stop: Arc<AtomicBool>,
+}
+
+impl Rotation {
+    /// Starts the `cert-rotation` thread.
+    pub fn spawn(self) -> std::io::Result<()> {
+        std::thread::Builder::new()
+            .name("cert-rotation".into())
+            .spawn(move || self.run())
+            .map(|_| ())
+    }
+
+    fn run(self) {
+        let mut failures = 0u32;
+        let mut planned: Option<(Validity, SystemTime)> = None;
+        while !self.stop.load(Ordering::Relaxed) {
+            let Some(validity) = self.client.client_certificate_validity() else {
+                log::warn!("certificate rotation: the client has no certificate; not rotating");
+                return;
+            };
+            self.state.set_validity(Some(validity));
+            let deadline = match planned {
+                Some((v, d)) if v == validity => d,
+                _ => {
+                    let d = csr::rotation_deadline(&validity);
+                    log::info!(
+                        "client certificate valid until {}; rotation planned at {}",
+                        show(validity.not_after),
+                        show(unix(d))
+                    );
+                    planned = Some((validity, d));
+                    d
+                }
+            };
+            if !self.sleep_until(deadline) {
+                return;
+            }
+            match self.rotate() {
+                Ok(v) => {
+                    failures = 0;
+                    self.state.rotated(v);
+                }
+                Err(e) => {
+                    failures = failures.saturating_add(1);
+                    crate::metrics::CLIENT_CERT_RENEW_ERRORS.inc();
+                    let wait = RETRY.jittered(failures, crate::backoff::random());
+                    let wait = wait.max(RETRY.initial);
+                    log::error!(
+                        "client certificate rotation failed ({failures} in a row): {e}; \
+                         trying again in {wait:?}"
+                    );
+                    if failures > 1 || expired(&validity) {
+                        self.state.set_problem(format!(
+                            "client certificate (valid until {}) could not be renewed: {e}",
+                            show(validity.not_after)
+                        ));
+                    }
+                    if !self.sleep_until(SystemTime::now() + wait) {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// A new pair, saved and swapped in, then shown to work; the previous one is put
+    /// back if the apiserver refuses the new one.
+    fn rotate(&self) -> Result<Validity, String> {
+        let spec = CsrSpec::kubelet_client(&self.node_name);
+        let issued = match csr::request(&self.client, &spec, ROTATION_WAIT) {
+            Ok(issued) => issued,
+            Err(e) if e.is_unauthorized() => match &self.bootstrap {
+                Some(bootstrap) => {
+                    log::warn!(
+                        "the apiserver refused the client certificate ({e}); asking again \
+                         with the bootstrap kubeconfig {}",
+                        bootstrap.display()
+                    );
+                    super::bootstrap::request_client_certificate(bootstrap, &self.node_name)
+                        .map_err(|b| {
+                            if b.is_unauthorized() {
+                                format!(
+                                    "the apiserver refused both the client certificate and the \
+                                     bootstrap kubeconfig {} (401 Unauthorized); give the node \
+                                     a new bootstrap token or a kubeconfig; pods keep running",
+                                    bootstrap.display()
+                                )
+                            } else {
+                                format!("bootstrap: {b}")
+                            }
+                        })?
+                }
+                None => return Err(e.to_string()),
+            },
+            Err(e) => return Err(e.to_string()),
+        };
+        let previous = self.files.load().ok().flatten();
+        self.files
+            .save(&issued)
+            .map_err(|e| format!("save the new pair in {}: {e}", self.files.dir().display()))?;
+        self.client
+            .set_client_certificate(&issued.chain_pem, &issued.key_pem)?;
+        let path = format!("/api/v1/nodes/{}", super::escape(&self.node_name));
+        match self.client.get::<serde_json::Value>(&path) {
+            Ok(_) => {}
+            Err(e) if e.is_unauthorized() => {
+                if let Some(old) = previous {
+                    self.put_back(&old);
+                }
+                return Err(format!("the apiserver refused the new certificate: {e}"));
+            }
+            // Not a verdict on the certificate; the next requests will tell.
+            Err(e) => log::warn!("client certificate rotated, not yet confirmed: {e}"),
+        }
+        log::info!(
+            "client certificate rotated; the new one is valid until {}",
+            show(issued.validity.not_after)
+        );
+        Ok(issued.validity)
+    }
+
+    fn put_back(&self, old: &Issued) {
+        if let Err(e) = self
+            .client
+            .set_client_certificate(&old.chain_pem, &old.key_pem)
+        {
+            log::error!("put the previous client certificate back: {e}");
+        }
+        if let Err(e) = self.files.save(old) {
+            log::error!("save the previous client certificate again: {e}");
+        }
+    }
+
+    /// Sleeps until `t` (wall clock, read again every second so a clock set meanwhile
+    /// counts); false when stopped.
+    fn sleep_until(&self, t: SystemTime) -> bool {
+        loop {
+            if self.stop.load(Ordering::Relaxed) {
+                return false;
+            }
+            match t.duration_since(SystemTime::now()) {
+                Ok(left) if !left.is_zero() => std::thread::sleep(left.min(Duration::from_secs(1))),
+                _ => return true,
+            }
+        }
+    }
+}
+
+fn expired(v: &Validity) -> bool {
+    unix(SystemTime::now()) > v.not_after
+}
+
+fn unix(t: SystemTime) -> i64 {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        Err(_) => 0,
+    }
+}
+
+fn show(unix: i64) -> String {
+    match crate::time::Timestamp::from_second(unix) {
+        Ok(t) => t.to_string(),
+        Err(_) => format!("{unix} s after the epoch"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_state_shows_validity_problems_and_rotations() {
+        let state = ClientCertState::default();
+        assert_eq!(state.report(), CertReport::default());
+        state.set_problem("refused".into());
+        state.set_validity(Some(Validity {
+            not_before: 1,
+            not_after: 2,
+        }));
+        let clone = state.clone();
+        assert_eq!(clone.report().problem.as_deref(), Some("refused"));
+        assert_eq!(clone.report().not_after, Some(2));
+        state.rotated(Validity {
+            not_before: 3,
+            not_after: 4,
+        });
+        let r = clone.report();
+        assert_eq!((r.not_after, r.problem), (Some(4), None));
+        assert!(r.rotated_at.is_some());
+    }
+}
