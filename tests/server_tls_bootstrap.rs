@@ -192,15 +192,19 @@ fn cluster(name: &str, node: &str) -> (ControlPlane, Agent) {
     let _ = cp.kubectl(&["create", "serviceaccount", "default"]);
     let mut a = Agent::new(name);
     a.node_name = node.into();
-    a.write_config(&format!(
-        "serverTLSBootstrap: true\nauthentication:\n  x509:\n    clientCAFile: {}\n",
-        cp.ca().display()
-    ));
+    write_config(&cp, &a);
     let kubeconfig = cp.node_kubeconfig(node);
     a.extra_args
         .extend(["--kubeconfig".into(), kubeconfig.display().to_string()]);
     a.start();
     (cp, a)
+}
+
+fn write_config(cp: &ControlPlane, a: &Agent) {
+    a.write_config(&format!(
+        "serverTLSBootstrap: true\nauthentication:\n  x509:\n    clientCAFile: {}\n",
+        cp.ca().display()
+    ));
 }
 
 /// Waits for the node's one pending kubelet-serving CSR and returns it.
@@ -278,10 +282,15 @@ fn the_serving_certificate_comes_from_an_approved_csr_without_a_restart() {
     assert!(healthz(&mut before).starts_with("HTTP/1.1 200"));
 
     cp.kubectl_ok(&["certificate", "approve", &csr_name]);
+    let approved = Instant::now();
     let log = || format!("--- agent log ---\n{}", tail(&a.agent_log(), 40));
     cp.wait_for("the cluster's certificate served", WAIT, log, |_| {
         check_issued(&cp, &served(&a), ServerName::IpAddress(ip.into())).ok()
     });
+    eprintln!(
+        "the cluster's certificate served {:?} after the approval",
+        approved.elapsed()
+    );
     let chain = served(&a);
     let dns = ServerName::try_from(NODE.to_string()).expect("dns name");
     check_issued(&cp, &chain, dns).expect("the certificate names the node");
@@ -327,12 +336,12 @@ fn the_serving_certificate_comes_from_an_approved_csr_without_a_restart() {
 }
 
 #[test]
-fn a_denied_csr_keeps_the_certificate_served_and_is_asked_again() {
+fn a_denied_csr_keeps_the_certificate_served_and_a_moved_node_asks_again() {
     if !need_root() {
         return;
     }
     const NODE: &str = "tls-boot-node-2";
-    let (cp, a) = cluster("tls-bootstrap-denied", NODE);
+    let (cp, mut a) = cluster("tls-bootstrap-denied", NODE);
     let ip: IpAddr = a.address.parse().expect("agent address");
     let first = pending_csr(&cp, &a, NODE, &[]);
     let first = first["metadata"]["name"]
@@ -371,5 +380,37 @@ fn a_denied_csr_keeps_the_certificate_served_and_is_asked_again() {
     let log = || format!("--- agent log ---\n{}", tail(&a.agent_log(), 40));
     cp.wait_for("the cluster's certificate served", WAIT, log, |_| {
         check_issued(&cp, &served(&a), ServerName::IpAddress(ip.into())).ok()
+    });
+    let issued = served(&a);
+
+    // The node moves to another address while stopped: the kept certificate no longer
+    // names it, so the self-signed one is served and a request for the new address is
+    // sent.
+    let asked: Vec<String> = csrs(&cp, NODE)
+        .iter()
+        .filter_map(|c| c["metadata"]["name"].as_str().map(str::to_string))
+        .collect();
+    a.stop();
+    a.address = "127.0.0.2".into();
+    write_config(&cp, &a);
+    a.start();
+    let moved = served(&a);
+    assert_ne!(moved, issued, "the old address's certificate is not served");
+    let new_ip = ServerName::IpAddress(IpAddr::from([127, 0, 0, 2]).into());
+    assert!(check_issued(&cp, &moved, new_ip.clone()).is_err());
+    let fourth = pending_csr(&cp, &a, NODE, &asked);
+    let text = request_text(&fourth);
+    assert!(
+        text.contains(&format!("DNS:{NODE}, IP Address:127.0.0.2\n")),
+        "the request names the new address:\n{text}"
+    );
+    let fourth = fourth["metadata"]["name"]
+        .as_str()
+        .expect("name")
+        .to_string();
+    cp.kubectl_ok(&["certificate", "approve", &fourth]);
+    let log = || format!("--- agent log ---\n{}", tail(&a.agent_log(), 40));
+    cp.wait_for("the new address's certificate served", WAIT, log, |_| {
+        check_issued(&cp, &served(&a), new_ip.clone()).ok()
     });
 }

@@ -11,21 +11,26 @@
 //! that could not be sent, or was denied, is sent again with back-off. Whatever happens
 //! the listener keeps what it serves, and each new reason is logged once.
 //!
-//! Only the CSR and the pair files live in [`crate::uplink::csr`]; this file decides
-//! what to ask for and when, and owns the certificate the listener hands out.
+//! The CSR and the pair files are [`crate::uplink::csr`]'s; this module decides what to
+//! ask for and when. Files: [`resolver`] (the certificate the listener hands out), [`san`]
+//! (the names a certificate is for).
 
 use std::net::IpAddr;
 use std::path::PathBuf;
-use std::sync::{Arc, RwLock, Weak};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime};
 
-use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 
 use crate::backoff::Backoff;
 use crate::config::Config;
 use crate::uplink::csr::{self, CsrError, CsrSpec, Issued, PairFiles};
 use crate::uplink::Client;
+
+mod resolver;
+mod san;
+
+pub use resolver::ServingCert;
 
 /// How long one CSR is waited for before a new one is sent (client-go's certificate
 /// manager waits 15 minutes).
@@ -39,43 +44,6 @@ const RETRY: Backoff = Backoff {
     initial: Duration::from_secs(2),
     max: Duration::from_secs(300),
 };
-
-/// The listener's serving certificate, which can be replaced while it runs: a new
-/// connection gets the one set last, a connection already open keeps the one its
-/// handshake used.
-#[derive(Debug)]
-pub struct ServingCert {
-    current: RwLock<Arc<CertifiedKey>>,
-}
-
-impl ServingCert {
-    pub fn new(first: CertifiedKey) -> Self {
-        ServingCert {
-            current: RwLock::new(Arc::new(first)),
-        }
-    }
-
-    pub fn set(&self, next: CertifiedKey) {
-        let next = Arc::new(next);
-        match self.current.write() {
-            Ok(mut c) => *c = next,
-            Err(poisoned) => *poisoned.into_inner() = next,
-        }
-    }
-
-    pub fn current(&self) -> Arc<CertifiedKey> {
-        match self.current.read() {
-            Ok(c) => c.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
-        }
-    }
-}
-
-impl ResolvesServerCert for ServingCert {
-    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        Some(self.current())
-    }
-}
 
 /// The names a serving certificate is for: the node's Hostname address as a DNS name
 /// (or an IP address if it is one) and its InternalIP, sorted, as the kubelet builds
@@ -372,114 +340,11 @@ fn sleep_while_served(serving: &Weak<ServingCert>, total: Duration) -> bool {
     }
 }
 
-/// The subjectAltName extension of an X.509 certificate, DER only.
-mod san {
-    use std::net::IpAddr;
-
-    use super::Names;
-
-    const SEQUENCE: u8 = 0x30;
-    const OID: u8 = 0x06;
-    const OCTET_STRING: u8 = 0x04;
-    /// `[3] EXPLICIT Extensions` of a TBSCertificate.
-    const EXTENSIONS: u8 = 0xa3;
-    const DNS_NAME: u8 = 0x82;
-    const IP_ADDRESS: u8 = 0x87;
-    /// 2.5.29.17
-    const SUBJECT_ALT_NAME: &[u8] = &[0x55, 0x1d, 0x11];
-
-    /// One element at the start of `input`: its tag, contents, and what follows.
-    fn element(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
-        let (&tag, rest) = input.split_first()?;
-        let (&first, rest) = rest.split_first()?;
-        let (len, rest) = if first < 0x80 {
-            (usize::from(first), rest)
-        } else {
-            let n = usize::from(first & 0x7f);
-            if n == 0 || n > 4 || rest.len() < n {
-                return None;
-            }
-            let (bytes, rest) = rest.split_at(n);
-            (
-                bytes.iter().fold(0usize, |a, b| (a << 8) | usize::from(*b)),
-                rest,
-            )
-        };
-        if rest.len() < len {
-            return None;
-        }
-        let (contents, rest) = rest.split_at(len);
-        Some((tag, contents, rest))
-    }
-
-    pub(super) fn read(cert: &[u8]) -> Option<Names> {
-        let (SEQUENCE, cert, _) = element(cert)? else {
-            return None;
-        };
-        let (SEQUENCE, mut tbs, _) = element(cert)? else {
-            return None;
-        };
-        let mut names = Names {
-            dns: Vec::new(),
-            ips: Vec::new(),
-        };
-        // Version, serial, signature, issuer, validity, subject, key, unique ids: only
-        // the extensions matter here.
-        while let Some((tag, contents, rest)) = element(tbs) {
-            tbs = rest;
-            if tag != EXTENSIONS {
-                continue;
-            }
-            let (SEQUENCE, mut exts, _) = element(contents)? else {
-                return None;
-            };
-            while let Some((SEQUENCE, ext, rest)) = element(exts) {
-                exts = rest;
-                let (OID, oid, mut fields) = element(ext)? else {
-                    return None;
-                };
-                if oid != SUBJECT_ALT_NAME {
-                    continue;
-                }
-                // Skip `critical`, if present, to the value.
-                let value = loop {
-                    let (tag, contents, rest) = element(fields)?;
-                    if tag == OCTET_STRING {
-                        break contents;
-                    }
-                    fields = rest;
-                };
-                let (SEQUENCE, mut general, _) = element(value)? else {
-                    return None;
-                };
-                while let Some((tag, contents, rest)) = element(general) {
-                    general = rest;
-                    match (tag, contents.len()) {
-                        (DNS_NAME, _) => names
-                            .dns
-                            .push(String::from_utf8_lossy(contents).into_owned()),
-                        (IP_ADDRESS, 4) => {
-                            let b: [u8; 4] = contents.try_into().ok()?;
-                            names.ips.push(IpAddr::from(b));
-                        }
-                        (IP_ADDRESS, 16) => {
-                            let b: [u8; 16] = contents.try_into().ok()?;
-                            names.ips.push(IpAddr::from(b));
-                        }
-                        _ => {}
-                    }
-                }
-            }
-        }
-        Some(names)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn self_signed(names: &[&str]) -> (CertifiedKey, Vec<u8>) {
+    pub(super) fn self_signed(names: &[&str]) -> (CertifiedKey, Vec<u8>) {
         let key = rcgen::KeyPair::generate().expect("key");
         let params =
             rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
@@ -551,124 +416,5 @@ mod tests {
             next_request(Some((&same, past)), &wanted, now),
             Duration::ZERO
         );
-    }
-
-    /// Accepts any server certificate: the test looks at which one was served.
-    #[derive(Debug)]
-    struct AnyServer(Arc<rustls::crypto::CryptoProvider>);
-
-    impl rustls::client::danger::ServerCertVerifier for AnyServer {
-        fn verify_server_cert(
-            &self,
-            _: &rustls_pki_types::CertificateDer<'_>,
-            _: &[rustls_pki_types::CertificateDer<'_>],
-            _: &rustls_pki_types::ServerName<'_>,
-            _: &[u8],
-            _: rustls_pki_types::UnixTime,
-        ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-            Ok(rustls::client::danger::ServerCertVerified::assertion())
-        }
-        fn verify_tls12_signature(
-            &self,
-            m: &[u8],
-            c: &rustls_pki_types::CertificateDer<'_>,
-            d: &rustls::DigitallySignedStruct,
-        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-            let algs = &self.0.signature_verification_algorithms;
-            rustls::crypto::verify_tls12_signature(m, c, d, algs)
-        }
-        fn verify_tls13_signature(
-            &self,
-            m: &[u8],
-            c: &rustls_pki_types::CertificateDer<'_>,
-            d: &rustls::DigitallySignedStruct,
-        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-            let algs = &self.0.signature_verification_algorithms;
-            rustls::crypto::verify_tls13_signature(m, c, d, algs)
-        }
-        fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-            self.0.signature_verification_algorithms.supported_schemes()
-        }
-    }
-
-    /// Moves TLS records between the two ends until neither has anything to send.
-    fn pump(client: &mut rustls::ClientConnection, server: &mut rustls::ServerConnection) {
-        for _ in 0..32 {
-            let mut buf = Vec::new();
-            let mut moved = false;
-            while client.wants_write() {
-                client.write_tls(&mut buf).expect("client write");
-            }
-            if !buf.is_empty() {
-                moved = true;
-                server.read_tls(&mut buf.as_slice()).expect("server read");
-                server.process_new_packets().expect("server process");
-            }
-            let mut buf = Vec::new();
-            while server.wants_write() {
-                server.write_tls(&mut buf).expect("server write");
-            }
-            if !buf.is_empty() {
-                moved = true;
-                client.read_tls(&mut buf.as_slice()).expect("client read");
-                client.process_new_packets().expect("client process");
-            }
-            if !moved {
-                return;
-            }
-        }
-    }
-
-    #[test]
-    fn a_swapped_certificate_is_served_to_new_connections_and_open_ones_go_on() {
-        use std::io::{Read, Write};
-        let (first, first_der) = self_signed(&["one"]);
-        let (second, second_der) = self_signed(&["two"]);
-        let provider = crate::tls::provider();
-        let serving = Arc::new(ServingCert::new(first));
-        let server_config = Arc::new(
-            rustls::ServerConfig::builder_with_provider(provider.clone())
-                .with_safe_default_protocol_versions()
-                .expect("versions")
-                .with_no_client_auth()
-                .with_cert_resolver(serving.clone()),
-        );
-        let mut client_config = rustls::ClientConfig::builder_with_provider(provider.clone())
-            .with_safe_default_protocol_versions()
-            .expect("versions")
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(AnyServer(provider)))
-            .with_no_client_auth();
-        // A resumed session shows the certificate of the session it resumes.
-        client_config.resumption = rustls::client::Resumption::disabled();
-        let client_config = Arc::new(client_config);
-        let connect = || {
-            let name = rustls_pki_types::ServerName::try_from("one").expect("name");
-            let mut c = rustls::ClientConnection::new(client_config.clone(), name).expect("c");
-            let mut s = rustls::ServerConnection::new(server_config.clone()).expect("s");
-            pump(&mut c, &mut s);
-            assert!(!c.is_handshaking() && !s.is_handshaking());
-            let served = c.peer_certificates().expect("served")[0].as_ref().to_vec();
-            (c, s, served)
-        };
-        let (mut old_c, mut old_s, served) = connect();
-        assert_eq!(served, first_der);
-
-        serving.set(second);
-        let (_, _, served) = connect();
-        assert_eq!(
-            served, second_der,
-            "a new connection gets the new certificate"
-        );
-
-        old_c.writer().write_all(b"still here").expect("write");
-        pump(&mut old_c, &mut old_s);
-        let mut got = [0u8; 10];
-        old_s.reader().read_exact(&mut got).expect("read");
-        assert_eq!(&got, b"still here", "the open connection goes on");
-        let kept = old_c.peer_certificates().expect("served")[0]
-            .as_ref()
-            .to_vec();
-        assert_eq!(kept, first_der);
     }
 }
