@@ -36,6 +36,9 @@ pub use resolver::ServingCert;
 /// manager waits 15 minutes).
 pub const CSR_WAIT: Duration = Duration::from_secs(15 * 60);
 
+/// The longest wait for a kubeconfig that cannot be read yet.
+const KUBECONFIG_RETRY: Duration = Duration::from_secs(30);
+
 /// How often the node's addresses are looked at while a certificate is served.
 pub const ADDRESS_CHECK: Duration = Duration::from_secs(10);
 
@@ -157,12 +160,13 @@ pub struct Bootstrap {
 }
 
 impl Bootstrap {
-    /// Some when the config asks for `serverTLSBootstrap` and names a kubeconfig.
+    /// Some when the config asks for `serverTLSBootstrap` and has a kubeconfig (or a
+    /// bootstrap kubeconfig, which writes one).
     pub fn from_config(config: &Config) -> Option<Bootstrap> {
         if !config.server.server_tls_bootstrap {
             return None;
         }
-        let Some(kubeconfig) = config.kubeconfig.clone() else {
+        let Some(kubeconfig) = crate::uplink::bootstrap::node_kubeconfig(config) else {
             log::warn!(
                 "kubelet API: serverTLSBootstrap needs a kubeconfig to ask the cluster for a \
                  serving certificate; serving the certificate made here"
@@ -299,7 +303,12 @@ impl Bootstrap {
                         continue;
                     }
                     failures = failures.saturating_add(1);
-                    let delay = RETRY.jittered(failures, crate::backoff::random());
+                    let mut delay = RETRY.jittered(failures, crate::backoff::random());
+                    if let Failure::Kubeconfig(_) = e {
+                        // Being written by the client bootstrap, most likely: a file
+                        // read is cheap, and the pair is wanted soon after.
+                        delay = delay.min(KUBECONFIG_RETRY);
+                    }
                     if !sleep_while_served(&serving, delay.max(RETRY.initial)) {
                         return;
                     }
@@ -368,6 +377,25 @@ mod tests {
         assert_eq!(spec.common_name, "system:node:gw-7");
         assert_eq!(spec.organizations, vec!["system:nodes".to_string()]);
         assert_eq!(spec.usages, vec!["digital signature", "server auth"]);
+    }
+
+    #[test]
+    fn it_runs_with_server_tls_bootstrap_and_a_kubeconfig_or_a_bootstrap_one() {
+        let mut c = Config::with_defaults("gw".into());
+        c.kubeconfig = Some("/etc/holdfast/kubeconfig".into());
+        assert!(Bootstrap::from_config(&c).is_none(), "off by default");
+        c.server.server_tls_bootstrap = true;
+        let b = Bootstrap::from_config(&c).expect("on");
+        assert_eq!(b.kubeconfig, PathBuf::from("/etc/holdfast/kubeconfig"));
+        assert_eq!(
+            b.files.current_path(),
+            c.root_dir.join("pki/kubelet-server-current.pem")
+        );
+        c.kubeconfig = None;
+        assert!(Bootstrap::from_config(&c).is_none(), "nobody to ask");
+        c.bootstrap_kubeconfig = Some("/etc/holdfast/bootstrap-kubeconfig".into());
+        let b = Bootstrap::from_config(&c).expect("the kubeconfig the bootstrap writes");
+        assert_eq!(b.kubeconfig, c.root_dir.join("kubeconfig"));
     }
 
     #[test]
