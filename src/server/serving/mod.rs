@@ -256,31 +256,12 @@ impl Bootstrap {
                 continue;
             }
             match self.request(&wanted) {
-                Ok(issued) => {
+                Ok((issued, certified)) => {
                     let Some(target) = serving.upgrade() else {
                         return;
                     };
-                    match certified(&issued) {
-                        Ok(c) => target.set(c),
-                        Err(e) => {
-                            // Checked by the request already; a failure here is a bug.
-                            log::error!("kubelet API: issued serving certificate: {e}");
-                            continue;
-                        }
-                    }
-                    match self.files.save(&issued) {
-                        Ok(path) => log::info!(
-                            "kubelet API: serving the certificate the cluster issued for \
-                             {wanted:?}, kept in {}",
-                            path.display()
-                        ),
-                        Err(e) => log::error!(
-                            "kubelet API: serving the certificate the cluster issued, but it \
-                             could not be kept in {}: {e}; it will be asked for again at \
-                             the next start",
-                            self.files.dir().display()
-                        ),
-                    }
+                    target.set(certified);
+                    self.keep(&issued, &wanted);
                     held = Some(Held::new(issued));
                     failures = 0;
                     last_reason.clear();
@@ -319,10 +300,28 @@ impl Bootstrap {
 
     /// One request with a client read from the kubeconfig now (it may have been
     /// written, or its client certificate rotated, since the last one).
-    fn request(&self, names: &Names) -> Result<Issued, Failure> {
+    fn request(&self, names: &Names) -> Result<(Issued, CertifiedKey), Failure> {
         let client = Client::from_kubeconfig(&self.kubeconfig).map_err(Failure::Kubeconfig)?;
-        csr::request(&client, &names.request(&self.config.node_name), CSR_WAIT)
-            .map_err(Failure::Csr)
+        let issued = csr::request(&client, &names.request(&self.config.node_name), CSR_WAIT)
+            .map_err(Failure::Csr)?;
+        let certified = certified(&issued).map_err(Failure::Unusable)?;
+        Ok((issued, certified))
+    }
+
+    /// Keeps an issued pair for the next start; one that cannot be kept is still served.
+    fn keep(&self, issued: &Issued, names: &Names) {
+        match self.files.save(issued) {
+            Ok(path) => log::info!(
+                "kubelet API: serving the certificate the cluster issued for {names:?}, kept \
+                 in {}",
+                path.display()
+            ),
+            Err(e) => log::error!(
+                "kubelet API: serving the certificate the cluster issued, but it could not be \
+                 kept in {}: {e}; it will be asked for again at the next start",
+                self.files.dir().display()
+            ),
+        }
     }
 }
 
@@ -332,6 +331,8 @@ enum Failure {
     Kubeconfig(crate::uplink::KubeconfigError),
     #[error(transparent)]
     Csr(CsrError),
+    #[error("the issued certificate cannot be served: {0}")]
+    Unusable(String),
 }
 
 /// Sleeps `total` in short steps; false as soon as the listener is gone.
