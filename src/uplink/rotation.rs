@@ -27,6 +27,9 @@ const RETRY: Backoff = Backoff {
 #[derive(Debug, Clone, Default)]
 pub struct ClientCertState {
     inner: Arc<Mutex<CertReport>>,
+    /// Whether the validity goes to the process's TTL gauge (the uplink's state does;
+    /// a default one, as tests make, does not).
+    publish: bool,
 }
 
 /// The client certificate as `holdfast status` reports it.
@@ -41,13 +44,23 @@ pub struct CertReport {
 }
 
 impl ClientCertState {
+    /// The uplink's state, whose validity is the TTL gauge's.
+    pub fn published() -> ClientCertState {
+        ClientCertState {
+            publish: true,
+            ..ClientCertState::default()
+        }
+    }
+
     pub fn report(&self) -> CertReport {
         self.lock().clone()
     }
 
     pub fn set_validity(&self, v: Option<Validity>) {
         let not_after = v.map(|v| v.not_after);
-        crate::metrics::CLIENT_CERT_NOT_AFTER.store(not_after.unwrap_or(0), Ordering::Relaxed);
+        if self.publish {
+            crate::metrics::CLIENT_CERT_NOT_AFTER.store(not_after.unwrap_or(0), Ordering::Relaxed);
+        }
         self.lock().not_after = not_after;
     }
 
@@ -270,5 +283,24 @@ mod tests {
         let r = clone.report();
         assert_eq!((r.not_after, r.problem), (Some(4), None));
         assert!(r.rotated_at.is_some());
+    }
+
+    #[test]
+    fn the_ttl_gauge_follows_the_certificate_in_use() {
+        let state = ClientCertState::published();
+        let in_an_hour = unix(SystemTime::now()) + 3600;
+        state.set_validity(Some(Validity {
+            not_before: 0,
+            not_after: in_an_hour,
+        }));
+        let mut out = String::new();
+        crate::metrics::render_all(&mut out);
+        let ttl = out
+            .lines()
+            .find_map(|l| l.strip_prefix("kubelet_certificate_manager_client_ttl_seconds "))
+            .and_then(|v| v.parse::<i64>().ok())
+            .unwrap_or_else(|| panic!("no TTL gauge in:\n{out}"));
+        assert!((3590..=3600).contains(&ttl), "{ttl}");
+        assert!(out.contains("kubelet_certificate_manager_client_expiration_renew_errors "));
     }
 }

@@ -176,7 +176,7 @@ pub fn start(
     let objects = ObjectCache::open(store).map_err(|e| crate::Error::Cli(e.to_string()))?;
     let tokens = TokenManager::open(store, Some(link.clone()))?;
     let (pod_set, wanted) = pod_set();
-    let credentials = ClientCertState::default();
+    let credentials = ClientCertState::published();
     let uplink = Uplink {
         reporter,
         pod_set: Some(pod_set),
