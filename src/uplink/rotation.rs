@@ -286,6 +286,66 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_rotation_is_retried_with_back_off_counted_and_shown() {
+        use crate::uplink::testpki::{Pki, Scratch};
+        let pki = Pki::new("ca");
+        // Valid 1990-2030: its 70-90 % point has passed, so rotation starts at once.
+        let leaf = pki.client_between("system:node:gw", 1990, 2030);
+        let dir = Scratch::new("rotation-fails");
+        let ca = dir.write("ca.crt", &pki.ca_pem);
+        let cert = dir.write("c.crt", &leaf.cert);
+        let key = dir.write("c.key", &leaf.key);
+        // A port nothing listens on: the CSR cannot be sent.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("port");
+        let kubeconfig = dir.write(
+            "kubeconfig",
+            &format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    \
+                 server: https://127.0.0.1:{port}\n    certificate-authority: {}\n\
+                 users:\n- name: u\n  user:\n    client-certificate: {}\n    client-key: {}\n\
+                 contexts:\n- name: x\n  context: {{cluster: c, user: u}}\ncurrent-context: x\n",
+                ca.display(),
+                cert.display(),
+                key.display()
+            ),
+        );
+        let client = Client::from_kubeconfig(&kubeconfig).expect("client");
+        let state = ClientCertState::default();
+        let stop = Arc::new(AtomicBool::new(false));
+        let errors_before = crate::metrics::CLIENT_CERT_RENEW_ERRORS.get();
+        let started = std::time::Instant::now();
+        Rotation {
+            client,
+            files: PairFiles::new(dir.path().join("pki"), csr::CLIENT_PREFIX),
+            node_name: "gw".into(),
+            bootstrap: None,
+            state: state.clone(),
+            stop: stop.clone(),
+        }
+        .spawn()
+        .expect("spawn");
+        let deadline = started + Duration::from_secs(20);
+        while state.report().problem.is_none() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        stop.store(true, Ordering::Relaxed);
+        let problem = state.report().problem.expect("the second failure is shown");
+        assert!(problem.contains("could not be renewed"), "{problem}");
+        assert!(
+            crate::metrics::CLIENT_CERT_RENEW_ERRORS.get() >= errors_before + 2,
+            "each failure counted"
+        );
+        assert!(
+            started.elapsed() >= RETRY.initial,
+            "the second try waited for the back-off"
+        );
+        assert!(!dir.path().join("pki").exists(), "nothing saved");
+    }
+
+    #[test]
     fn the_ttl_gauge_follows_the_certificate_in_use() {
         let state = ClientCertState::published();
         let in_an_hour = unix(SystemTime::now()) + 3600;
