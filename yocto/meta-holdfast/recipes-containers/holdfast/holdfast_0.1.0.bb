@@ -71,6 +71,17 @@ holdfast_patch_crates() {
 holdfast_patch_crates[doc] = "Applies the 32-bit ARM patches to the unpacked libcontainer and libcgroups crates"
 do_patch[postfuncs] += "holdfast_patch_crates"
 
+# A gateway that joins its cluster by itself carries a bootstrap kubeconfig (the
+# cluster's server and CA and a bootstrap token; see the README's "Joining with a
+# bootstrap token"). Name a file the fetcher finds, from a bbappend of your own layer:
+#   FILESEXTRAPATHS:prepend := "${THISDIR}/files:"
+#   SRC_URI += "file://bootstrap-kubeconfig"
+#   HOLDFAST_BOOTSTRAP_KUBECONFIG = "bootstrap-kubeconfig"
+# It is installed 0600 as /etc/holdfast/bootstrap-kubeconfig and named by
+# holdfast.bootstrapKubeconfig in the config. At first start the agent asks for its
+# node certificate with it and writes the node's kubeconfig under holdfast.rootDir.
+HOLDFAST_BOOTSTRAP_KUBECONFIG ?= ""
+
 do_install:append() {
     install -d ${D}${systemd_system_unitdir}
     install -m 0644 ${UNPACKDIR}/holdfast.service ${D}${systemd_system_unitdir}/holdfast.service
@@ -79,6 +90,12 @@ do_install:append() {
 
     install -d ${D}${sysconfdir}/holdfast
     install -m 0644 ${UNPACKDIR}/config.yaml ${D}${sysconfdir}/holdfast/config.yaml
+    if [ -n "${HOLDFAST_BOOTSTRAP_KUBECONFIG}" ]; then
+        install -m 0600 ${UNPACKDIR}/${HOLDFAST_BOOTSTRAP_KUBECONFIG} \
+            ${D}${sysconfdir}/holdfast/bootstrap-kubeconfig
+        sed -i -e 's,^  # bootstrapKubeconfig: .*,  bootstrapKubeconfig: ${sysconfdir}/holdfast/bootstrap-kubeconfig,' \
+            ${D}${sysconfdir}/holdfast/config.yaml
+    fi
     install -d ${D}${sysconfdir}/kubernetes/manifests
     # The store caches secrets for offline use: only root may look inside.
     install -d -m 0700 ${D}${localstatedir}/lib/holdfast
