@@ -125,7 +125,56 @@ fn bootstrapping_node(cp: &ControlPlane, name: &str, node: &str) -> Agent {
         "--bootstrap-kubeconfig",
         &boot,
     );
+    // The kubelet API asks the apiserver who calls and what they may do, with the
+    // node's own (rotating) credentials.
+    let config = a.dir.join("config.yaml");
+    let cfg = std::fs::read_to_string(&config).expect("config");
+    assert!(cfg.contains("authentication:\n  x509:\n"), "{cfg}");
+    let cfg = cfg.replace(
+        "authentication:\n  x509:\n",
+        "authentication:\n  webhook: {enabled: true}\n  x509:\n",
+    );
+    std::fs::write(&config, format!("{cfg}authorization:\n  mode: Webhook\n"))
+        .expect("write config");
     a
+}
+
+/// `GET /metrics/resource` of the agent's kubelet API with a bearer token: (status, body).
+fn metrics_with_token(a: &Agent, token: &str) -> (u16, String) {
+    let out = std::process::Command::new("curl")
+        .args(["-sk", "--max-time", "30", "-w", "\n%{http_code}", "-H"])
+        .arg(format!("Authorization: Bearer {token}"))
+        .arg(format!("https://{}:{}/metrics/resource", a.address, a.port))
+        .output()
+        .expect("run curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+    (code.trim().parse().unwrap_or(0), body.to_owned())
+}
+
+/// A ServiceAccount `sa` in `default` allowed to read `nodes/metrics`, and a token of it.
+fn metrics_reader(cp: &ControlPlane, sa: &str) -> String {
+    cp.kubectl_ok(&["create", "serviceaccount", sa]);
+    cp.kubectl_ok(&[
+        "create",
+        "clusterrolebinding",
+        &format!("{sa}-node-metrics"),
+        "--clusterrole=node-metrics",
+        &format!("--serviceaccount=default:{sa}"),
+    ]);
+    cp.kubectl_ok(&["create", "token", sa, "--duration=1h"])
+        .trim()
+        .to_string()
+}
+
+/// When a pair file was written (its certificate was issued then), Unix seconds.
+fn written_at(p: &Path) -> i64 {
+    std::fs::metadata(p)
+        .and_then(|m| m.modified())
+        .map_or(0, |t| {
+            t.duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs() as i64)
+        })
 }
 
 /// The CSRs whose requestor is `user`.
@@ -246,6 +295,19 @@ fn a_node_bootstraps_with_a_token_and_rotates_its_certificate_while_its_pod_runs
         "no bootstrap token in it:\n{kc}"
     );
 
+    // The kubelet API's reviews go out with the node's certificate of the moment.
+    cp.kubectl_ok(&[
+        "create",
+        "clusterrole",
+        "node-metrics",
+        "--verb=get",
+        "--resource=nodes/metrics",
+    ]);
+    let early = metrics_reader(&cp, "early-reader");
+    let reviewed_with = std::fs::canonicalize(&current).expect("current pair");
+    let (code, body) = metrics_with_token(&a, &early);
+    assert_eq!(code, 200, "{body}\n{}", log());
+
     // A pod bound to the node runs.
     let mut p = pod("default", "web", Some(node), "while true; do sleep 1; done");
     p["spec"]["hostNetwork"] = json!(true);
@@ -307,6 +369,19 @@ fn a_node_bootstraps_with_a_token_and_rotates_its_certificate_while_its_pod_runs
         first_pair,
         "the current link points at the rotated pair"
     );
+
+    // Once the pair the first review used has expired, a token never seen before is
+    // still reviewed: the API's apiserver client moves on to the current pair.
+    let reviewed_expiry = written_at(&reviewed_with) + 120;
+    cp.wait_for(
+        "the pair of the first review past its notAfter",
+        Duration::from_secs(180),
+        log,
+        |_| (unix_now() > reviewed_expiry + 2).then_some(()),
+    );
+    let late = metrics_reader(&cp, "late-reader");
+    let (code, body) = metrics_with_token(&a, &late);
+    assert_eq!(code, 200, "{body}\n{}", log());
 
     // The pod never restarted.
     let p = cp.get("pod/web", Some("default")).expect("pod web");

@@ -257,7 +257,11 @@ pub async fn start(
         settings: config.server.clone(),
         sampler: Arc::new(sampler::Sampler::default()),
         streams: Arc::new(Semaphore::new(MAX_STREAMS)),
-        auth: Auth::new(&config.server, &config.node_name, config.kubeconfig.clone()),
+        auth: Auth::new(
+            &config.server,
+            &config.node_name,
+            crate::uplink::bootstrap::node_kubeconfig(config),
+        ),
     };
     if let Err(e) = listen(deps, serving::Bootstrap::from_config(config)).await {
         log::error!("kubelet API not started: {}", crate::error_chain(&e));

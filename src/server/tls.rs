@@ -255,8 +255,8 @@ impl ClientAuth {
         inner
             .verify_client_cert(leaf, rest, UnixTime::now())
             .map_err(|e| refusal(&e))?;
-        let subject = super::x509::subject(leaf)
-            .ok_or("the client certificate's subject cannot be read")?;
+        let subject =
+            super::x509::subject(leaf).ok_or("the client certificate's subject cannot be read")?;
         super::auth::User::from_subject(subject)
     }
 }

@@ -77,23 +77,46 @@ impl Apiserver {
             };
             let cached = lock(&self.client).clone();
             let task = tokio::task::spawn_blocking(move || {
-                let client = match cached {
-                    Some(c) => c,
-                    None => {
-                        Client::from_kubeconfig(&kubeconfig).map_err(|e| ApiError::Transport {
-                            method: "POST",
-                            path: path.into(),
-                            message: e.to_string(),
-                        })?
-                    }
+                let fresh = || {
+                    Client::from_kubeconfig(&kubeconfig).map_err(|e| ApiError::Transport {
+                        method: "POST",
+                        path: path.into(),
+                        message: e.to_string(),
+                    })
                 };
-                let r = client.post::<_, serde_json::Value>(path, &body);
-                r.map(|v| (v, client))
+                let (client, was_cached) = match cached {
+                    Some(c) => (c, true),
+                    None => (fresh()?, false),
+                };
+                match client.post::<_, serde_json::Value>(path, &body) {
+                    // The node's own credentials were refused: a client certificate
+                    // rotated since this client was made has let the old one expire.
+                    // Read the kubeconfig again (it names the current pair) and ask
+                    // once more.
+                    Err(ApiError::Status { code: 401, .. }) if was_cached => {
+                        let client = fresh()?;
+                        let r = client.post::<_, serde_json::Value>(path, &body);
+                        r.map(|v| (v, client))
+                    }
+                    r => r.map(|v| (v, client)),
+                }
             });
             match task.await {
                 Ok(Ok((v, client))) => {
                     *lock(&self.client) = Some(client);
                     Answer::Got(v)
+                }
+                // The node's own credentials refused: the review was never made.
+                Ok(Err(ApiError::Status {
+                    code: 401,
+                    reason,
+                    message,
+                    ..
+                })) => {
+                    *lock(&self.client) = None;
+                    Answer::Unreachable(format!(
+                        "it refused this node's credentials (401 {reason}: {message})"
+                    ))
                 }
                 Ok(Err(ApiError::Status {
                     code,
