@@ -200,7 +200,12 @@ fn render_client_cert(out: &mut String) {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
         let name = "kubelet_certificate_manager_client_ttl_seconds";
-        header(out, name, "Seconds until the client certificate expires", "gauge");
+        header(
+            out,
+            name,
+            "Seconds until the client certificate expires",
+            "gauge",
+        );
         let _ = writeln!(out, "{name} {}", not_after.saturating_sub(now));
     }
     CLIENT_CERT_RENEW_ERRORS.render(out);

@@ -6,8 +6,8 @@
 
 pub mod bootstrap;
 pub mod client;
-pub mod csr;
 pub mod credentials;
+pub mod csr;
 pub mod der;
 pub mod error;
 pub mod events;
