@@ -72,6 +72,15 @@ pub fn rfc3339_nano(t: Timestamp) -> String {
     t.to_string()
 }
 
+/// Unix seconds from outside (a certificate's notAfter, a token's expiry) as a log
+/// line shows them: RFC 3339, or the number itself if no date can hold it.
+pub fn show_unix(unix: i64) -> String {
+    match Timestamp::from_second(unix) {
+        Ok(t) => t.to_string(),
+        Err(_) => format!("{unix} s after the epoch"),
+    }
+}
+
 /// `t + d`, saturating at the far future rather than failing.
 pub fn add(t: Timestamp, d: std::time::Duration) -> Timestamp {
     let span = SignedDuration::try_from(d).unwrap_or(SignedDuration::MAX);

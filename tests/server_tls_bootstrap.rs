@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use base64::Engine;
 use control_plane::{ControlPlane, Options};
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::danger::ServerCertVerifier;
 use rustls::crypto::CryptoProvider;
 use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
 use serde_json::Value;
@@ -30,42 +30,6 @@ fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-/// Takes any server certificate: the test looks at which one was served.
-#[derive(Debug)]
-struct AnyServer(Arc<CryptoProvider>);
-
-impl ServerCertVerifier for AnyServer {
-    fn verify_server_cert(
-        &self,
-        _: &CertificateDer<'_>,
-        _: &[CertificateDer<'_>],
-        _: &ServerName<'_>,
-        _: &[u8],
-        _: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-    fn verify_tls12_signature(
-        &self,
-        m: &[u8],
-        c: &CertificateDer<'_>,
-        d: &rustls::DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(m, c, d, &self.0.signature_verification_algorithms)
-    }
-    fn verify_tls13_signature(
-        &self,
-        m: &[u8],
-        c: &CertificateDer<'_>,
-        d: &rustls::DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(m, c, d, &self.0.signature_verification_algorithms)
-    }
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
-}
-
 type Tls = rustls::StreamOwned<rustls::ClientConnection, TcpStream>;
 
 /// A TLS connection to the agent's kubelet API, handshake done; None while nothing
@@ -75,7 +39,7 @@ fn connect(a: &Agent) -> Option<Tls> {
         .with_safe_default_protocol_versions()
         .expect("versions")
         .dangerous()
-        .with_custom_certificate_verifier(Arc::new(AnyServer(provider())))
+        .with_custom_certificate_verifier(Arc::new(control_plane::pki::AnyServer(provider())))
         .with_no_client_auth();
     let tcp = TcpStream::connect((a.address.as_str(), a.port)).ok()?;
     tcp.set_read_timeout(Some(Duration::from_secs(10)))

@@ -128,6 +128,29 @@ pub fn container<'a>(state: &'a PodState, name: &str) -> Result<&'a Container, R
         })
 }
 
+/// The runtime id of `container` of `pod` if it is running now; else the kubelet's 400
+/// for exec, attach and run (`container c is not valid for pod p`).
+pub fn running_container(
+    state: &PodState,
+    pod: &str,
+    container: &str,
+) -> Result<ContainerId, Box<Resp>> {
+    let running = state
+        .status
+        .container_statuses
+        .iter()
+        .flatten()
+        .any(|c| c.name == container && c.state.as_ref().is_some_and(|s| s.running.is_some()));
+    container_id(state, container, false)
+        .filter(|_| running)
+        .ok_or_else(|| {
+            Box::new(error(
+                StatusCode::BAD_REQUEST,
+                &format!("container {container} is not valid for pod {pod}"),
+            ))
+        })
+}
+
 /// The runtime id of the container's current instance (or the one before, with
 /// `previous`), from the status the sync loop reported.
 pub fn container_id(state: &PodState, name: &str, previous: bool) -> Option<ContainerId> {

@@ -113,17 +113,9 @@ pub async fn handle(
         opts.tty = spec.tty.unwrap_or(false);
         opts.stderr &= !opts.tty;
     }
-    let running = state
-        .status
-        .container_statuses
-        .iter()
-        .flatten()
-        .any(|c| &c.name == container && c.state.as_ref().is_some_and(|s| s.running.is_some()));
-    let Some(id) = pods::container_id(&state, container, false).filter(|_| running) else {
-        return error(
-            StatusCode::BAD_REQUEST,
-            &format!("container {container} is not valid for pod {pod}"),
-        );
+    let id = match pods::running_container(&state, pod, container) {
+        Ok(id) => id,
+        Err(r) => return *r,
     };
     let Ok(permit) = deps.streams.clone().try_acquire_owned() else {
         return error(StatusCode::TOO_MANY_REQUESTS, "too many open streams");

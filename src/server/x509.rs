@@ -11,7 +11,7 @@ use rustls::{DigitallySignedStruct, PeerMisbehaved};
 use rustls_pki_types::SubjectPublicKeyInfoDer;
 
 /// One DER element at the start of `input`: its tag, its contents, and what follows.
-fn element(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+pub(super) fn element(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
     let (&tag, rest) = input.split_first()?;
     let (&first, rest) = rest.split_first()?;
     let (len, rest) = if first < 0x80 {

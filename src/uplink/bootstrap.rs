@@ -129,7 +129,7 @@ fn install(
     })?;
     log::info!(
         "client certificate issued, valid until {}, saved as {}",
-        show(issued.validity.not_after),
+        crate::time::show_unix(issued.validity.not_after),
         saved.display()
     );
     let boot = Kubeconfig::load(bootstrap).map_err(|e| e.to_string())?;
@@ -216,13 +216,6 @@ fn write_private(path: &Path, bytes: &[u8]) -> io::Result<()> {
         fs::File::open(dir)?.sync_all()?;
     }
     Ok(())
-}
-
-fn show(unix: i64) -> String {
-    match crate::time::Timestamp::from_second(unix) {
-        Ok(t) => t.to_string(),
-        Err(_) => format!("{unix} s after the epoch"),
-    }
 }
 
 #[cfg(test)]

@@ -121,8 +121,8 @@ impl Rotation {
                     let d = csr::rotation_deadline(&validity);
                     log::info!(
                         "client certificate valid until {}; rotation planned at {}",
-                        show(validity.not_after),
-                        show(unix(d))
+                        crate::time::show_unix(validity.not_after),
+                        crate::time::show_unix(unix(d))
                     );
                     planned = Some((validity, d));
                     d
@@ -148,7 +148,7 @@ impl Rotation {
                     if failures > 1 || expired(&validity) {
                         self.state.set_problem(format!(
                             "client certificate (valid until {}) could not be renewed: {e}",
-                            show(validity.not_after)
+                            crate::time::show_unix(validity.not_after)
                         ));
                     }
                     if !self.sleep_until(SystemTime::now() + wait) {
@@ -210,7 +210,7 @@ impl Rotation {
         }
         log::info!(
             "client certificate rotated; the new one is valid until {}",
-            show(issued.validity.not_after)
+            crate::time::show_unix(issued.validity.not_after)
         );
         Ok(issued.validity)
     }
@@ -250,13 +250,6 @@ fn unix(t: SystemTime) -> i64 {
     match t.duration_since(UNIX_EPOCH) {
         Ok(d) => i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
         Err(_) => 0,
-    }
-}
-
-fn show(unix: i64) -> String {
-    match crate::time::Timestamp::from_second(unix) {
-        Ok(t) => t.to_string(),
-        Err(_) => format!("{unix} s after the epoch"),
     }
 }
 

@@ -320,10 +320,7 @@ impl TokenManager {
 /// still accepts a kube-api-access token for a year; a token with its own audience or
 /// TTL it does not).
 fn expired_at(expiration: i64) -> String {
-    match crate::time::Timestamp::from_second(expiration) {
-        Ok(t) => format!("expired at {}", crate::time::rfc3339_nano(t)),
-        Err(_) => format!("expired at Unix time {expiration}"),
-    }
+    format!("expired at {}", crate::time::show_unix(expiration))
 }
 
 /// What was last said of `key`, for tests.

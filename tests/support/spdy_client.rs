@@ -14,8 +14,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use flate2::{Compress, Compression, Decompress, FlushCompress, FlushDecompress};
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
+
+use rustls_pki_types::ServerName;
 
 use super::pki::Issued;
 
@@ -29,50 +29,13 @@ pub struct ExecResult {
     pub error: Vec<u8>,
 }
 
-/// The agent's serving certificate is self-signed; the test trusts whatever it shows
-/// (as `curl -k` does) and checks only the handshake signatures.
-#[derive(Debug)]
-struct AnyServer(Arc<rustls::crypto::CryptoProvider>);
-
-impl ServerCertVerifier for AnyServer {
-    fn verify_server_cert(
-        &self,
-        _: &CertificateDer<'_>,
-        _: &[CertificateDer<'_>],
-        _: &ServerName<'_>,
-        _: &[u8],
-        _: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-    fn verify_tls12_signature(
-        &self,
-        m: &[u8],
-        c: &CertificateDer<'_>,
-        d: &rustls::DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(m, c, d, &self.0.signature_verification_algorithms)
-    }
-    fn verify_tls13_signature(
-        &self,
-        m: &[u8],
-        c: &CertificateDer<'_>,
-        d: &rustls::DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(m, c, d, &self.0.signature_verification_algorithms)
-    }
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
-}
-
 fn tls(port: u16, client: &Issued) -> rustls::StreamOwned<rustls::ClientConnection, TcpStream> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .expect("versions")
         .dangerous()
-        .with_custom_certificate_verifier(Arc::new(AnyServer(provider)))
+        .with_custom_certificate_verifier(Arc::new(super::pki::AnyServer(provider)))
         .with_client_auth_cert(vec![client.cert_der.clone()], client.key_der())
         .expect("client cert");
     let name = ServerName::try_from("127.0.0.1").expect("name").to_owned();

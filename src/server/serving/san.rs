@@ -3,6 +3,7 @@
 
 use std::net::IpAddr;
 
+use super::super::x509::element;
 use super::Names;
 
 const SEQUENCE: u8 = 0x30;
@@ -14,30 +15,6 @@ const DNS_NAME: u8 = 0x82;
 const IP_ADDRESS: u8 = 0x87;
 /// 2.5.29.17
 const SUBJECT_ALT_NAME: &[u8] = &[0x55, 0x1d, 0x11];
-
-/// One element at the start of `input`: its tag, contents, and what follows.
-fn element(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
-    let (&tag, rest) = input.split_first()?;
-    let (&first, rest) = rest.split_first()?;
-    let (len, rest) = if first < 0x80 {
-        (usize::from(first), rest)
-    } else {
-        let n = usize::from(first & 0x7f);
-        if n == 0 || n > 4 || rest.len() < n {
-            return None;
-        }
-        let (bytes, rest) = rest.split_at(n);
-        (
-            bytes.iter().fold(0usize, |a, b| (a << 8) | usize::from(*b)),
-            rest,
-        )
-    };
-    if rest.len() < len {
-        return None;
-    }
-    let (contents, rest) = rest.split_at(len);
-    Some((tag, contents, rest))
-}
 
 pub(super) fn read(cert: &[u8]) -> Option<Names> {
     let (SEQUENCE, cert, _) = element(cert)? else {
