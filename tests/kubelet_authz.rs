@@ -151,18 +151,13 @@ fn delegated_authn_and_authz_against_a_real_apiserver_and_offline() {
         .expect("--kubeconfig");
     a.extra_args[at + 1] = relayed.display().to_string();
     // Webhook authentication and authorization, short cache lifetimes.
-    let config = a.dir.join("config.yaml");
-    let cfg = std::fs::read_to_string(&config).expect("config");
-    assert!(cfg.contains("authentication:\n  x509:\n"), "{cfg}");
-    let cfg = cfg.replace(
-        "authentication:\n  x509:\n",
-        "authentication:\n  webhook: {enabled: true, cacheTTL: 60s}\n  x509:\n",
+    ControlPlane::webhook_auth(
+        &a,
+        "{enabled: true, cacheTTL: 60s}",
+        &format!(
+            "  webhook: {{cacheAuthorizedTTL: {AUTHZ_TTL}, cacheUnauthorizedTTL: {AUTHZ_TTL}}}\n"
+        ),
     );
-    let cfg = format!(
-        "{cfg}authorization:\n  mode: Webhook\n  webhook: {{cacheAuthorizedTTL: {AUTHZ_TTL}, \
-         cacheUnauthorizedTTL: {AUTHZ_TTL}}}\n"
-    );
-    std::fs::write(&config, cfg).expect("write config");
     a.start();
     let log = || format!("--- agent log ---\n{}", tail(&a.agent_log(), 60));
 

@@ -127,15 +127,7 @@ fn bootstrapping_node(cp: &ControlPlane, name: &str, node: &str) -> Agent {
     );
     // The kubelet API asks the apiserver who calls and what they may do, with the
     // node's own (rotating) credentials.
-    let config = a.dir.join("config.yaml");
-    let cfg = std::fs::read_to_string(&config).expect("config");
-    assert!(cfg.contains("authentication:\n  x509:\n"), "{cfg}");
-    let cfg = cfg.replace(
-        "authentication:\n  x509:\n",
-        "authentication:\n  webhook: {enabled: true}\n  x509:\n",
-    );
-    std::fs::write(&config, format!("{cfg}authorization:\n  mode: Webhook\n"))
-        .expect("write config");
+    ControlPlane::webhook_auth(&a, "{enabled: true}", "");
     a
 }
 

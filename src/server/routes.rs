@@ -221,6 +221,38 @@ fn decode(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// Where a container's route points (`/exec/{ns}/{pod}[/{uid}]/{container}`).
+pub struct ContainerPath {
+    pub ns: String,
+    pub pod: String,
+    pub uid: Option<String>,
+    pub container: String,
+}
+
+/// A container route's segments; else the kubelet's 400.
+pub fn container_path(path: &str) -> Result<ContainerPath, Box<Resp>> {
+    let mut seg = segments(path);
+    let uid = match seg.len() {
+        3 => None,
+        4 => Some(seg.remove(2)),
+        _ => {
+            return Err(Box::new(error(
+                StatusCode::BAD_REQUEST,
+                "missing namespace, pod or container",
+            )))
+        }
+    };
+    let container = seg.pop().unwrap_or_default();
+    let pod = seg.pop().unwrap_or_default();
+    let ns = seg.pop().unwrap_or_default();
+    Ok(ContainerPath {
+        ns,
+        pod,
+        uid,
+        container,
+    })
+}
+
 /// The path segments after the route's own (`/exec/ns/pod/c` → `[ns, pod, c]`),
 /// percent-decoded.
 pub fn segments(path: &str) -> Vec<String> {

@@ -7,7 +7,7 @@
 use hyper::StatusCode;
 
 use super::http::{error, respond, Resp};
-use super::routes::{segments, Query};
+use super::routes::Query;
 use super::{pods, ApiDeps};
 
 /// How long a command may run before it is killed.
@@ -16,17 +16,11 @@ pub const RUN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120)
 pub const MAX_OUTPUT: usize = 1 << 20;
 
 pub async fn run(deps: &ApiDeps, path: &str, q: &Query) -> Resp {
-    let seg = segments(path);
-    let (ns, pod, uid, container) = match seg.as_slice() {
-        [ns, pod, c] => (ns, pod, None, c),
-        [ns, pod, uid, c] => (ns, pod, Some(uid.as_str()), c),
-        _ => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "missing namespace, pod or container",
-            )
-        }
+    let at = match super::routes::container_path(path) {
+        Ok(t) => t,
+        Err(r) => return *r,
     };
+    let (ns, pod, uid, container) = (&at.ns, &at.pod, at.uid.as_deref(), &at.container);
     // As the kubelet: the `cmd` parameter split at each space.
     let command: Vec<String> = match q.get("cmd") {
         Some(c) if !c.trim().is_empty() => c.split(' ').map(str::to_owned).collect(),

@@ -23,7 +23,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
 
 use super::http::{error, Resp};
-use super::routes::{segments, Query};
+use super::routes::Query;
 use super::{pods, ApiDeps};
 use crate::runtime::attach;
 use crate::runtime::exec::{ExecExit, ExecRequest, Frame};
@@ -80,17 +80,11 @@ pub async fn handle(
     if kind == Kind::PortForward {
         return super::portforward::handle(req, path, q, deps).await;
     }
-    let seg = segments(path);
-    let (ns, pod, uid, container) = match seg.as_slice() {
-        [ns, pod, c] => (ns, pod, None, c),
-        [ns, pod, uid, c] => (ns, pod, Some(uid.as_str()), c),
-        _ => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "missing namespace, pod or container",
-            )
-        }
+    let at = match super::routes::container_path(path) {
+        Ok(t) => t,
+        Err(r) => return *r,
     };
+    let (ns, pod, uid, container) = (&at.ns, &at.pod, at.uid.as_deref(), &at.container);
     let mut opts = match parse_opts(q) {
         Ok(o) => o,
         Err(m) => return error(StatusCode::BAD_REQUEST, &m),

@@ -354,6 +354,24 @@ impl ControlPlane {
             .extend([flag.to_string(), file.display().to_string()]);
     }
 
+    /// Turns on, in a config `join` or `join_with` wrote, Webhook authentication with
+    /// `webhook` (`{enabled: true}` and its keys) and Webhook authorization with
+    /// `authorization` after `mode: Webhook` (`""` or `  webhook: {...}\n`).
+    pub fn webhook_auth(agent: &Agent, webhook: &str, authorization: &str) {
+        let config = agent.dir.join("config.yaml");
+        let cfg = std::fs::read_to_string(&config).expect("config");
+        assert!(cfg.contains("authentication:\n  x509:\n"), "{cfg}");
+        let cfg = cfg.replace(
+            "authentication:\n  x509:\n",
+            &format!("authentication:\n  webhook: {webhook}\n  x509:\n"),
+        );
+        std::fs::write(
+            &config,
+            format!("{cfg}authorization:\n  mode: Webhook\n{authorization}"),
+        )
+        .expect("write config");
+    }
+
     /// A client certificate of `node` (CN=system:node:<node>, O=system:nodes) from the
     /// cluster CA that expired a day ago: (certificate PEM, key PEM).
     pub fn expired_node_pair(&self, node: &str) -> (String, String) {
