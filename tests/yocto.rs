@@ -194,6 +194,12 @@ fn recipe_uses_only_source_paths_that_exist() {
                 .split_whitespace()
                 .map(|c| source_path.replace("${crate}", c))
                 .collect()
+        } else if source_path.contains("${HOLDFAST_BOARD}") {
+            defaulted(&code, "HOLDFAST_BOARD_MACHINES")
+                .split_whitespace()
+                .filter_map(|pair| pair.split_once(':'))
+                .map(|(_, board)| source_path.replace("${HOLDFAST_BOARD}", board))
+                .collect()
         } else {
             vec![source_path.to_string()]
         };
@@ -345,4 +351,263 @@ fn an_installed_bootstrap_kubeconfig_is_named_in_the_config() {
     let (shipped, _) = read_config_file(&repo().join(RECIPE_DIR).join("files/config.yaml"))
         .expect("the shipped config");
     assert_eq!(shipped.bootstrap_kubeconfig, None);
+}
+
+const LAYER_DIR: &str = "yocto/meta-holdfast";
+
+/// The value of `NAME ?= "value"` (or `=`) on one line of `text`.
+fn defaulted(text: &str, name: &str) -> String {
+    text.lines()
+        .find_map(|l| {
+            let rest = l.strip_prefix(name)?.trim_start();
+            let rest = rest.strip_prefix("?=").or_else(|| rest.strip_prefix('='))?;
+            Some(rest.trim().trim_matches('"').to_string())
+        })
+        .unwrap_or_else(|| panic!("no {name} = or ?= assignment"))
+}
+
+/// Every `MACHINE:profile` pair of the recipe's default mapping names a profile in
+/// board/ whose `yoctoMachine` is that MACHINE, and every profile in board/ is mapped
+/// from its `yoctoMachine`.
+#[test]
+fn board_mapping_names_the_profiles_in_board() {
+    let (path, _) = recipe();
+    let code = recipe_code(&path);
+    let mapping = defaulted(&code, "HOLDFAST_BOARD_MACHINES");
+    let pairs: Vec<(&str, &str)> = mapping
+        .split_whitespace()
+        .map(|p| {
+            p.split_once(':')
+                .unwrap_or_else(|| panic!("{p:?} is not MACHINE:board"))
+        })
+        .collect();
+    assert!(!pairs.is_empty(), "HOLDFAST_BOARD_MACHINES maps no MACHINE");
+    let board_dir = repo().join("board");
+    for (machine, board) in &pairs {
+        let file = board_dir.join(format!("{board}.yaml"));
+        assert!(
+            file.is_file(),
+            "HOLDFAST_BOARD_MACHINES maps {machine} to {board}, but board/{board}.yaml is missing"
+        );
+        let profile = holdfast::config::parse_board(board, &file, &read(&file))
+            .unwrap_or_else(|e| panic!("board/{board}.yaml: {e}"))
+            .0;
+        assert_eq!(
+            profile.yocto_machine, *machine,
+            "board/{board}.yaml is for MACHINE {}, the recipe maps {machine} to it",
+            profile.yocto_machine
+        );
+    }
+    for entry in std::fs::read_dir(&board_dir).expect("read board/") {
+        let file = entry.expect("list board/").path();
+        let Some(name) = file
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_suffix(".yaml"))
+        else {
+            continue;
+        };
+        let profile = holdfast::config::parse_board(name, &file, &read(&file))
+            .unwrap_or_else(|e| panic!("board/{name}.yaml: {e}"))
+            .0;
+        assert!(
+            pairs.contains(&(profile.yocto_machine.as_str(), name)),
+            "board/{name}.yaml is for MACHINE {}: add {}:{name} to HOLDFAST_BOARD_MACHINES",
+            profile.yocto_machine,
+            profile.yocto_machine
+        );
+    }
+    assert_eq!(
+        defaulted(&code, "HOLDFAST_BOARD"),
+        "${@holdfast_board_for_machine(d)}"
+    );
+}
+
+/// The recipe's own `sed` that names the chosen board profile, run as do_install runs
+/// it: holdfast reads `holdfast.board` from the result, and the profile is installed
+/// where holdfast looks for profiles by default.
+#[test]
+fn an_installed_board_profile_is_named_in_the_config() {
+    let (path, _) = recipe();
+    let code = recipe_code(&path);
+    assert_eq!(
+        holdfast::config::DEFAULT_BOARD_DIR,
+        "/usr/share/holdfast/boards"
+    );
+    assert!(
+        code.contains(
+            "install -m 0644 ${S}/board/${HOLDFAST_BOARD}.yaml ${D}${datadir}/holdfast/boards/"
+        ),
+        "the recipe no longer installs the profile in ${{datadir}}/holdfast/boards"
+    );
+    let expr = code
+        .lines()
+        .find_map(|l| {
+            let rest = l.trim().strip_prefix("sed -i -e '")?;
+            rest.contains("board: ${HOLDFAST_BOARD}")
+                .then(|| rest.split('\'').next().unwrap_or_default().to_string())
+        })
+        .expect("the recipe's sed that names the board profile");
+    let expr = expr.replace("${HOLDFAST_BOARD}", "rpi4");
+    let dir = std::env::temp_dir().join(format!("holdfast-yocto-board-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let config = dir.join("config.yaml");
+    std::fs::copy(repo().join(RECIPE_DIR).join("files/config.yaml"), &config)
+        .expect("copy the shipped config");
+    let sed = Command::new("sed")
+        .args(["-i", "-e", &expr])
+        .arg(&config)
+        .status()
+        .expect("run sed");
+    let read_back = read_config_file(&config);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(sed.success(), "sed -e {expr:?} failed");
+    let (file, warnings) = read_back.expect("holdfast reads the config the recipe installs");
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(file.board.as_deref(), Some("rpi4"));
+    let (shipped, _) = read_config_file(&repo().join(RECIPE_DIR).join("files/config.yaml"))
+        .expect("the shipped config");
+    assert_eq!(
+        shipped.board, None,
+        "without a profile the config names none"
+    );
+}
+
+/// The recipe's LICENSE is the generated one, and that is what gen-crates-inc.py
+/// computes from the crates linked in: holdfast's own licence first, in Yocto's
+/// spelling (no SPDX operators).
+#[test]
+fn recipe_license_is_what_the_generator_computes() {
+    let (path, _) = recipe();
+    let code = recipe_code(&path);
+    assert_eq!(assigned(&code, "LICENSE"), "${HOLDFAST_LICENSE}");
+    let inc = read(&repo().join(RECIPE_DIR).join("holdfast-crates.inc"));
+    let generated = assigned(&inc, "HOLDFAST_LICENSE");
+    let out = Command::new("python3")
+        .args(["yocto/gen-crates-inc.py", "--license"])
+        .current_dir(repo())
+        .output()
+        .expect("run python3 yocto/gen-crates-inc.py --license");
+    assert!(
+        out.status.success(),
+        "gen-crates-inc.py --license failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let computed = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert_eq!(generated, computed, "run python3 yocto/gen-crates-inc.py");
+    let manifest = read(&repo().join("Cargo.toml"));
+    let own = assigned(&manifest, "license");
+    assert!(
+        generated.starts_with(&format!("{own} & ")),
+        "LICENSE {generated:?} does not start with holdfast's own {own}"
+    );
+    for word in generated.split(|c: char| c.is_whitespace() || "()&|".contains(c)) {
+        assert!(
+            !matches!(word, "AND" | "OR" | "WITH") && !word.contains('/'),
+            "LICENSE {generated:?} has SPDX syntax {word:?}, not Yocto's"
+        );
+    }
+    assert!(
+        assigned(&code, "LIC_FILES_CHKSUM").contains("${HOLDFAST_CRATES_LIC_FILES}"),
+        "LIC_FILES_CHKSUM leaves out the crates' license files"
+    );
+}
+
+/// Each layer LAYERRECOMMENDS names has a dynamic-layers/ folder that BBFILES_DYNAMIC
+/// reads, holding bbappends of this layer's recipes with the files they fetch; and what
+/// those layers provide is recommended only there.
+#[test]
+fn recommended_layers_have_their_dynamic_layer_bbappends() {
+    let layer = repo().join(LAYER_DIR);
+    let conf = read(&layer.join("conf/layer.conf"));
+    let recommends = assigned(&conf, "LAYERRECOMMENDS_holdfast");
+    assert!(!recommends.is_empty(), "LAYERRECOMMENDS_holdfast is empty");
+    for collection in recommends.split_whitespace() {
+        // `collection (>= version)` may follow; only the name names the folder.
+        if collection.starts_with('(') || collection.ends_with(')') {
+            continue;
+        }
+        assert!(
+            conf.contains(&format!(
+                "{collection}:${{LAYERDIR}}/dynamic-layers/{collection}/"
+            )),
+            "BBFILES_DYNAMIC does not read dynamic-layers/{collection}/"
+        );
+        let dir = layer.join("dynamic-layers").join(collection);
+        let mut appends = Vec::new();
+        let mut todo = vec![dir.clone()];
+        while let Some(d) = todo.pop() {
+            for entry in
+                std::fs::read_dir(&d).unwrap_or_else(|e| panic!("read {}: {e}", d.display()))
+            {
+                let p = entry.expect("list dynamic-layers").path();
+                if p.is_dir() {
+                    todo.push(p);
+                } else if p.extension().is_some_and(|e| e == "bbappend") {
+                    appends.push(p);
+                }
+            }
+        }
+        assert!(!appends.is_empty(), "{} has no bbappend", dir.display());
+        for append in appends {
+            let name = append
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .to_string();
+            let pn = name.split('_').next().unwrap_or_default();
+            assert!(
+                layer.join("recipes-containers").join(pn).is_dir(),
+                "{name} appends to {pn}, which is not a recipe of this layer"
+            );
+            let code = recipe_code(&append);
+            for file in paths_after(&code, "file://") {
+                let local = append.parent().expect("folder").join("files").join(file);
+                assert!(
+                    local.is_file(),
+                    "{name} fetches file://{file}, {} is missing",
+                    local.display()
+                );
+            }
+        }
+    }
+    let (path, _) = recipe();
+    let code = recipe_code(&path);
+    for line in code.lines().filter(|l| l.starts_with("RRECOMMENDS")) {
+        assert!(
+            !line
+                .split_whitespace()
+                .any(|w| w.trim_matches('"') == "cni"),
+            "the recipe recommends cni, which oe-core alone does not provide: {line}"
+        );
+    }
+}
+
+/// The CNI network the meta-virtualization bbappend installs is holdfast's own default.
+#[test]
+fn installed_cni_network_is_holdfasts_default() {
+    let path = repo().join(LAYER_DIR).join(
+        "dynamic-layers/virtualization-layer/recipes-containers/holdfast/files/10-holdfast.conflist",
+    );
+    let text = read(&path);
+    let list: serde_json::Value = serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()));
+    let want = holdfast::network::conf::default_list(
+        holdfast::network::conf::DEFAULT_POD_CIDR,
+        Path::new("/var/lib/holdfast/cni/networks"),
+    );
+    assert_eq!(list, want);
+}
+
+/// The packagegroup a user adds to an image pulls in holdfast.
+#[test]
+fn packagegroup_installs_holdfast() {
+    let path = repo()
+        .join(LAYER_DIR)
+        .join("recipes-core/packagegroups/packagegroup-holdfast.bb");
+    let code = recipe_code(&path);
+    let rdepends = assigned_block(&code, "RDEPENDS:${PN}");
+    let packages: Vec<&str> = rdepends.split_whitespace().filter(|w| *w != "\\").collect();
+    assert!(packages.contains(&"holdfast"), "{packages:?}");
+    assert!(code.contains("inherit packagegroup"));
 }

@@ -6,8 +6,11 @@ DESCRIPTION = "holdfast does the kubelet's job in one small binary: it runs pods
 HOMEPAGE = "https://github.com/holdfast-agent/holdfast"
 BUGTRACKER = "https://github.com/holdfast-agent/holdfast/issues"
 SECTION = "admin"
-LICENSE = "Apache-2.0"
-LIC_FILES_CHKSUM = "file://LICENSE;md5=3b83ef96387f14655fc854ddc3c6bd57"
+# holdfast's Apache-2.0 and the licences of the crates linked in. holdfast-crates.inc,
+# generated from Cargo.lock, sets HOLDFAST_LICENSE and HOLDFAST_CRATES_LIC_FILES (the
+# crates' own license files).
+LICENSE = "${HOLDFAST_LICENSE}"
+LIC_FILES_CHKSUM = "file://LICENSE;md5=3b83ef96387f14655fc854ddc3c6bd57 ${HOLDFAST_CRATES_LIC_FILES}"
 CVE_PRODUCT = "holdfast"
 
 # holdfast's default `seccomp` feature (seccompProfile, which Pod Security `restricted`
@@ -82,6 +85,24 @@ do_patch[postfuncs] += "holdfast_patch_crates"
 # node certificate with it and writes the node's kubeconfig under holdfast.rootDir.
 HOLDFAST_BOOTSTRAP_KUBECONFIG ?= ""
 
+# The board profile (board/<name>.yaml in the source tree: reservations, eviction
+# thresholds, log sizes, node labels for a board family) the image ships: installed
+# in ${datadir}/holdfast/boards and named by holdfast.board in the config. By default
+# the one whose yoctoMachine is MACHINE; none for other machines. A distro or image
+# sets HOLDFAST_BOARD to pick another profile, or "" for none.
+HOLDFAST_BOARD_MACHINES ?= "qemuarm64:arm64-vm imx8mq-evk:imx8m raspberrypi3:rpi3-armv7 raspberrypi4-64:rpi4"
+HOLDFAST_BOARD ?= "${@holdfast_board_for_machine(d)}"
+# With a profile the package differs from machine to machine: it is built per MACHINE.
+PACKAGE_ARCH = "${@'${MACHINE_ARCH}' if d.getVar('HOLDFAST_BOARD') else '${TUNE_PKGARCH}'}"
+
+def holdfast_board_for_machine(d):
+    machine = d.getVar('MACHINE')
+    for pair in (d.getVar('HOLDFAST_BOARD_MACHINES') or '').split():
+        name, _, board = pair.partition(':')
+        if name == machine:
+            return board
+    return ''
+
 do_install:append() {
     install -d ${D}${systemd_system_unitdir}
     install -m 0644 ${UNPACKDIR}/holdfast.service ${D}${systemd_system_unitdir}/holdfast.service
@@ -94,6 +115,14 @@ do_install:append() {
         install -m 0600 ${UNPACKDIR}/${HOLDFAST_BOOTSTRAP_KUBECONFIG} \
             ${D}${sysconfdir}/holdfast/bootstrap-kubeconfig
         sed -i -e 's,^  # bootstrapKubeconfig: .*,  bootstrapKubeconfig: ${sysconfdir}/holdfast/bootstrap-kubeconfig,' \
+            ${D}${sysconfdir}/holdfast/config.yaml
+    fi
+    if [ -n "${HOLDFAST_BOARD}" ]; then
+        [ -f "${S}/board/${HOLDFAST_BOARD}.yaml" ] || \
+            bbfatal "HOLDFAST_BOARD is ${HOLDFAST_BOARD}, but ${S}/board/${HOLDFAST_BOARD}.yaml does not exist"
+        install -d ${D}${datadir}/holdfast/boards
+        install -m 0644 ${S}/board/${HOLDFAST_BOARD}.yaml ${D}${datadir}/holdfast/boards/
+        sed -i -e 's,^  # board: .*,  board: ${HOLDFAST_BOARD},' \
             ${D}${sysconfdir}/holdfast/config.yaml
     fi
     install -d ${D}${sysconfdir}/kubernetes/manifests
@@ -111,10 +140,11 @@ CONFFILES:${PN} = "${sysconfdir}/holdfast/config.yaml"
 RRECOMMENDS:${PN} += "kernel-module-overlay"
 
 # Pods with a network of their own (not hostNetwork) are wired by CNI plugins (bridge,
-# host-local, portmap, loopback: meta-virtualization's cni recipe installs them in
-# /opt/cni/bin), and portmap's and the bridge's rules need iptables. Recommended, not
-# required: a gateway that runs only hostNetwork pods needs neither.
-RRECOMMENDS:${PN} += "cni iptables"
+# host-local, portmap, loopback), and portmap's and the bridge's rules need iptables.
+# Recommended, not required: a gateway that runs only hostNetwork pods needs neither.
+# The plugins come from meta-virtualization's cni recipe: with that layer,
+# dynamic-layers/virtualization-layer/ adds the recommendation and a default network.
+RRECOMMENDS:${PN} += "iptables"
 
 # A node agent for the target only: no native or nativesdk variant.
 BBCLASSEXTEND = ""
