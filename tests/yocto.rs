@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use holdfast::config::{parse_flags, read_config_file};
+use holdfast::config::{parse_flags, read_config_file, FileConfig};
 
 const RECIPE_DIR: &str = "yocto/meta-holdfast/recipes-containers/holdfast";
 
@@ -47,6 +47,43 @@ fn recipe_code(path: &Path) -> String {
         .filter(|l| !l.trim_start().starts_with('#'))
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// The shipped config after the recipe's own `sed` whose expression holds `marker`, run
+/// as do_install runs it, with `vars` (`${NAME}`, value) put in for the recipe's
+/// variables; read by holdfast's parser, which must have no warning.
+fn config_after_recipe_sed(code: &str, marker: &str, vars: &[(&str, &str)]) -> FileConfig {
+    let expr = code
+        .lines()
+        .find_map(|l| {
+            let rest = l.trim().strip_prefix("sed -i -e '")?;
+            rest.contains(marker)
+                .then(|| rest.split('\'').next().unwrap_or_default().to_string())
+        })
+        .unwrap_or_else(|| panic!("the recipe's sed that writes {marker}"));
+    let expr = vars
+        .iter()
+        .fold(expr, |e, (name, value)| e.replace(name, value));
+    let dir = std::env::temp_dir().join(format!(
+        "holdfast-yocto-{}-{}",
+        std::process::id(),
+        marker.len()
+    ));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let config = dir.join("config.yaml");
+    std::fs::copy(repo().join(RECIPE_DIR).join("files/config.yaml"), &config)
+        .expect("copy the shipped config");
+    let sed = Command::new("sed")
+        .args(["-i", "-e", &expr])
+        .arg(&config)
+        .status()
+        .expect("run sed");
+    let read = read_config_file(&config);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(sed.success(), "sed -e {expr:?} failed");
+    let (file, warnings) = read.expect("holdfast reads the config the recipe installs");
+    assert!(warnings.is_empty(), "{warnings:?}");
+    file
 }
 
 /// The value of a plain `NAME = "value"` assignment in `text`.
@@ -318,31 +355,7 @@ fn an_installed_bootstrap_kubeconfig_is_named_in_the_config() {
             && code.contains("${D}${sysconfdir}/holdfast/bootstrap-kubeconfig"),
         "the recipe no longer installs the bootstrap kubeconfig 0600 in /etc/holdfast"
     );
-    let expr = code
-        .lines()
-        .find_map(|l| {
-            let l = l.trim();
-            let rest = l.strip_prefix("sed -i -e '")?;
-            rest.contains("bootstrapKubeconfig")
-                .then(|| rest.split('\'').next().unwrap_or_default().to_string())
-        })
-        .expect("the recipe's sed that names the bootstrap kubeconfig");
-    let expr = expr.replace("${sysconfdir}", "/etc");
-    let dir = std::env::temp_dir().join(format!("holdfast-yocto-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let config = dir.join("config.yaml");
-    std::fs::copy(repo().join(RECIPE_DIR).join("files/config.yaml"), &config)
-        .expect("copy the shipped config");
-    let sed = Command::new("sed")
-        .args(["-i", "-e", &expr])
-        .arg(&config)
-        .status()
-        .expect("run sed");
-    assert!(sed.success(), "sed -e {expr:?} failed");
-    let read = read_config_file(&config);
-    let _ = std::fs::remove_dir_all(&dir);
-    let (file, warnings) = read.expect("holdfast reads the config the recipe installs");
-    assert!(warnings.is_empty(), "{warnings:?}");
+    let file = config_after_recipe_sed(&code, "bootstrapKubeconfig", &[("${sysconfdir}", "/etc")]);
     assert_eq!(
         file.bootstrap_kubeconfig.as_deref(),
         Some(Path::new("/etc/holdfast/bootstrap-kubeconfig"))
@@ -440,30 +453,11 @@ fn an_installed_board_profile_is_named_in_the_config() {
         ),
         "the recipe no longer installs the profile in ${{datadir}}/holdfast/boards"
     );
-    let expr = code
-        .lines()
-        .find_map(|l| {
-            let rest = l.trim().strip_prefix("sed -i -e '")?;
-            rest.contains("board: ${HOLDFAST_BOARD}")
-                .then(|| rest.split('\'').next().unwrap_or_default().to_string())
-        })
-        .expect("the recipe's sed that names the board profile");
-    let expr = expr.replace("${HOLDFAST_BOARD}", "rpi4");
-    let dir = std::env::temp_dir().join(format!("holdfast-yocto-board-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let config = dir.join("config.yaml");
-    std::fs::copy(repo().join(RECIPE_DIR).join("files/config.yaml"), &config)
-        .expect("copy the shipped config");
-    let sed = Command::new("sed")
-        .args(["-i", "-e", &expr])
-        .arg(&config)
-        .status()
-        .expect("run sed");
-    let read_back = read_config_file(&config);
-    let _ = std::fs::remove_dir_all(&dir);
-    assert!(sed.success(), "sed -e {expr:?} failed");
-    let (file, warnings) = read_back.expect("holdfast reads the config the recipe installs");
-    assert!(warnings.is_empty(), "{warnings:?}");
+    let file = config_after_recipe_sed(
+        &code,
+        "board: ${HOLDFAST_BOARD}",
+        &[("${HOLDFAST_BOARD}", "rpi4")],
+    );
     assert_eq!(file.board.as_deref(), Some("rpi4"));
     let (shipped, _) = read_config_file(&repo().join(RECIPE_DIR).join("files/config.yaml"))
         .expect("the shipped config");
