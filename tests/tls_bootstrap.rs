@@ -19,17 +19,17 @@ use control_plane::cluster::{condition, pod, tail, wait_node, NO_PRESSURE};
 use control_plane::{ControlPlane, Options};
 use serde_json::{json, Value};
 use support::agent::{need_root, sh_pod, Agent};
+use support::tempdir::TempDir;
 
 const TOKEN_ID: &str = "abcdef";
 const TOKEN_SECRET: &str = "0123456789abcdef";
 
 /// A control plane as kubeadm leaves it for joining nodes, with the audit log on and
 /// the signer's certificates lasting `signing` (the signer backdates notBefore by 5 min).
-fn bootstrap_cluster(signing: &str) -> (ControlPlane, PathBuf) {
-    let audit_dir =
-        std::env::temp_dir().join(format!("holdfast-audit-{}-{}", std::process::id(), signing));
-    let _ = std::fs::remove_dir_all(&audit_dir);
-    std::fs::create_dir_all(&audit_dir).expect("audit dir");
+/// The audit folder is removed when the test ends, failed or not.
+fn bootstrap_cluster(signing: &str) -> (ControlPlane, PathBuf, TempDir) {
+    let audit = TempDir::new(&format!("audit-{signing}"));
+    let audit_dir = audit.0.clone();
     let policy = audit_dir.join("policy.yaml");
     std::fs::write(
         &policy,
@@ -79,7 +79,7 @@ fn bootstrap_cluster(signing: &str) -> (ControlPlane, PathBuf) {
             .to_string(),
         );
     }
-    (cp, audit_log)
+    (cp, audit_log, audit)
 }
 
 /// The bootstrap token Secret as `kubeadm token create` makes it.
@@ -231,7 +231,7 @@ fn a_node_bootstraps_with_a_token_and_rotates_its_certificate_while_its_pod_runs
     if !need_root() {
         return;
     }
-    let (cp, audit_log) = bootstrap_cluster("120s");
+    let (cp, audit_log, _audit) = bootstrap_cluster("120s");
     let node = "boot-node-1";
     let mut a = bootstrapping_node(&cp, "tls-boot", node);
     let t0 = Instant::now();
@@ -420,7 +420,7 @@ fn an_expired_certificate_with_a_dead_token_is_said_and_pods_keep_running() {
     if !need_root() {
         return;
     }
-    let (cp, _audit) = bootstrap_cluster("1h");
+    let (cp, _audit_log, _audit) = bootstrap_cluster("1h");
     let node = "boot-node-2";
     let mut a = bootstrapping_node(&cp, "tls-expired", node);
     // What the node holds after a long time offline: a pair that expired, a kubeconfig
