@@ -140,16 +140,7 @@ fn delegated_authn_and_authz_against_a_real_apiserver_and_offline() {
     a.node_name = NODE.into();
     cp.join(&mut a, "", "");
     // The agent reaches the apiserver only through the relay.
-    let direct = cp.node_kubeconfig(NODE);
-    let text = std::fs::read_to_string(&direct).expect("node kubeconfig");
-    let relayed = a.dir.join("kubeconfig-relayed");
-    std::fs::write(&relayed, text.replace(&cp.url, &relay.url())).expect("write kubeconfig");
-    let at = a
-        .extra_args
-        .iter()
-        .position(|x| x == "--kubeconfig")
-        .expect("--kubeconfig");
-    a.extra_args[at + 1] = relayed.display().to_string();
+    cp.relay_kubeconfig(&mut a, &relay.url());
     // Webhook authentication and authorization, short cache lifetimes.
     ControlPlane::webhook_auth(
         &a,
@@ -225,25 +216,10 @@ fn delegated_authn_and_authz_against_a_real_apiserver_and_offline() {
     assert_eq!(out, "via-apiserver\n");
 
     // ServiceAccount tokens, reviewed by the apiserver: RBAC decides.
-    for sa in ["metrics-reader", "late-reader", "nobody"] {
-        cp.kubectl_ok(&["create", "serviceaccount", sa]);
-    }
-    cp.kubectl_ok(&[
-        "create",
-        "clusterrole",
-        "node-metrics",
-        "--verb=get",
-        "--resource=nodes/metrics",
-    ]);
     for sa in ["metrics-reader", "late-reader"] {
-        cp.kubectl_ok(&[
-            "create",
-            "clusterrolebinding",
-            &format!("{sa}-node-metrics"),
-            "--clusterrole=node-metrics",
-            &format!("--serviceaccount=default:{sa}"),
-        ]);
+        cp.node_metrics_reader(sa);
     }
+    cp.kubectl_ok(&["create", "serviceaccount", "nobody"]);
     let reader = token(&cp, "metrics-reader");
     let nobody = token(&cp, "nobody");
     let (code, body, first) = call(&a, "GET", "/metrics/resource", &reader);

@@ -40,17 +40,7 @@ fn gateway(cp: &ControlPlane, relay: &Proxy) -> Agent {
     let mut a = Agent::new("partition");
     a.node_name = NODE.into();
     cp.join(&mut a, "", "");
-    let direct = cp.node_kubeconfig(NODE);
-    let text = std::fs::read_to_string(&direct).expect("node kubeconfig");
-    assert!(text.contains(&cp.url), "the kubeconfig names {}", cp.url);
-    let relayed = a.dir.join("kubeconfig-relayed");
-    std::fs::write(&relayed, text.replace(&cp.url, &relay.url())).expect("write kubeconfig");
-    let at = a
-        .extra_args
-        .iter()
-        .position(|x| x == "--kubeconfig")
-        .expect("--kubeconfig");
-    a.extra_args[at + 1] = relayed.display().to_string();
+    cp.relay_kubeconfig(&mut a, &relay.url());
     a
 }
 

@@ -146,14 +146,7 @@ fn metrics_with_token(a: &Agent, token: &str) -> (u16, String) {
 
 /// A ServiceAccount `sa` in `default` allowed to read `nodes/metrics`, and a token of it.
 fn metrics_reader(cp: &ControlPlane, sa: &str) -> String {
-    cp.kubectl_ok(&["create", "serviceaccount", sa]);
-    cp.kubectl_ok(&[
-        "create",
-        "clusterrolebinding",
-        &format!("{sa}-node-metrics"),
-        "--clusterrole=node-metrics",
-        &format!("--serviceaccount=default:{sa}"),
-    ]);
+    cp.node_metrics_reader(sa);
     cp.kubectl_ok(&["create", "token", sa, "--duration=1h"])
         .trim()
         .to_string()
@@ -288,13 +281,6 @@ fn a_node_bootstraps_with_a_token_and_rotates_its_certificate_while_its_pod_runs
     );
 
     // The kubelet API's reviews go out with the node's certificate of the moment.
-    cp.kubectl_ok(&[
-        "create",
-        "clusterrole",
-        "node-metrics",
-        "--verb=get",
-        "--resource=nodes/metrics",
-    ]);
     let early = metrics_reader(&cp, "early-reader");
     let reviewed_with = std::fs::canonicalize(&current).expect("current pair");
     let (code, body) = metrics_with_token(&a, &early);

@@ -354,6 +354,44 @@ impl ControlPlane {
             .extend([flag.to_string(), file.display().to_string()]);
     }
 
+    /// After `join`: the agent reaches the apiserver at `url` (a relay in front of it)
+    /// with the node's kubeconfig.
+    pub fn relay_kubeconfig(&self, agent: &mut Agent, url: &str) {
+        let text = std::fs::read_to_string(self.node_kubeconfig(&agent.node_name))
+            .expect("node kubeconfig");
+        assert!(
+            text.contains(&self.url),
+            "the kubeconfig names {}",
+            self.url
+        );
+        let relayed = agent.dir.join("kubeconfig-relayed");
+        std::fs::write(&relayed, text.replace(&self.url, url)).expect("write kubeconfig");
+        let at = agent
+            .extra_args
+            .iter()
+            .position(|x| x == "--kubeconfig")
+            .expect("--kubeconfig");
+        agent.extra_args[at + 1] = relayed.display().to_string();
+    }
+
+    /// A ServiceAccount `sa` in `default` that may get `nodes/metrics` (ClusterRole
+    /// `node-metrics`, made if missing), bound by a ClusterRoleBinding of its own.
+    pub fn node_metrics_reader(&self, sa: &str) {
+        self.apply(
+            "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata:\n  \
+             name: node-metrics\nrules:\n- apiGroups: [\"\"]\n  resources: [nodes/metrics]\n  \
+             verbs: [get]\n",
+        );
+        self.kubectl_ok(&["create", "serviceaccount", sa]);
+        self.kubectl_ok(&[
+            "create",
+            "clusterrolebinding",
+            &format!("{sa}-node-metrics"),
+            "--clusterrole=node-metrics",
+            &format!("--serviceaccount=default:{sa}"),
+        ]);
+    }
+
     /// Turns on, in a config `join` or `join_with` wrote, Webhook authentication with
     /// `webhook` (`{enabled: true}` and its keys) and Webhook authorization with
     /// `authorization` after `mode: Webhook` (`""` or `  webhook: {...}\n`).
