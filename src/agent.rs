@@ -21,7 +21,9 @@ use crate::uplink::objects::ObjectCache;
 use crate::Error;
 
 /// Runs the agent until `shutdown` completes. Containers keep running afterwards.
-pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
+pub async fn run(mut config: Config, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
+    // `cgroupRoot: delegated` settles the agent in its service's cgroup before any fork.
+    config.cgroup_root = crate::runtime::delegation::settle(&config.cgroup_root)?;
     let root = config.root_dir.clone();
     // Containers' files live below the root dir: no other user of the host may reach it.
     match crate::runtime::root_dir::secure(&root) {

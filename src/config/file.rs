@@ -148,10 +148,14 @@ pub(super) fn parse_mapping(
             }
             "cgroupRoot" => {
                 let v = reader.string(&key, value)?;
-                if !v.starts_with('/') {
+                // `delegated`: the cgroup v2 subtree the service manager hands the agent.
+                if !v.starts_with('/') && v != crate::runtime::delegation::DELEGATED {
                     return Err(reader.err(
                         &key,
-                        format!("expected an absolute cgroup path like /holdfast, got {v:?}"),
+                        format!(
+                            "expected an absolute cgroup path like /holdfast, or delegated, \
+                             got {v:?}"
+                        ),
                     ));
                 }
                 out.cgroup_root = Some(v);
@@ -536,8 +540,11 @@ holdfast:
         assert_eq!(key, "staticPodPath");
         assert!(reason.contains("expected a string, got list"), "{reason}");
 
-        let (key, _) = key_err("cgroupRoot: holdfast\n");
+        let (key, reason) = key_err("cgroupRoot: holdfast\n");
         assert_eq!(key, "cgroupRoot");
+        assert!(reason.contains("or delegated"), "{reason}");
+        let (cfg, _) = parse("cgroupRoot: delegated\n").expect("delegated");
+        assert_eq!(cfg.cgroup_root.as_deref(), Some("delegated"));
 
         let (key, _) = key_err("holdfast:\n  crashLoopBackOffMax: 5\n");
         assert_eq!(key, "holdfast.crashLoopBackOffMax");

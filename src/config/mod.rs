@@ -64,7 +64,8 @@ pub struct Config {
     /// `containerLogMaxFiles`, default 5.
     pub container_log_max_files: u32,
     /// `cgroupRoot`: the cgroup under which every container's cgroup is made,
-    /// default `/holdfast`.
+    /// default `/holdfast`; `delegated` until the agent resolves it to
+    /// `<its service's cgroup>/pods` (see [`crate::runtime::delegation`]).
     pub cgroup_root: String,
     /// holdfast's own keys (the `holdfast:` section of the file).
     pub crash_loop: BackoffConfig,

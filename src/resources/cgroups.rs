@@ -131,6 +131,9 @@ pub struct CgroupTree {
     /// `cgroupRoot`, as `/holdfast`.
     root: String,
     version: Version,
+    /// The delegated subtree `root` lies in (`cgroupRoot: delegated`): no
+    /// `cgroup.subtree_control` above it is written, those are the service manager's.
+    delegated: Option<String>,
 }
 
 const V1_CONTROLLERS: &[&str] = &["cpu", "memory", "pids"];
@@ -138,7 +141,23 @@ const V1_CONTROLLERS: &[&str] = &["cpu", "memory", "pids"];
 impl CgroupTree {
     /// The tree under `cgroup_root` in the host's cgroupfs.
     pub fn host(cgroup_root: &str) -> CgroupTree {
-        CgroupTree::at(Path::new("/sys/fs/cgroup"), cgroup_root)
+        let tree = CgroupTree::at(Path::new("/sys/fs/cgroup"), cgroup_root);
+        match crate::runtime::delegation::base() {
+            Some(base) => tree.delegated_at(base),
+            None => tree,
+        }
+    }
+
+    /// The same tree, inside the subtree delegated at `base` when its root lies in it.
+    pub fn delegated_at(mut self, base: &str) -> CgroupTree {
+        let base = format!("/{}", base.trim_matches('/'));
+        if self
+            .root
+            .starts_with(&format!("{}/", base.trim_end_matches('/')))
+        {
+            self.delegated = Some(base);
+        }
+        self
     }
 
     /// The tree under `cgroup_root` in the cgroupfs mounted at `fs`: v2 when `fs` has
@@ -153,6 +172,7 @@ impl CgroupTree {
             fs: fs.to_owned(),
             root: format!("/{}", cgroup_root.trim_matches('/')),
             version,
+            delegated: None,
         }
     }
 
@@ -285,7 +305,18 @@ impl CgroupTree {
             .split('/')
             .filter(|p| !p.is_empty())
             .collect();
-        for part in parts {
+        // Levels above a delegated base are the service manager's: only walked through.
+        let skip = self.delegated.as_ref().map_or(0, |b| {
+            b.trim_matches('/')
+                .split('/')
+                .filter(|p| !p.is_empty())
+                .count()
+        });
+        for (level, part) in parts.into_iter().enumerate() {
+            if level < skip {
+                dir = dir.join(part);
+                continue;
+            }
             let available =
                 std::fs::read_to_string(dir.join("cgroup.controllers")).unwrap_or_default();
             let wanted: Vec<String> = ["cpu", "memory", "pids"]

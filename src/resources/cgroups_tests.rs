@@ -135,6 +135,47 @@ fn v2_tree_paths_values_and_delegation() {
 }
 
 #[test]
+fn a_delegated_tree_writes_no_subtree_control_above_its_base() {
+    let tmp = TempDir::new("cgroup-v2-delegated");
+    fake_v2(&tmp.0);
+    let unit = tmp.0.join("system.slice/holdfast.service");
+    std::fs::create_dir_all(&unit).expect("mkdir");
+    fake_v2(&tmp.0.join("system.slice"));
+    fake_v2(&unit);
+    let tree = CgroupTree::at(&tmp.0, "/system.slice/holdfast.service/pods")
+        .delegated_at("/system.slice/holdfast.service");
+    let rel = tree.pod_path("u1", Qos::Burstable);
+    assert_eq!(
+        rel,
+        "/system.slice/holdfast.service/pods/kubepods/burstable/podu1"
+    );
+    tree.ensure(&rel, &Limits::default()).expect("ensure");
+    for above in [tmp.0.clone(), tmp.0.join("system.slice")] {
+        assert_eq!(
+            std::fs::read_to_string(above.join("cgroup.subtree_control")).expect("read"),
+            "",
+            "{}",
+            above.display()
+        );
+    }
+    assert_eq!(
+        std::fs::read_to_string(unit.join("cgroup.subtree_control")).expect("read"),
+        "+cpu +memory +pids"
+    );
+    assert!(unit.join("pods/kubepods/burstable/podu1").is_dir());
+    // A root outside the base is not inside the delegation.
+    let outside =
+        CgroupTree::at(&tmp.0, "/holdfast").delegated_at("/system.slice/holdfast.service");
+    outside
+        .ensure("/holdfast/kubepods", &Limits::default())
+        .expect("ensure");
+    assert_eq!(
+        std::fs::read_to_string(tmp.0.join("cgroup.subtree_control")).expect("read"),
+        "+cpu +memory +pids"
+    );
+}
+
+#[test]
 fn v2_limits_and_working_set_are_read_as_the_kernel_writes_them() {
     let tmp = TempDir::new("cgroup-v2-read");
     fake_v2(&tmp.0);

@@ -45,6 +45,7 @@ pub mod adoption;
 pub mod attach;
 mod cgroup;
 mod command;
+pub mod delegation;
 pub mod exec;
 mod exec_seccomp;
 mod exec_shim;
