@@ -3,7 +3,8 @@
 //! Every fact the agent needs after a restart lives here, in typed trees whose values
 //! are JSON. Writes happen on state change only; callers that need a change to survive
 //! a power cut call [`Store::flush`]. A thread of the store's own flushes what is still
-//! only in memory once a second.
+//! only in memory once a second; dropping the last handle stops it, waits for it and
+//! flushes, so that nothing of the store touches its directory once that drop returned.
 //!
 //! A full disk loses nothing: sled keeps [`space::HEADROOM`] bytes allocated for
 //! itself, and when even that is gone, writes are held in memory (newest per key) and
@@ -42,7 +43,7 @@ use error::is_no_space;
 use open::{check_schema, lock, open_sled};
 use pending::Pending;
 use space::Space;
-use write::spawn_flusher;
+use write::Flusher;
 
 /// Bumped when the layout of a tree changes; a store written by a newer holdfast is
 /// refused rather than misread.
@@ -86,10 +87,15 @@ pub fn dir_size(dir: &Path) -> u64 {
 
 /// How long `open` waits for another process to let go of the store.
 pub const LOCK_WAIT: Duration = Duration::from_secs(10);
-/// The agent's database. Cheap to clone: every clone is the same store.
+/// The agent's database. Cheap to clone: every clone is the same store. Dropping the
+/// last clone closes it: once that drop returns, nothing of the store touches its
+/// directory.
 #[derive(Clone)]
 pub struct Store {
     inner: Arc<Inner>,
+    /// Held by the handles only, never by the store's thread: the last handle is
+    /// always dropped by a caller, which then stops that thread and waits for it.
+    _flusher: Arc<Flusher>,
 }
 
 struct Inner {
@@ -110,6 +116,30 @@ struct Inner {
     /// Our own lock beside sled's: sled's fails at once, with no way to tell contention
     /// from other errors, so whoever holds this one is the only one to open sled.
     _lock: Flock<File>,
+}
+
+impl Inner {
+    fn pending(&self) -> MutexGuard<'_, Pending> {
+        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn is_holding(&self) -> bool {
+        self.holding.load(Ordering::Acquire)
+    }
+
+    /// Runs `f` on the open sled database.
+    fn with_db<R>(
+        &self,
+        f: impl FnOnce(&sled::Db) -> Result<R, StoreError>,
+    ) -> Result<R, StoreError> {
+        let db = self.db.read().unwrap_or_else(|p| p.into_inner());
+        match db.as_ref() {
+            Some(db) => f(db),
+            None => Err(StoreError::Closed {
+                path: self.path.clone(),
+            }),
+        }
+    }
 }
 
 impl Drop for Inner {
@@ -165,8 +195,11 @@ impl Store {
             fresh,
             _lock: lock,
         });
-        spawn_flusher(Arc::downgrade(&inner));
-        Ok(Store { inner })
+        let flusher = Arc::new(Flusher::start(inner.clone()));
+        Ok(Store {
+            inner,
+            _flusher: flusher,
+        })
     }
 
     /// sled's settings, for a device with 256 MiB of RAM and flash that wears. sled's
@@ -185,11 +218,11 @@ impl Store {
     }
 
     fn pending(&self) -> MutexGuard<'_, Pending> {
-        self.inner.pending.lock().unwrap_or_else(|p| p.into_inner())
+        self.inner.pending()
     }
 
     fn is_holding(&self) -> bool {
-        self.inner.holding.load(Ordering::Acquire)
+        self.inner.is_holding()
     }
 
     /// Runs `f` on the open sled database.
@@ -197,13 +230,7 @@ impl Store {
         &self,
         f: impl FnOnce(&sled::Db) -> Result<R, StoreError>,
     ) -> Result<R, StoreError> {
-        let db = self.inner.db.read().unwrap_or_else(|p| p.into_inner());
-        match db.as_ref() {
-            Some(db) => f(db),
-            None => Err(StoreError::Closed {
-                path: self.inner.path.clone(),
-            }),
-        }
+        self.inner.with_db(f)
     }
 
     /// Runs `f` on sled's tree `name`.

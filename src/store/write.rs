@@ -1,9 +1,13 @@
 //! The write path: every change goes to sled in one transaction, or, while sled cannot
 //! take it (a full disk, a failed write), into memory; the store's thread flushes once
-//! a second, keeps the headroom, and writes what is held once it can.
+//! a second, keeps the headroom, and writes what is held once it can. The last handle
+//! to go stops that thread, waits for it and flushes itself, so that once the store is
+//! dropped nothing of it writes into its directory (another process may own it then).
 
 use std::sync::atomic::Ordering;
-use std::sync::Weak;
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use sled::transaction::{ConflictableTransactionError, TransactionError, Transactional};
 
@@ -24,7 +28,7 @@ impl Store {
         let mut pending = self.pending();
         if pending.holding().is_none() {
             if !self.inner.space.writable() {
-                self.start_holding(
+                self.inner.start_holding(
                     &mut pending,
                     "no space left on the store's filesystem".into(),
                     false,
@@ -37,7 +41,7 @@ impl Store {
                     }
                     Err(StoreError::Db { source, .. }) if matches!(source, sled::Error::Io(_)) => {
                         let reason = format!("sled could not write: {source}");
-                        self.start_holding(&mut pending, reason, true);
+                        self.inner.start_holding(&mut pending, reason, true);
                     }
                     Err(e) => return Err(e),
                 }
@@ -47,29 +51,41 @@ impl Store {
         Ok(n)
     }
 
-    fn start_holding(&self, pending: &mut Pending, reason: String, sled_failed: bool) {
-        pending.sled_failed |= sled_failed;
-        if pending.hold(reason.clone(), crate::time::now()) {
-            self.inner.holding.store(true, Ordering::Release);
-            log::error!(
-                "store: {reason}; keeping writes in memory until {} has room again (running pods are not affected)",
-                self.inner.path.display()
-            );
-        }
-    }
-
     /// Makes every write so far durable. While the disk is full the writes stay held
     /// in memory instead, to be written as soon as it has room ([`Store::holding`]
     /// says since when).
     pub fn flush(&self) -> Result<(), StoreError> {
+        self.inner.flush()
+    }
+
+    /// Since when and why writes are held in memory (the disk is full), and how many.
+    pub fn holding(&self) -> Option<(Holding, usize)> {
+        if !self.is_holding() {
+            return None;
+        }
+        let pending = self.pending();
+        pending.holding().map(|h| (h.clone(), pending.len()))
+    }
+}
+
+impl Inner {
+    fn start_holding(&self, pending: &mut Pending, reason: String, sled_failed: bool) {
+        pending.sled_failed |= sled_failed;
+        if pending.hold(reason.clone(), crate::time::now()) {
+            self.holding.store(true, Ordering::Release);
+            log::error!(
+                "store: {reason}; keeping writes in memory until {} has room again (running pods are not affected)",
+                self.path.display()
+            );
+        }
+    }
+
+    /// [`Store::flush`].
+    fn flush(&self) -> Result<(), StoreError> {
         if self.is_holding() {
             return Ok(());
         }
-        let mut flushed = self
-            .inner
-            .generation
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut flushed = self.generation.lock().unwrap_or_else(|p| p.into_inner());
         let next = flushed.saturating_add(1);
         let mark = self.pending().mark();
         match self.with_db(|db| {
@@ -99,10 +115,10 @@ impl Store {
                 // could not be written lags behind sled, which is safe: it is only
                 // ever compared as a floor.
                 *flushed = next;
-                if let Err(e) = generation::write_file(&self.inner.path, next) {
+                if let Err(e) = generation::write_file(&self.path, next) {
                     log::warn!(
                         "store: record generation {next} in {}: {e}",
-                        generation::file_path(&self.inner.path).display()
+                        generation::file_path(&self.path).display()
                     );
                 }
                 Ok(())
@@ -117,15 +133,6 @@ impl Store {
         }
     }
 
-    /// Since when and why writes are held in memory (the disk is full), and how many.
-    pub fn holding(&self) -> Option<(Holding, usize)> {
-        if !self.is_holding() {
-            return None;
-        }
-        let pending = self.pending();
-        pending.holding().map(|h| (h.clone(), pending.len()))
-    }
-
     /// One tick of the store's thread: flush what sled holds only in memory, keep the
     /// headroom, and, while holding, write what is held once the disk has room.
     fn tick(&self) {
@@ -138,27 +145,27 @@ impl Store {
                 log::error!("store: flush: {e}");
             }
         }
-        self.inner.space.top_up();
+        self.space.top_up();
     }
 
     /// Writes what is held, if the disk has room again for it and for the headroom.
     fn resume(&self) {
-        let free = space::free_bytes(&self.inner.path).unwrap_or(0);
+        let free = space::free_bytes(&self.path).unwrap_or(0);
         if free < space::MIN_FREE + space::HEADROOM / 2 {
             return;
         }
         // Dropping sled to open it again is only worth it once it can write: if opening
         // failed, even reads would fail until it worked.
-        if !self.inner.space.probe() {
+        if !self.space.probe() {
             return;
         }
         let mut pending = self.pending();
         if pending.sled_failed {
             // sled refuses every write after a failed one until it is opened again;
             // what it had not made durable is replayed from `pending` below.
-            let mut db = self.inner.db.write().unwrap_or_else(|p| p.into_inner());
+            let mut db = self.db.write().unwrap_or_else(|p| p.into_inner());
             drop(db.take());
-            match open_sled(&self.inner.path) {
+            match open_sled(&self.path) {
                 Ok(fresh) => *db = Some(fresh),
                 Err(e) => {
                     log::error!("store: open again after a write error: {e}");
@@ -167,7 +174,7 @@ impl Store {
             }
             pending.sled_failed = false;
         }
-        if self.inner.space.top_up() < space::MIN_TAIL {
+        if self.space.top_up() < space::MIN_TAIL {
             return;
         }
         let ops = pending.all();
@@ -185,10 +192,10 @@ impl Store {
             Ok(()) => {
                 let since = pending.holding().map(|h| h.since);
                 pending.clear();
-                self.inner.holding.store(false, Ordering::Release);
+                self.holding.store(false, Ordering::Release);
                 log::warn!(
                     "store: {} has room again; wrote the {n} record(s) held in memory{}",
-                    self.inner.path.display(),
+                    self.path.display(),
                     since.map(|s| format!(" since {s}")).unwrap_or_default()
                 );
             }
@@ -201,6 +208,18 @@ impl Store {
                     pending.sled_failed = true;
                 }
                 log::warn!("store: writing what is held failed, trying again: {e}");
+            }
+        }
+    }
+
+    /// What the store's next tick would have written, written by whoever closes the
+    /// store once its thread has ended.
+    fn close(&self) {
+        if self.is_holding() {
+            self.resume();
+        } else if !self.pending().is_empty() {
+            if let Err(e) = self.flush() {
+                log::error!("store: flush at close: {e}");
             }
         }
     }
@@ -271,19 +290,90 @@ fn commit(db: &sled::Db, ops: &[Op]) -> Result<(), StoreError> {
     }
 }
 
-/// The store's thread: a tick a second while the store is open.
-pub(super) fn spawn_flusher(inner: Weak<Inner>) {
-    let spawned = std::thread::Builder::new()
-        .name("store-flush".into())
-        .spawn(move || loop {
-            std::thread::sleep(FLUSH_EVERY);
-            let Some(inner) = inner.upgrade() else {
-                return;
-            };
-            Store { inner }.tick();
-        });
-    if let Err(e) = spawned {
-        // Writes still become durable at every explicit flush.
-        log::error!("store: start the flush thread: {e}");
+/// The store's thread, a tick every [`FLUSH_EVERY`] while the store is open. The
+/// thread holds the store's insides only, never a handle, so the last handle (which
+/// holds this) is never dropped on it: that drop stops the thread, waits for a tick
+/// under way to end, and does the final flush on the caller's thread. No drop can
+/// then leave the thread writing into a directory its owner believes closed.
+pub(super) struct Flusher {
+    inner: Arc<Inner>,
+    stop: Arc<Stop>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Flusher {
+    pub(super) fn start(inner: Arc<Inner>) -> Flusher {
+        let stop = Arc::new(Stop::default());
+        let spawned = std::thread::Builder::new()
+            .name("store-flush".into())
+            .spawn({
+                let (inner, stop) = (inner.clone(), stop.clone());
+                move || {
+                    while !stop.wait(FLUSH_EVERY) {
+                        inner.tick();
+                    }
+                }
+            });
+        let thread = match spawned {
+            Ok(t) => Some(t),
+            Err(e) => {
+                // Writes still become durable at every explicit flush, and at close.
+                log::error!("store: start the flush thread: {e}");
+                None
+            }
+        };
+        Flusher {
+            inner,
+            stop,
+            thread,
+        }
+    }
+}
+
+impl Drop for Flusher {
+    fn drop(&mut self) {
+        self.stop.set();
+        if let Some(thread) = self.thread.take() {
+            // A tick under way ends first: it may be writing into the directory.
+            if thread.join().is_err() {
+                log::error!(
+                    "store: the flush thread of {} panicked",
+                    self.inner.path.display()
+                );
+            }
+        }
+        self.inner.close();
+    }
+}
+
+/// Asks the store's thread to stop, waking it at once rather than at its next tick.
+#[derive(Default)]
+struct Stop {
+    stopped: Mutex<bool>,
+    wake: Condvar,
+}
+
+impl Stop {
+    fn set(&self) {
+        *self.stopped.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        self.wake.notify_all();
+    }
+
+    /// Waits `period`; true as soon as the thread is asked to stop.
+    fn wait(&self, period: Duration) -> bool {
+        let deadline = Instant::now() + period;
+        let mut stopped = self.stopped.lock().unwrap_or_else(|p| p.into_inner());
+        while !*stopped {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            stopped = self
+                .wake
+                .wait_timeout(stopped, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        true
     }
 }
