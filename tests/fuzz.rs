@@ -217,7 +217,7 @@ const ARCHIVE: Target = Target {
 /// What lies beside the directory an untrusted archive or layer is unpacked into: a
 /// canary file and directory that nothing may write to, and nothing else.
 struct Fence {
-    top: TempDir,
+    top: PathBuf,
     canary: PathBuf,
     expected: Vec<String>,
 }
@@ -227,28 +227,32 @@ const CANARY_TEXT: &[u8] = b"left alone\n";
 const ESCAPE_ABS: &str = "/tmp/holdfast-fuzz-escape";
 
 impl Fence {
-    fn new(tag: &str, inside: &[&str]) -> Fence {
-        let top = TempDir::new(tag);
-        let canary = top.0.join("canary");
+    /// The fence, and the temporary directory it is in (to be dropped after all that
+    /// works inside it).
+    fn new(tag: &str, inside: &[&str]) -> (Fence, TempDir) {
+        let dir = TempDir::new(tag);
+        let top = dir.0.clone();
+        let canary = top.join("canary");
         fs::create_dir(&canary).expect("canary dir");
         fs::write(canary.join("file"), CANARY_TEXT).expect("canary file");
         let mut expected: Vec<String> = inside.iter().map(|s| s.to_string()).collect();
         expected.push("canary".into());
         expected.sort();
-        Fence {
+        let fence = Fence {
             top,
             canary,
             expected,
-        }
+        };
+        (fence, dir)
     }
 
     fn path(&self, name: &str) -> PathBuf {
-        self.top.0.join(name)
+        self.top.join(name)
     }
 
     /// Panics when anything was written outside the inner directory.
     fn check(&self) {
-        let mut names: Vec<String> = fs::read_dir(&self.top.0)
+        let mut names: Vec<String> = fs::read_dir(&self.top)
             .expect("list the fence")
             .flatten()
             .map(|e| e.file_name().to_string_lossy().into_owned())
@@ -286,19 +290,19 @@ impl Fence {
 }
 
 fn archive_exec() -> Exec {
-    let fence = Fence::new("fuzz-archive", &["root"]);
+    let (fence, dir) = Fence::new("fuzz-archive", &["root"]);
     let root = fence.path("root");
     fs::create_dir(&root).expect("create the image root");
     let store = Store::open(&root.join("db")).expect("open the store");
     let images = ImageStore::open(&root, &store).expect("open the image store");
     let input_path = fence.path("archive.in");
-    Box::new(move |input| {
+    let exec = Box::new(move |input: &[u8]| {
         let _keep = &store;
         let mut bytes = input.to_vec();
         fuzz::fix_tar_checksums(&mut bytes);
         // Half the inputs have their blobs' digests and sizes made true again, so a
         // mutated manifest or config is read rather than refused for its digest.
-        if input.len() % 2 == 0 {
+        if input.len().is_multiple_of(2) {
             if let Some(rehashed) = rehash_layout(&bytes) {
                 bytes = rehashed;
             }
@@ -321,7 +325,8 @@ fn archive_exec() -> Exec {
         };
         fence.check();
         outcome
-    })
+    });
+    fuzz::then_drop(exec, dir)
 }
 
 /// The archive with every `blobs/sha256/<hex>` entry renamed to its content's digest,
@@ -449,17 +454,17 @@ const LAYER: Target = Target {
 };
 
 fn layer_exec() -> Exec {
-    let fence = Fence::new("fuzz-layer", &["layers"]);
+    let (fence, dir) = Fence::new("fuzz-layer", &["layers"]);
     let layers = fence.path("layers");
     fs::create_dir(&layers).expect("create the layers dir");
     let blob = fence.path("blob.in");
-    Box::new(move |input| {
+    let exec = Box::new(move |input: &[u8]| {
         let mut bytes = input.to_vec();
         let compressed = bytes.starts_with(&[0x1f, 0x8b]) || bytes.starts_with(&[0x28, 0xb5]);
         if !compressed {
             fuzz::fix_tar_checksums(&mut bytes);
             // A quarter of the plain tars go in gzipped, as most layers come.
-            if bytes.len() % 4 == 0 {
+            if bytes.len().is_multiple_of(4) {
                 let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
                 gz.write_all(&bytes).expect("gzip in memory");
                 bytes = gz.finish().expect("gzip in memory");
@@ -480,7 +485,8 @@ fn layer_exec() -> Exec {
         fence.check();
         let _ = fs::remove_dir_all(&dest);
         outcome
-    })
+    });
+    fuzz::then_drop(exec, dir)
 }
 
 /// What an unpacked layer may hold: no hard link to anything outside it, and no
@@ -628,8 +634,8 @@ fn http_exec() -> Exec {
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
         .expect("listen");
     let addr = listener.local_addr().expect("listener address");
-    Box::new(move |input| {
-        let _keep = (&dir, &store);
+    let exec = Box::new(move |input: &[u8]| {
+        let _keep = &store;
         let deps = deps.clone();
         rt.block_on(async {
             let mut client = tokio::net::TcpStream::connect(addr).await.expect("connect");
@@ -672,7 +678,8 @@ fn http_exec() -> Exec {
                 status
             }
         })
-    })
+    });
+    fuzz::then_drop(exec, dir)
 }
 
 const SPDY: Target = Target {
@@ -949,8 +956,7 @@ fn store_records_exec() -> Exec {
         }
     }
 
-    Box::new(move |input| {
-        let _keep = &dir;
+    let exec = Box::new(move |input: &[u8]| {
         let Ok(value) = serde_json::from_slice::<serde_json::Value>(input) else {
             // Not JSON at all: the decoders must still only refuse it.
             let _ = serde_json::from_slice::<PodState>(input);
@@ -965,7 +971,8 @@ fn store_records_exec() -> Exec {
             roundtrip(&manifests, "manifest"),
         ]
         .join("; ")
-    })
+    });
+    fuzz::then_drop(exec, dir)
 }
 
 // ---------------------------------------------------------------------------------

@@ -338,10 +338,16 @@ fn thread_cpu() -> Duration {
 }
 
 /// A thread that runs inputs one at a time, so a hang can be timed from outside.
+/// Dropping it ends the thread and waits until the `Exec` and all it holds (stores,
+/// temporary directories) are gone, unless an input hung it.
 struct Worker {
-    tx: mpsc::Sender<Vec<u8>>,
+    tx: Option<mpsc::Sender<Vec<u8>>>,
     rx: mpsc::Receiver<(Verdict, Duration)>,
+    hung: Cell<bool>,
 }
+
+/// How long a dropped worker is waited for to let go of what its `Exec` holds.
+const WORKER_END: Duration = Duration::from_secs(30);
 
 impl Worker {
     fn start(name: &str, make: impl FnOnce() -> Exec + Send + 'static) -> Worker {
@@ -371,14 +377,19 @@ impl Worker {
                         Ok(k) => Verdict::Kind(k),
                     };
                     if out_tx.send((verdict, cpu)).is_err() {
-                        return;
+                        break;
                     }
                 }
+                // The other end learns the thread is done (its receiver disconnects)
+                // only once what the `Exec` holds is gone.
+                drop(exec);
+                drop(out_tx);
             })
             .expect("start the fuzz worker thread");
         Worker {
-            tx: in_tx,
+            tx: Some(in_tx),
             rx: out_rx,
+            hung: Cell::new(false),
         }
     }
 
@@ -389,6 +400,8 @@ impl Worker {
     /// times that (blocked for good).
     fn run(&self, input: &[u8], hang: Duration) -> Result<String, String> {
         self.tx
+            .as_ref()
+            .ok_or_else(|| "the worker thread is gone".to_string())?
             .send(input.to_vec())
             .map_err(|_| "the worker thread is gone".to_string())?;
         match self.rx.recv_timeout(hang * 10) {
@@ -402,11 +415,56 @@ impl Worker {
                 "allocated {n} bytes at once (more than {ALLOC_LIMIT})"
             )),
             Err(mpsc::RecvTimeoutError::Timeout) => {
+                self.hung.set(true);
                 Err(format!("hang: no answer within {:?}", hang * 10))
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => Err("the worker thread died".to_string()),
         }
     }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        drop(self.tx.take());
+        if self.hung.get() {
+            return;
+        }
+        let deadline = Instant::now() + WORKER_END;
+        loop {
+            match self
+                .rx
+                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            {
+                Ok(_) => continue,
+                Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    eprintln!(
+                        "fuzz: the worker thread did not end within {WORKER_END:?}; what it holds may be left behind"
+                    );
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// `exec`, with `last` dropped only after it and all it holds: a temporary directory
+/// that a store (whose drop still flushes into it) or a runtime lives in.
+pub fn then_drop<T: 'static>(exec: Exec, last: T) -> Exec {
+    /// Fields are dropped in the order they are declared.
+    struct Ordered<T> {
+        exec: Exec,
+        _last: T,
+    }
+    impl<T> Ordered<T> {
+        fn call(&mut self, input: &[u8]) -> String {
+            (self.exec)(input)
+        }
+    }
+    let mut ordered = Ordered { exec, _last: last };
+    // A method call captures `ordered` whole; `ordered.exec` alone would leave `_last`
+    // to be dropped here.
+    Box::new(move |input| ordered.call(input))
 }
 
 /// What one fuzzing run did.
