@@ -22,6 +22,8 @@ use crate::Error;
 
 /// Runs the agent until `shutdown` completes. Containers keep running afterwards.
 pub async fn run(mut config: Config, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
+    // Before anything can fork: no shim, container or plugin may inherit NOTIFY_SOCKET.
+    let notify = crate::systemd::Notify::from_env();
     // `cgroupRoot: delegated` settles the agent in its service's cgroup before any fork.
     config.cgroup_root = crate::runtime::delegation::settle(&config.cgroup_root)?;
     let root = config.root_dir.clone();
@@ -129,6 +131,13 @@ pub async fn run(mut config: Config, shutdown: impl Future<Output = ()>) -> Resu
         resource_version: mux.resource_version(source::SOURCE_API),
     };
     let uplink = crate::uplink::start::start(&config, &store, seed, api_tx, objects_tx)?;
+    if let Some(link) = uplink.as_ref().map(|u| u.view.link.clone()) {
+        notify.set_uplink(move || match link.stage() {
+            crate::uplink::Stage::Down => "uplink down",
+            crate::uplink::Stage::NodeReady => "uplink reconnecting",
+            crate::uplink::Stage::Drained => "uplink up",
+        });
+    }
     let mut uplink = uplink;
     if let Some(u) = uplink.as_mut() {
         let mirrors = u.mirrors.clone();
@@ -274,9 +283,16 @@ pub async fn run(mut config: Config, shutdown: impl Future<Output = ()>) -> Resu
         root.display(),
         config.static_pod_path.display()
     );
+    let _pinger = notify.start();
+    let stopping = notify.clone();
+    let shutdown = async move {
+        shutdown.await;
+        stopping.stopping();
+    };
     SyncLoop::new(deps)
         .with_object_changes(objects_rx)
         .with_evictions(evictions)
+        .with_notify(notify)
         .run(initial, change_rx, exit_rx, resync_rx, shutdown)
         .await;
     let _ = std::fs::remove_file(root.join(crate::control::SOCKET));

@@ -37,6 +37,7 @@
 //! - [`server`]: the kubelet HTTP API (logs, exec, stats, metrics) for the apiserver,
 //!   metrics-server and Prometheus.
 //! - [`metrics`]: holdfast's own Prometheus series, recorded by any module.
+//! - [`systemd`]: `Type=notify` readiness, status and a watchdog fed by the sync loop.
 //! - [`yaml`]: the bounded read and the look at nesting and aliases every YAML file
 //!   from outside gets before serde_yaml decodes it.
 
@@ -58,6 +59,7 @@ pub mod server;
 pub mod source;
 pub mod store;
 pub mod sync;
+pub mod systemd;
 pub mod time;
 pub mod tls;
 pub mod uplink;

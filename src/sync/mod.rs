@@ -109,6 +109,8 @@ pub struct SyncLoop {
     admitted: HashMap<String, (crate::resources::Qos, crate::resources::requests::Amounts)>,
     /// Pods the eviction manager chose: `(uid, message)`.
     evictions: Option<mpsc::Receiver<(String, String)>>,
+    /// Told of every completed pass: systemd's readiness and watchdog.
+    notify: crate::systemd::Notify,
 }
 
 impl SyncLoop {
@@ -127,7 +129,15 @@ impl SyncLoop {
             objects_changed: None,
             admitted: HashMap::new(),
             evictions: None,
+            notify: crate::systemd::Notify::default(),
         }
+    }
+
+    /// Tells systemd when the loop is ready and, through its watchdog, that it still
+    /// completes passes.
+    pub fn with_notify(mut self, notify: crate::systemd::Notify) -> Self {
+        self.notify = notify;
+        self
     }
 
     /// Evicts the pods the eviction manager names on `evictions`.
@@ -174,7 +184,11 @@ impl SyncLoop {
         let mut evictions = self.evictions.take();
         let mut tick = tokio::time::interval(self.deps.sync_frequency);
         tick.tick().await;
+        // With a watchdog, an idle loop still wakes (and passes) every quarter interval.
+        let mut beat = self.notify.beat_interval();
         loop {
+            // A pass completed (the first: the initial pods are handed to their workers).
+            self.notify.beat(self.workers.len());
             tokio::select! {
                 _ = &mut shutdown => break,
                 Some(change) = changes.recv() => self.apply(change).await,
@@ -188,6 +202,7 @@ impl SyncLoop {
                     }
                 }
                 _ = tick.tick() => self.broadcast_resync().await,
+                _ = crate::systemd::tick(&mut beat) => {}
                 Some(done) = self.tasks.join_next(), if !self.tasks.is_empty() => {
                     if let Ok(uid) = done {
                         self.forget(&uid);
