@@ -18,7 +18,8 @@ fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
 }
 
-/// The one `holdfast_<version>.bb` in the recipe folder: its path and version.
+/// The one release recipe, `holdfast_<version>.bb`, in the recipe folder (the
+/// development recipe `holdfast_git.bb` is not one): its path and version.
 fn recipe() -> (PathBuf, String) {
     let dir = repo().join(RECIPE_DIR);
     let mut found = Vec::new();
@@ -28,6 +29,7 @@ fn recipe() -> (PathBuf, String) {
         if let Some(version) = name
             .strip_prefix("holdfast_")
             .and_then(|n| n.strip_suffix(".bb"))
+            .filter(|v| *v != "git")
         {
             found.push((dir.join(&*name), version.to_string()));
         }
@@ -40,10 +42,19 @@ fn recipe() -> (PathBuf, String) {
     found.remove(0)
 }
 
-/// The recipe's text without comment lines.
+/// The recipe's text without comment lines, with the shared `holdfast.inc` it requires
+/// (not the generated crates .inc) in place of its `require` line.
 fn recipe_code(path: &Path) -> String {
+    let dir = path.parent().expect("the recipe's folder");
     read(path)
         .lines()
+        .flat_map(|l| match l.strip_prefix("require ") {
+            Some(inc) if !inc.contains("crates") => read(&dir.join(inc.trim()))
+                .lines()
+                .map(String::from)
+                .collect::<Vec<_>>(),
+            _ => vec![l.to_string()],
+        })
         .filter(|l| !l.trim_start().starts_with('#'))
         .collect::<Vec<_>>()
         .join("\n")
@@ -160,19 +171,65 @@ fn crates_inc_matches_cargo_lock() {
     );
 }
 
-#[test]
-fn recipe_version_is_the_crate_version() {
-    let (_, version) = recipe();
+/// `version` in the working tree's Cargo.toml.
+fn crate_version() -> String {
     let manifest = read(&repo().join("Cargo.toml"));
     let package = manifest
         .split("\n[")
         .find(|section| section.starts_with("[package]") || section.starts_with("package]"))
         .expect("Cargo.toml has a [package] table");
-    let crate_version = assigned(package, "version");
-    assert_eq!(
-        version, crate_version,
-        "rename the recipe to holdfast_{crate_version}.bb"
+    assigned(package, "version")
+}
+
+/// The release recipe's PV is the version at its SRCREV, SRCREV is a commit of this
+/// branch, and its crates .inc is the one generated from SRCREV's Cargo.lock.
+#[test]
+fn release_recipe_matches_its_srcrev() {
+    let (_, version) = recipe();
+    let out = Command::new("python3")
+        .args(["yocto/gen-crates-inc.py", "--check-release"])
+        .current_dir(repo())
+        .output()
+        .expect("run python3 yocto/gen-crates-inc.py --check-release");
+    assert!(
+        out.status.success(),
+        "gen-crates-inc.py --check-release failed ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
     );
+    assert!(repo()
+        .join(RECIPE_DIR)
+        .join(format!("holdfast-{version}-crates.inc"))
+        .is_file());
+}
+
+/// holdfast_git.bb builds the checkout the layer lives in, with the working tree's
+/// crates .inc, and is not preferred over the release.
+#[test]
+fn development_recipe_builds_this_checkout() {
+    let path = repo().join(RECIPE_DIR).join("holdfast_git.bb");
+    let code = recipe_code(&path);
+    assert_eq!(
+        assigned(&code, "PV"),
+        format!("{}+git", crate_version()),
+        "holdfast_git.bb's PV must be Cargo.toml's version with +git"
+    );
+    assert_eq!(assigned(&code, "DEFAULT_PREFERENCE"), "-1");
+    assert!(code.contains("require holdfast-crates.inc"));
+    assert!(code
+        .lines()
+        .any(|l| l.starts_with("inherit ") && l.contains("externalsrc")));
+    // EXTERNALSRC's default: four folders up from the recipe's folder.
+    let up = defaulted(&code, "EXTERNALSRC");
+    assert!(up.contains("'../../../..'"), "EXTERNALSRC ?= {up}");
+    let checkout = repo().join(RECIPE_DIR).join("../../../..");
+    assert_eq!(
+        checkout.canonicalize().expect("the checkout"),
+        repo().canonicalize().expect("the repository")
+    );
+    // externalsrc drops do_patch, where the release applies the 32-bit crate patches.
+    assert!(code.contains("do_unpack[postfuncs] += \"holdfast_patch_crates\""));
 }
 
 #[test]
