@@ -1,0 +1,19 @@
+SUMMARY = "A small image that runs holdfast"
+DESCRIPTION = "What oe-core's core-image-minimal boots with, plus packagegroup-holdfast: \
+               the holdfast node agent, iptables, CA certificates and the overlay \
+               module. A starting point for a gateway image, or a test image in qemu."
+HOMEPAGE = "https://github.com/holdfast-agent/holdfast"
+BUGTRACKER = "https://github.com/holdfast-agent/holdfast/issues"
+SECTION = "images"
+LICENSE = "MIT"
+# An image: its packages are checked for CVEs, not the image itself.
+CVE_PRODUCT = ""
+
+# holdfast runs as a systemd unit.
+REQUIRED_DISTRO_FEATURES = "systemd"
+
+inherit core-image features_check
+
+# core-image-minimal's contents (a console-only image that boots) and holdfast.
+IMAGE_INSTALL = "packagegroup-core-boot packagegroup-holdfast ${CORE_IMAGE_EXTRA_INSTALL}"
+IMAGE_LINGUAS = " "
