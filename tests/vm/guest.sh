@@ -95,17 +95,57 @@ write_config() {
     avail_kib=$(awk '/MemAvailable/ {print $2}' /proc/meminfo)
     echo "$(( avail_kib / 1024 - 350 ))Mi" >$STATE/threshold
   fi
-  sed "s/@MEMORY_AVAILABLE@/$(cat $STATE/threshold)/" /vm/config.yaml.in >/vm/config.yaml
+  # The pods' cgroups inside the subtree systemd delegates to holdfast.service, as the
+  # Yocto layer ships it.
+  sed -e "s/@MEMORY_AVAILABLE@/$(cat $STATE/threshold)/" -e '/^kind:/a cgroupRoot: delegated' \
+    /vm/config.yaml.in >/vm/config.yaml
   info "evictionHard memory.available $(cat $STATE/threshold)"
 }
 AGENT=
 agent_up() { holdfast status --root-dir $ROOT --json | grep -q '"agentRunning":true'; }
+# holdfast.service's cgroup as systemd makes it for Delegate=yes: the controllers enabled
+# down to it, nothing inside it.
+UNIT=/sys/fs/cgroup/system.slice/holdfast.service
+delegate_unit() {
+  mkdir -p $UNIT
+  for c in cpu memory pids; do
+    echo "+$c" >/sys/fs/cgroup/system.slice/cgroup.subtree_control 2>/dev/null || true
+  done
+}
 start_agent() {
-  holdfast run --config /vm/config.yaml --root-dir $ROOT --pod-manifest-path $MAN \
+  delegate_unit
+  # systemd >= 254 with DelegateSubgroup=supervisor starts the agent in supervisor, older
+  # ones in the unit itself: the first start here is the older kind (the agent moves
+  # itself), a restart the newer (the kernel refuses the unit itself a process once it
+  # hands controllers to pods/).
+  cg=$UNIT
+  [ -n "$(cat $UNIT/cgroup.subtree_control)" ] && cg=$UNIT/supervisor
+  sh -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$cg" \
+    holdfast run --config /vm/config.yaml --root-dir $ROOT --pod-manifest-path $MAN \
     --hostname-override "$NODE" >>$STATE/agent.log 2>&1 &
   AGENT=$!
   wait_for 60 agent_up
 }
+# delegated POD...: what is wrong with the agent's and the pods' cgroups under
+# cgroupRoot: delegated (nothing when all is well).
+delegated() {
+  _bad=""
+  _own=$(grep '^0::' /proc/$AGENT/cgroup)
+  [ "$_own" = "0::/system.slice/holdfast.service/supervisor" ] || _bad="$_bad; agent in $_own"
+  [ -z "$(cat $UNIT/cgroup.procs)" ] \
+    || _bad="$_bad; processes in holdfast.service itself: $(cat $UNIT/cgroup.procs | tr '\n' ' ')"
+  for _n in "$@"; do
+    _pcg=$(pod_cgroup "$(pod_uid "$_n")")
+    case "$_pcg" in
+      $UNIT/pods/kubepods/*) ;;
+      *) _bad="$_bad; $_n's cgroup '$_pcg' not under holdfast.service/pods/kubepods" ;;
+    esac
+  done
+  [ -e /sys/fs/cgroup/holdfast ] && _bad="$_bad; /sys/fs/cgroup/holdfast made"
+  echo "$_bad"
+}
+# hello's container's processes, by its cgroup (its init first, then its loop's sleep).
+hello_pids() { cat "$(container_cgroup "$(pod_cgroup "$(pod_uid hello)")")/cgroup.procs" | tr '\n' ' '; }
 agent_tail() { tail -n 15 $STATE/agent.log | sed 's/^/VMTEST LOG /'; }
 
 # One pod's JSON (a line) from `holdfast pods -o json`, by manifest name.
@@ -234,6 +274,15 @@ EOF
   [ "$(cat "$pcg/pids.max")" = 64 ] || bad="$bad; pod pids.max $(cat "$pcg/pids.max") (podPidsLimit 64)"
   [ "$(cat "$pcg/memory.max")" = 67108864 ] || bad="$bad; pod memory.max $(cat "$pcg/memory.max")"
   info "res: memory.max $(cat "$ccg/memory.max") cpu.max '$(cat "$ccg/cpu.max")' cpu.weight $(cat "$ccg/cpu.weight") (pod $(cat "$pcg/cpu.weight")) pids.max $(cat "$pcg/pids.max")"
+  # cgroupRoot: delegated: all of it inside holdfast.service, the agent moved into
+  # holdfast.service/supervisor, the unit itself empty.
+  bad="$bad$(delegated hello res)"
+  # A process in the unit itself is refused now (EBUSY): why systemd < 254 cannot start
+  # the agent again in holdfast.service while pods run, and DelegateSubgroup= can.
+  sleep 600 &
+  if echo $! >$UNIT/cgroup.procs 2>/dev/null; then bad="$bad; holdfast.service took a process"; fi
+  kill $!
+  info "delegated: agent $(grep '^0::' /proc/$AGENT/cgroup), supervisor holds $(wc -l <$UNIT/supervisor/cgroup.procs) processes, holdfast.service hands on '$(cat $UNIT/cgroup.subtree_control)', pods/ '$(cat $UNIT/pods/cgroup.subtree_control)'"
   oom_done() { pod oom | grep -q '"terminated":{'; }
   if ! wait_for 120 oom_done; then
     bad="$bad; oom's container did not end in 120 s"
@@ -261,6 +310,7 @@ EOF
     fail 4 kill-9-adoption "quitter not Running in 120 s"; agent_tail; return
   fi
   hello_id=$(pod hello | grep -o '"containerID":"[^"]*"' | head -n 1)
+  init=$(hello_pids | cut -d' ' -f1)
   log=$(ls $ROOT/logs/pods/default_hello-${NODE}_*/hello/0.log | head -n 1)
   kill -9 "$AGENT"
   wait "$AGENT" 2>/dev/null
@@ -288,6 +338,12 @@ EOF
   [ "$(pod hello | grep -o '"containerID":"[^"]*"' | head -n 1)" = "$hello_id" ] \
     || bad="$bad; hello's container was replaced, not adopted"
   pod hello | grep -q '"restartCount":0' || bad="$bad; hello restarted"
+  # Started again in holdfast.service/supervisor: hello's processes adopted where they were.
+  bad="$bad$(delegated hello)"
+  case " $(hello_pids)" in
+    *" $init "*) ;;
+    *) bad="$bad; hello's init $init is not in its container's cgroup: '$(hello_pids)'" ;;
+  esac
   if [ -n "$bad" ]; then fail 4 kill-9-adoption "${bad#; }"; agent_tail; else pass 4 kill-9-adoption; fi
 }
 
