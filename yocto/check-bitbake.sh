@@ -3,7 +3,7 @@
 # bitbake source tarball (the release the layer is for: wrynose, bitbake 2.18).
 #
 # Build dir build-arm64 (oe-core and meta-holdfast, MACHINE qemuarm64), one bitbake
-# server kept up, the recipes parsed once (a cold parse is about 2 minutes on two
+# server kept up, the recipes parsed once (a cold parse is 2 to 4 minutes on two
 # cores; every later command reads that parse):
 #   - `bitbake -p` parses every recipe, with oe-core's yocto-check-layer class
 #     inherited (its per-recipe checks);
