@@ -8,9 +8,11 @@
 //! ```
 //!
 //! systemd >= 254 with `DelegateSubgroup=supervisor` starts the agent in
-//! `<base>/supervisor`; older ones start it in `<base>`, and the agent moves every
-//! process of `<base>` into `supervisor` itself, since the kernel lets a cgroup either
-//! hold processes or hand controllers to its children, not both. Owns only `<base>`'s
+//! `<base>/supervisor`, and every restart there too. The kernel lets a cgroup either
+//! hold processes or hand controllers to its children, not both: an agent started in
+//! `<base>` itself (older systemd) could move, but the next one would be refused a place
+//! in `<base>` while pods run, so there `delegated` falls back to `/holdfast`. Processes
+//! an earlier agent left in `<base>` are moved into `supervisor`. Owns only `<base>`'s
 //! children and the two `cgroup.subtree_control` files of `<base>` and `<base>/pods`;
 //! never writes above `<base>`.
 
@@ -149,9 +151,10 @@ pub struct Settled {
 }
 
 /// Resolves `cgroupRoot`. Anything but `delegated` is returned as it is. `delegated`
-/// becomes `<base>/pods`, with this process moved into `<base>/supervisor` and the
-/// controllers enabled; on a cgroup v1 or hybrid host, or outside a service manager,
-/// it falls back to `/holdfast` with a warning (the same config is shipped everywhere).
+/// becomes `<base>/pods` when this process runs in `<base>/supervisor`, with the
+/// controllers enabled; on a cgroup v1 or hybrid host, outside a service manager, or
+/// started in `<base>` itself, it falls back to `/holdfast` with a warning (the same
+/// config is shipped everywhere).
 /// Call it before the first container starts: shims stay in the agent's cgroup.
 pub fn settle(configured: &str) -> Result<String, RuntimeError> {
     if configured != DELEGATED {
@@ -194,24 +197,28 @@ pub fn settle_at(fs: &Path, proc_self_cgroup: &str, pid: u32) -> Result<Settled,
             fs.display()
         ));
     }
-    let placement = match placement(proc_self_cgroup) {
-        Ok(p) => p,
+    let base = match placement(proc_self_cgroup) {
+        Ok(Placement::Supervisor { base }) => base,
+        // The agent could move itself to <base>/supervisor, but the service manager
+        // starts the next agent in <base> again, and once <base> hands controllers to
+        // pods/ the kernel refuses it any process (EBUSY): every restart while pods run
+        // would fail (systemd: status=219/CGROUP), for as long as they run.
+        Ok(Placement::Base { base }) => {
+            return fallback(format!(
+                "started in {base} itself, not in {base}/{SUPERVISOR} (systemd < 254, or no \
+                 DelegateSubgroup={SUPERVISOR} in the unit): with pods inside {base}, the kernel \
+                 would refuse the next agent a place in {base} and every restart would fail \
+                 while pods run"
+            ))
+        }
         Err(why) => return fallback(why.to_string()),
     };
-    let base = placement.base().to_owned();
     let base_dir = under(fs, &base);
     let supervisor = base_dir.join(SUPERVISOR);
     create(&supervisor)?;
-    if let Placement::Base { .. } = placement {
-        log::warn!(
-            "started in {base} itself, not in {base}/{SUPERVISOR}: the service manager does not \
-             place the agent (systemd < 254, or no DelegateSubgroup={SUPERVISOR}); moving there. \
-             A restart of the service while pods run needs DelegateSubgroup={SUPERVISOR}: the \
-             kernel refuses a process in {base} once it hands controllers to pods"
-        );
-    }
-    // Every process of <base> (the agent, and shims of an agent that ran before it in
-    // <base>) moves: <base> can only enable controllers for its children when empty.
+    // Every process still in <base> (shims of an agent that ran there before the unit had
+    // DelegateSubgroup=) moves: <base> can only enable controllers for its children when
+    // it holds no process.
     evacuate(&base_dir, &supervisor, pid)?;
     let pods = base_dir.join(PODS);
     let missing = enable(&base_dir)?;

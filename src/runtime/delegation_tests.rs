@@ -84,11 +84,11 @@ fn fake_v2(tmp: &TempDir, unit: &str, procs: &str) -> PathBuf {
 }
 
 #[test]
-fn settle_moves_the_agent_and_its_shims_and_enables_the_controllers() {
+fn settle_moves_what_an_earlier_agent_left_and_enables_the_controllers() {
     let tmp = TempDir::new("delegation-base");
     let unit = "/system.slice/holdfast.service";
     let fs = fake_v2(&tmp, unit, "4242\n");
-    let s = settle_at(&fs, &format!("0::{unit}\n"), 77).expect("settle");
+    let s = settle_at(&fs, &format!("0::{unit}/supervisor\n"), 77).expect("settle");
     assert_eq!(s.cgroup_root, format!("{unit}/pods"));
     assert_eq!(s.base.as_deref(), Some(unit));
     assert!(s.missing.is_empty());
@@ -131,6 +131,23 @@ fn settle_falls_back_on_v1_or_outside_a_service_manager() {
         let s = settle_at(&fs, own, 77).expect("settle");
         assert_eq!(s.cgroup_root, FALLBACK, "{own:?}");
     }
+}
+
+#[test]
+fn settle_started_in_the_unit_itself_falls_back_and_touches_nothing() {
+    // systemd < 254 starts every agent in the unit's cgroup, which the kernel refuses
+    // once it hands controllers on: honoured, the first restart with pods would fail.
+    let tmp = TempDir::new("delegation-old");
+    let unit = "/system.slice/holdfast.service";
+    let fs = fake_v2(&tmp, unit, "77\n");
+    let s = settle_at(&fs, &format!("0::{unit}\n"), 77).expect("settle");
+    assert_eq!((s.cgroup_root.as_str(), s.base), (FALLBACK, None));
+    let base = fs.join(unit.trim_start_matches('/'));
+    assert!(!base.join("supervisor").exists());
+    assert_eq!(
+        std::fs::read_to_string(base.join("cgroup.subtree_control")).expect("read"),
+        ""
+    );
 }
 
 #[test]
