@@ -114,13 +114,9 @@ delegate_unit() {
 }
 start_agent() {
   delegate_unit
-  # systemd >= 254 with DelegateSubgroup=supervisor starts the agent in supervisor, older
-  # ones in the unit itself: the first start here is the older kind (the agent moves
-  # itself), a restart the newer (the kernel refuses the unit itself a process once it
-  # hands controllers to pods/).
-  cg=$UNIT
-  [ -n "$(cat $UNIT/cgroup.subtree_control)" ] && cg=$UNIT/supervisor
-  sh -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$cg" \
+  # Where systemd >= 254 starts it with DelegateSubgroup=supervisor, every time.
+  mkdir -p $UNIT/supervisor
+  sh -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$UNIT/supervisor" \
     holdfast run --config /vm/config.yaml --root-dir $ROOT --pod-manifest-path $MAN \
     --hostname-override "$NODE" >>$STATE/agent.log 2>&1 &
   AGENT=$!
@@ -274,11 +270,11 @@ EOF
   [ "$(cat "$pcg/pids.max")" = 64 ] || bad="$bad; pod pids.max $(cat "$pcg/pids.max") (podPidsLimit 64)"
   [ "$(cat "$pcg/memory.max")" = 67108864 ] || bad="$bad; pod memory.max $(cat "$pcg/memory.max")"
   info "res: memory.max $(cat "$ccg/memory.max") cpu.max '$(cat "$ccg/cpu.max")' cpu.weight $(cat "$ccg/cpu.weight") (pod $(cat "$pcg/cpu.weight")) pids.max $(cat "$pcg/pids.max")"
-  # cgroupRoot: delegated: all of it inside holdfast.service, the agent moved into
+  # cgroupRoot: delegated: all of it inside holdfast.service, the agent in
   # holdfast.service/supervisor, the unit itself empty.
   bad="$bad$(delegated hello res)"
-  # A process in the unit itself is refused now (EBUSY): why systemd < 254 cannot start
-  # the agent again in holdfast.service while pods run, and DelegateSubgroup= can.
+  # A process in the unit itself is refused now (EBUSY): why the agent does not honour
+  # delegated when systemd < 254 starts it there (the next start would fail).
   sleep 600 &
   if echo $! >$UNIT/cgroup.procs 2>/dev/null; then bad="$bad; holdfast.service took a process"; fi
   kill $!
