@@ -15,7 +15,7 @@ SRC_URI = "git://${HOLDFAST_GIT_REPO};${HOLDFAST_GIT_PARAMS} \
            file://holdfast.service \
            file://config.yaml \
            "
-SRCREV = "ca409b6ab2d0c41c734830d606b44a4ba4397d4b"
+SRCREV = "88abc5e1f73451f42777626d4e9c0e0b62911bd9"
 
 require holdfast-${PV}-crates.inc
 require holdfast.inc
