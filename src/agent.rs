@@ -134,7 +134,7 @@ pub async fn run(mut config: Config, shutdown: impl Future<Output = ()>) -> Resu
     if let Some(link) = uplink.as_ref().map(|u| u.view.link.clone()) {
         notify.set_uplink(move || match link.stage() {
             crate::uplink::Stage::Down => "uplink down",
-            crate::uplink::Stage::NodeReady => "uplink reconnecting",
+            crate::uplink::Stage::NodeReady => "uplink up, sending what waited",
             crate::uplink::Stage::Drained => "uplink up",
         });
     }
