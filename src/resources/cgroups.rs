@@ -136,7 +136,9 @@ pub struct CgroupTree {
     delegated: Option<String>,
 }
 
-const V1_CONTROLLERS: &[&str] = &["cpu", "memory", "pids"];
+/// The controllers a pod's limits need: one hierarchy each on v1, enabled in
+/// `cgroup.subtree_control` on v2 (and in a delegated base).
+pub const CONTROLLERS: &[&str] = &["cpu", "memory", "pids"];
 
 impl CgroupTree {
     /// The tree under `cgroup_root` in the host's cgroupfs.
@@ -232,7 +234,7 @@ impl CgroupTree {
     pub fn ensure(&self, rel: &str, limits: &Limits) -> Result<(), ResourcesError> {
         match self.version {
             Version::V1 => {
-                for c in V1_CONTROLLERS {
+                for c in CONTROLLERS {
                     let dir = self.dir(c, rel);
                     if !self.fs.join(c).exists() {
                         continue;
@@ -319,7 +321,7 @@ impl CgroupTree {
             }
             let available =
                 std::fs::read_to_string(dir.join("cgroup.controllers")).unwrap_or_default();
-            let wanted: Vec<String> = ["cpu", "memory", "pids"]
+            let wanted: Vec<String> = CONTROLLERS
                 .iter()
                 .filter(|c| available.split_whitespace().any(|a| a == **c))
                 .map(|c| format!("+{c}"))

@@ -20,6 +20,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use super::RuntimeError;
+use crate::resources::cgroups::CONTROLLERS;
 
 /// The `cgroupRoot` value that asks for the delegated subtree.
 pub const DELEGATED: &str = "delegated";
@@ -27,8 +28,6 @@ pub const DELEGATED: &str = "delegated";
 pub const SUPERVISOR: &str = "supervisor";
 /// Where the pods live inside the delegated subtree.
 pub const PODS: &str = "pods";
-/// The controllers a pod's limits need.
-const CONTROLLERS: &[&str] = &["cpu", "memory", "pids"];
 /// The cgroup root when `delegated` cannot be honoured (and the default).
 pub const FALLBACK: &str = "/holdfast";
 /// A cgroup path from `/proc` longer or deeper than this is not one a service manager
