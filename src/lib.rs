@@ -14,6 +14,7 @@
 //! - [`runtime`]: containers on libcontainer, driven by a per-container shim process.
 //! - [`image`]: the content-addressed image store, registry pulls, archive import,
 //!   layer unpacking and image GC.
+//! - [`malloc`]: the C allocator's arena and threshold limits, and giving memory back.
 //! - [`backoff`]: exponential back-off shared by every retry.
 //! - [`agent`]: wires the pieces together for `holdfast run`.
 //! - [`cli`]: the `holdfast` subcommands other than `run`.
@@ -49,6 +50,7 @@ pub mod config;
 pub mod control;
 pub mod eviction;
 pub mod image;
+pub mod malloc;
 pub mod metrics;
 pub mod network;
 pub mod node;
