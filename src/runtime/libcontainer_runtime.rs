@@ -20,6 +20,41 @@ pub const DEFAULT_LOG_MAX_SIZE: u64 = 10 * 1024 * 1024;
 pub const DEFAULT_LOG_MAX_FILES: u32 = 5;
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 const DELETE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How often a start waits without word on its readiness pipe before it looks whether
+/// the shim still lives.
+const LIVENESS_CHECK: Duration = Duration::from_secs(1);
+
+/// The read end of a shim's readiness pipe. The shim writes one byte once
+/// `started.json` or `failed.json` is in place; the pipe ends without one when the shim
+/// dies first. The records stay the truth (an agent restarted later reads them): the
+/// byte only says when to read them.
+struct ReadyPipe(std::fs::File);
+
+impl ReadyPipe {
+    /// Waits up to `limit` for the byte or the end of the pipe; true once it has
+    /// ended (after it, this returns true at once).
+    fn wait(&mut self, limit: Duration) -> bool {
+        use nix::poll::{PollFd, PollFlags, PollTimeout};
+        use std::io::Read;
+        use std::os::fd::AsFd;
+        let ms = u16::try_from(limit.as_millis()).unwrap_or(u16::MAX);
+        let mut fds = [PollFd::new(self.0.as_fd(), PollFlags::POLLIN)];
+        match nix::poll::poll(&mut fds, PollTimeout::from(ms)) {
+            Ok(0) | Err(nix::errno::Errno::EINTR) => false,
+            Ok(_) => {
+                let mut byte = [0u8; 1];
+                // Readable: data or the end, so this does not block.
+                !matches!(self.0.read(&mut byte), Ok(1))
+            }
+            // Cannot wait on it: pause as long, and the liveness check still ends the
+            // wait.
+            Err(_) => {
+                std::thread::sleep(limit);
+                false
+            }
+        }
+    }
+}
 
 pub struct LibcontainerRuntime {
     root: PathBuf,
@@ -244,7 +279,7 @@ impl LibcontainerRuntime {
             stdin_once: req.container.stdin_once.unwrap_or(false),
             tty: req.container.tty.unwrap_or(false),
         };
-        records::write(dir, records::SHIM_CONFIG, &shim)
+        records::write_boot_scoped(dir, records::SHIM_CONFIG, &shim)
     }
 
     /// A container on its own (no pod sandbox) gets its own `/etc/hosts`,
@@ -284,25 +319,33 @@ impl LibcontainerRuntime {
         }
     }
 
-    fn spawn_shim(&self, id: &ContainerId, dir: &Path) -> Result<(), RuntimeError> {
+    /// Runs `shim start`, which detaches the shim; returns the read end of the shim's
+    /// readiness pipe (see [`ReadyPipe`]).
+    fn spawn_shim(&self, id: &ContainerId, dir: &Path) -> Result<ReadyPipe, RuntimeError> {
         let log_path = dir.join(records::SHIM_LOG);
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&log_path)
             .map_err(io_err(format!("open {}", log_path.display())))?;
-        let log2 = log
-            .try_clone()
-            .map_err(io_err(format!("open {}", log_path.display())))?;
-        // `shim start` detaches `shim run` and exits at once: waiting for it leaves no
-        // zombie and does not wait for the container.
+        // Close-on-exec here: another thread's child must never hold the write end, or
+        // the shim's death would not end the pipe. The child gets it as its stdout.
+        let (ready, ready_w) =
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| RuntimeError::Io {
+                context: "create the shim's readiness pipe".to_owned(),
+                source: e.into(),
+            })?;
+        // `shim start` detaches the shim and exits at once: waiting for it leaves no
+        // zombie and does not wait for the container. The command (and with it this
+        // process's copy of the write end) is dropped once it returns.
         let status = Command::new(&self.shim_binary)
             .arg("shim")
             .arg("start")
             .arg(dir)
+            .arg(super::shim::READY_ON_STDOUT)
             .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(log2)
+            .stdout(Stdio::from(ready_w))
+            .stderr(log)
             .status()
             .map_err(io_err(format!("run shim {}", self.shim_binary.display())))?;
         if !status.success() {
@@ -311,14 +354,24 @@ impl LibcontainerRuntime {
                 message: format!("shim start failed ({status}): {}", log_tail(&log_path)),
             });
         }
-        Ok(())
+        Ok(ReadyPipe(std::fs::File::from(ready)))
     }
 
-    fn wait_started(&self, id: &ContainerId, dir: &Path) -> Result<Started, RuntimeError> {
+    /// Waits until the shim has written `started.json` or `failed.json`, it is gone, or
+    /// the start timeout is over. The readiness pipe wakes this at once for all of them
+    /// but one: a shim killed while libcontainer's init (a clone of it, holding the
+    /// write end until it runs the container's command) waits to be started. The shim's
+    /// liveness is checked each [`LIVENESS_CHECK`] for that.
+    fn wait_started(
+        &self,
+        id: &ContainerId,
+        dir: &Path,
+        mut ready: ReadyPipe,
+    ) -> Result<Started, RuntimeError> {
         let deadline = Instant::now() + self.start_timeout;
-        let mut pause = Duration::from_millis(5);
+        let mut ended = false;
         loop {
-            if let Some(s) = records::read::<StartedRecord>(dir, records::STARTED)? {
+            if let Some(s) = records::read_boot_scoped::<StartedRecord>(dir, records::STARTED)? {
                 return Ok(Started {
                     pid: s.init.pid,
                     started_at: s.started_at,
@@ -331,32 +384,37 @@ impl LibcontainerRuntime {
                     FailureKind::Start => RuntimeError::Start { id, message },
                 });
             }
-            let shim: Option<ShimPid> = records::read(dir, records::SHIM_PID)?;
-            if shim.is_some_and(|s| !s.process.is_alive())
-                && records::read::<StartedRecord>(dir, records::STARTED)?.is_none()
-                && records::read::<FailedRecord>(dir, records::FAILED)?.is_none()
-            {
-                return Err(RuntimeError::Create {
-                    id: id.0.clone(),
-                    message: format!(
-                        "shim exited without a record: {}",
-                        log_tail(&dir.join(records::SHIM_LOG))
-                    ),
-                });
+            let shim: Option<ShimPid> = records::read_boot_scoped(dir, records::SHIM_PID)?;
+            // The records were read after the pipe ended or the shim was seen dead, so
+            // none comes any more.
+            if ended || shim.is_some_and(|s| !s.process.is_alive()) {
+                let recheck = records::read_boot_scoped::<StartedRecord>(dir, records::STARTED)?
+                    .is_some()
+                    || dir.join(records::FAILED).exists();
+                if !recheck {
+                    return Err(RuntimeError::Create {
+                        id: id.0.clone(),
+                        message: format!(
+                            "shim exited without a record: {}",
+                            log_tail(&dir.join(records::SHIM_LOG))
+                        ),
+                    });
+                }
+                continue;
             }
-            if Instant::now() >= deadline {
+            let now = Instant::now();
+            if now >= deadline {
                 return Err(RuntimeError::Create {
                     id: id.0.clone(),
                     message: format!("shim did not report within {:?}", self.start_timeout),
                 });
             }
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_millis(50));
+            ended = ready.wait((deadline - now).min(LIVENESS_CHECK));
         }
     }
 
     fn shim_alive(&self, dir: &Path) -> Result<bool, RuntimeError> {
-        let shim: Option<ShimPid> = records::read(dir, records::SHIM_PID)?;
+        let shim: Option<ShimPid> = records::read_boot_scoped(dir, records::SHIM_PID)?;
         Ok(shim.is_some_and(|s| s.boot_id == self.boot_id && s.process.is_alive()))
     }
 
@@ -464,20 +522,23 @@ impl Runtime for LibcontainerRuntime {
             id: req.id.0.clone(),
             message,
         });
-        if let Err(e) = bound
+        let spawned = bound
             .and_then(|()| self.prepare(req, &dir))
-            .and_then(|()| self.spawn_shim(&req.id, &dir))
-        {
-            // Nothing runs yet: the directory and its own bind mount are all there is.
-            match rootfs::unmount_all_under(&dir) {
-                Ok(()) => {
-                    let _ = std::fs::remove_dir_all(&dir);
+            .and_then(|()| self.spawn_shim(&req.id, &dir));
+        let ready = match spawned {
+            Ok(ready) => ready,
+            Err(e) => {
+                // Nothing runs yet: the directory and its own bind mount are all there is.
+                match rootfs::unmount_all_under(&dir) {
+                    Ok(()) => {
+                        let _ = std::fs::remove_dir_all(&dir);
+                    }
+                    Err(m) => log::warn!("container {}: {m}", req.id),
                 }
-                Err(m) => log::warn!("container {}: {m}", req.id),
+                return Err(e);
             }
-            return Err(e);
-        }
-        self.wait_started(&req.id, &dir)
+        };
+        self.wait_started(&req.id, &dir, ready)
     }
 
     fn kill(&self, id: &ContainerId, signal: i32) -> Result<(), RuntimeError> {
@@ -488,7 +549,7 @@ impl Runtime for LibcontainerRuntime {
         }
         let sig = Signal::try_from(signal)
             .map_err(|_| RuntimeError::Config(format!("invalid signal {signal}")))?;
-        if let Some(s) = records::read::<StartedRecord>(&dir, records::STARTED)? {
+        if let Some(s) = records::read_boot_scoped::<StartedRecord>(&dir, records::STARTED)? {
             if s.boot_id == self.boot_id && s.init.is_alive() {
                 return match nix::sys::signal::kill(nix::unistd::Pid::from_raw(s.init.pid), sig) {
                     Ok(()) | Err(nix::errno::Errno::ESRCH) => Ok(()),
@@ -533,7 +594,7 @@ impl Runtime for LibcontainerRuntime {
             return Ok(s);
         }
         let shim_alive = self.shim_alive(&dir)?;
-        if let Some(s) = records::read::<StartedRecord>(&dir, records::STARTED)? {
+        if let Some(s) = records::read_boot_scoped::<StartedRecord>(&dir, records::STARTED)? {
             // The init may be gone while its shim still drains its output: running
             // until the exit record says otherwise.
             if s.boot_id == self.boot_id && (s.init.is_alive() || shim_alive) {

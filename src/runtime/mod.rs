@@ -17,9 +17,10 @@
 //! How a container runs:
 //! - `start` builds the OCI spec ([`spec`], a pure function of the pod and image),
 //!   writes `shim.json` and `bundle/config.json`, and runs `holdfast shim start <dir>`,
-//!   which calls `setsid`, starts `holdfast shim run <dir>` and exits at once: the agent
-//!   reaps it, so no zombie, and the real shim is orphaned, so the agent's death (even
-//!   SIGKILL) does not reach it. `start` then polls for `started.json` or `failed.json`.
+//!   which calls `setsid`, forks the shim and exits at once: the agent reaps it, so no
+//!   zombie, and the real shim is orphaned, so the agent's death (even SIGKILL) does
+//!   not reach it. `start` then waits on the shim's readiness pipe, which says when
+//!   `started.json` or `failed.json` is in place, or that the shim died first.
 //! - The shim (see [`shim`]) mounts the rootfs — an overlay of the image layers, the
 //!   upper and work directories in the container directory — creates the container
 //!   with libcontainer (not `as_sibling`, so the init is the shim's child), copies the

@@ -1,7 +1,16 @@
 //! The files through which the agent and a container's shim talk: `shim.json` (what to
 //! run), `shim-pid.json`, `started.json`, `exit.json`, `failed.json`. Each is written
-//! whole (temp file, fsync, rename) so a reader never sees half a record, even after a
-//! power cut. Also the `/proc` facts that tell a live process from a reused pid.
+//! whole (temp file, rename) so a reader never sees half a record. Also the `/proc`
+//! facts that tell a live process from a reused pid.
+//!
+//! Two kinds of record:
+//! - boot-scoped ([`write_boot_scoped`]): `shim.json`, `shim-pid.json`, `started.json`
+//!   carry the boot id and speak of processes, which a power cut kills. They need not
+//!   survive one, so they are not synced: no flash write or journal commit waits on the
+//!   start path. After a power cut one may be empty or torn; [`read_boot_scoped`] reads
+//!   such a record as absent, which is what a record of another boot means anyway.
+//! - durable ([`write`]): `exit.json` and `failed.json` say how a container ended, which
+//!   its restart policy still needs after a reboot: synced, and the rename too.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -131,9 +140,28 @@ pub fn reserve(dir: &Path, name: &str) -> Result<(), RuntimeError> {
     Ok(())
 }
 
-/// Writes `value` as JSON to `dir/name` atomically. The temp file is written over, not
-/// truncated first, so blocks [`reserve`] allocated for it are used rather than freed.
+/// Writes `value` as JSON to `dir/name` atomically and durably (it survives a power
+/// cut). The temp file is written over, not truncated first, so blocks [`reserve`]
+/// allocated for it are used rather than freed.
 pub fn write<T: Serialize>(dir: &Path, name: &str, value: &T) -> Result<(), RuntimeError> {
+    write_record(dir, name, value, true)
+}
+
+/// Writes a boot-scoped record (see the module doc) atomically, without syncing it.
+pub fn write_boot_scoped<T: Serialize>(
+    dir: &Path,
+    name: &str,
+    value: &T,
+) -> Result<(), RuntimeError> {
+    write_record(dir, name, value, false)
+}
+
+fn write_record<T: Serialize>(
+    dir: &Path,
+    name: &str,
+    value: &T,
+    durable: bool,
+) -> Result<(), RuntimeError> {
     let path = dir.join(name);
     let tmp = temp_path(dir, name);
     let bytes = serde_json::to_vec_pretty(value).map_err(|e| RuntimeError::Io {
@@ -148,7 +176,7 @@ pub fn write<T: Serialize>(dir: &Path, name: &str, value: &T) -> Result<(), Runt
         .map_err(io(format!("create {}", tmp.display())))?;
     file.write_all(&bytes)
         .and_then(|()| file.set_len(bytes.len() as u64))
-        .and_then(|()| file.sync_all())
+        .and_then(|()| if durable { file.sync_all() } else { Ok(()) })
         .map_err(io(format!("write {}", tmp.display())))?;
     std::fs::rename(&tmp, &path).map_err(io(format!(
         "rename {} to {}",
@@ -156,8 +184,10 @@ pub fn write<T: Serialize>(dir: &Path, name: &str, value: &T) -> Result<(), Runt
         path.display()
     )))?;
     // The rename itself must survive a power cut too.
-    if let Ok(d) = std::fs::File::open(dir) {
-        let _ = d.sync_all();
+    if durable {
+        if let Ok(d) = std::fs::File::open(dir) {
+            let _ = d.sync_all();
+        }
     }
     Ok(())
 }
@@ -176,6 +206,28 @@ pub fn read<T: DeserializeOwned>(dir: &Path, name: &str) -> Result<Option<T>, Ru
             context: format!("decode {}", path.display()),
             source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
         })
+}
+
+/// Reads a boot-scoped record; `Ok(None)` when it does not exist or does not decode.
+/// Renamed into place whole, a record of this boot always decodes: one that does not
+/// was cut short by a power cut, so it speaks of processes that are gone.
+pub fn read_boot_scoped<T: DeserializeOwned>(
+    dir: &Path,
+    name: &str,
+) -> Result<Option<T>, RuntimeError> {
+    let path = dir.join(name);
+    let bytes = match std::fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io(format!("read {}", path.display()))(e)),
+    };
+    match serde_json::from_slice(&bytes) {
+        Ok(v) => Ok(Some(v)),
+        Err(e) => {
+            log::debug!("{} from before a power cut ({e}): ignored", path.display());
+            Ok(None)
+        }
+    }
 }
 
 /// This boot's id: pids and start times from another boot mean nothing.
@@ -236,6 +288,26 @@ mod tests {
             read::<StartedRecord>(&dir, EXIT).expect("read missing"),
             None
         );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_torn_boot_scoped_record_reads_as_absent() {
+        let dir = std::env::temp_dir().join(format!("holdfast-torn-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        std::fs::write(dir.join(STARTED), b"{\"init\": {").expect("torn record");
+        assert_eq!(
+            read_boot_scoped::<StartedRecord>(&dir, STARTED).expect("read"),
+            None
+        );
+        // A durable record that does not decode is an error worth reporting.
+        assert!(read::<StartedRecord>(&dir, STARTED).is_err());
+        let rec = ShimPid {
+            process: ProcessRef::of(std::process::id() as i32).expect("own stat"),
+            boot_id: boot_id(),
+        };
+        write_boot_scoped(&dir, SHIM_PID, &rec).expect("write");
+        assert_eq!(read_boot_scoped(&dir, SHIM_PID).expect("read"), Some(rec));
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

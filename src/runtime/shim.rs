@@ -1,10 +1,14 @@
 //! The shim: `holdfast shim ...`, one process per container, single-threaded, so it may
 //! call libcontainer (which forks with raw clone3).
 //!
-//! - `shim start <container dir>`: started by the agent, which waits for it. It leaves
-//!   the agent's session, starts `shim run` and exits at once, so the agent reaps it and
-//!   `shim run` is orphaned: nothing the agent does, even dying to SIGKILL, reaches it.
-//! - `shim run <container dir>`: mounts the rootfs, creates and starts the container
+//! - `shim start <container dir> [--ready-on-stdout]`: started by the agent, which waits
+//!   for it. It leaves the agent's session, forks the shim and exits at once, so the
+//!   agent reaps it and the shim is orphaned: nothing the agent does, even dying to
+//!   SIGKILL, reaches it. The fork runs what `shim run` runs, without a second exec of
+//!   this binary. With `--ready-on-stdout` its stdout is the readiness pipe: the shim
+//!   writes one byte to it once `started.json` or `failed.json` is in place, so the
+//!   agent waits on the pipe, not on a timer (its end without a byte: the shim died).
+//! - `shim run <container dir> [--ready-on-stdout]`: mounts the rootfs, creates and starts the container
 //!   (its init is this process's child; with `tty` its terminal's master comes over a
 //!   console socket), writes `started.json`, copies its output into the CRI log and to
 //!   clients attached on `attach.sock` ([`super::attach`]), reaps it, writes
@@ -36,22 +40,71 @@ use super::{attach, rootfs, supervise, unix_socket};
 use crate::error::chain;
 use crate::time;
 
+/// The flag of `shim start` and `shim run` that makes their stdout the readiness pipe.
+pub const READY_ON_STDOUT: &str = "--ready-on-stdout";
+
 /// Entry point of `holdfast shim <args>`; returns the process exit code. Must run before
 /// any thread or async runtime exists.
 pub fn shim_main(args: &[String]) -> i32 {
+    // One arena: the shim is single-threaded, and a container's monitor lives long.
+    crate::malloc::configure(1);
     init_logging();
     let arg = |i: usize| args.get(i).map(String::as_str);
     if let (Some("exec"), Some(root), Some(id), Some(request)) = (arg(0), arg(1), arg(2), arg(3)) {
         return super::exec_shim::main(Path::new(root), id, request);
     }
-    match (arg(0), arg(1), arg(2)) {
-        (Some("start"), Some(dir), None) => detach(Path::new(dir)),
-        (Some("run"), Some(dir), None) => run(Path::new(dir)),
-        (Some("delete"), Some(root), Some(id)) => delete(Path::new(root), id),
+    // Only a known flag after the dir; the pipe is taken once the command is known.
+    let ready = |flag: Option<&str>| match flag {
+        None => Ready(None),
+        Some(_) => Ready::from_stdout(),
+    };
+    let known = |flag: Option<&str>| flag.is_none() || flag == Some(READY_ON_STDOUT);
+    match (arg(0), arg(1), arg(2), arg(3)) {
+        (Some("start"), Some(dir), flag, None) if known(flag) => {
+            detach(Path::new(dir), ready(flag))
+        }
+        (Some("run"), Some(dir), flag, None) if known(flag) => run(Path::new(dir), ready(flag)),
+        (Some("delete"), Some(root), Some(id), None) => delete(Path::new(root), id),
         _ => {
-            eprintln!("usage: holdfast shim start|run <container dir> | holdfast shim delete <state root> <id>");
+            eprintln!("usage: holdfast shim start|run <container dir> [{READY_ON_STDOUT}] | holdfast shim delete <state root> <id>");
             2
         }
+    }
+}
+
+/// The write end of the readiness pipe, if the agent gave one.
+struct Ready(Option<std::fs::File>);
+
+impl Ready {
+    /// Takes stdout as the readiness pipe and puts the log (stderr) in its place.
+    /// The copy kept is closed on exec: the container's command never holds it.
+    fn from_stdout() -> Ready {
+        use std::os::fd::AsFd;
+        let pipe = match std::io::stdout().as_fd().try_clone_to_owned() {
+            Ok(fd) => fd,
+            Err(e) => {
+                eprintln!("shim: copy the readiness pipe: {e}; the agent waits on its timer");
+                return Ready(None);
+            }
+        };
+        if let Err(e) = nix::unistd::dup2(2, 1) {
+            eprintln!("shim: put the log on stdout: {e}");
+        }
+        Ready(Some(std::fs::File::from(pipe)))
+    }
+
+    /// Says the record is in place, and lets go of the pipe.
+    fn signal(&mut self) {
+        use std::io::Write;
+        if let Some(mut pipe) = self.0.take() {
+            // The agent gone or no longer waiting: the record says it all the same.
+            let _ = pipe.write_all(&[1]);
+        }
+    }
+
+    /// Takes the pipe out, to hand it to a `shim run`.
+    fn take(&mut self) -> Option<std::fs::File> {
+        self.0.take()
     }
 }
 
@@ -87,12 +140,25 @@ fn own_log_fd() -> std::io::Result<std::fs::File> {
     Ok(std::fs::File::from(fd))
 }
 
-fn detach(dir: &Path) -> i32 {
+fn detach(dir: &Path, mut ready: Ready) -> i32 {
     // Fails only for a process group leader, which `Command` never makes us.
     if let Err(e) = nix::unistd::setsid() {
         eprintln!("shim start: setsid: {e}");
         return 1;
     }
+    if single_threaded() {
+        return match fork() {
+            // Not waited for: exiting now orphans it, which is the point.
+            Ok(nix::unistd::ForkResult::Parent { .. }) => 0,
+            Ok(nix::unistd::ForkResult::Child) => run(dir, ready),
+            Err(e) => {
+                eprintln!("shim start: fork: {e}");
+                1
+            }
+        };
+    }
+    // Something made a thread (it should not have): a fork would copy only this one,
+    // and with it whatever locks the others held. A fresh exec is safe.
     let exe = match std::env::current_exe() {
         Ok(exe) => exe,
         Err(e) => {
@@ -100,19 +166,37 @@ fn detach(dir: &Path) -> i32 {
             return 1;
         }
     };
-    match std::process::Command::new(exe)
-        .arg("shim")
-        .arg("run")
-        .arg(dir)
-        .spawn()
-    {
-        // Not waited for: exiting now orphans it, which is the point.
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg("shim").arg("run").arg(dir);
+    if let Some(pipe) = ready.take() {
+        cmd.arg(READY_ON_STDOUT).stdout(pipe);
+    }
+    match cmd.spawn() {
         Ok(_child) => 0,
         Err(e) => {
             eprintln!("shim start: spawn shim run: {e}");
             1
         }
     }
+}
+
+/// Whether this process has one thread (`Threads:` in `/proc/self/status`).
+fn single_threaded() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Threads:"))
+                .map(|n| n.trim() == "1")
+        })
+        .unwrap_or(false)
+}
+
+#[allow(unsafe_code)]
+fn fork() -> nix::Result<nix::unistd::ForkResult> {
+    // SAFETY: the caller checked that this process has a single thread, so no lock of
+    // another thread is copied held into the child, which may then allocate freely.
+    unsafe { nix::unistd::fork() }
 }
 
 /// Where the container's output comes from.
@@ -141,11 +225,11 @@ const CONSOLE_SOCKET: &str = "console.sock";
 /// How long the init has to send its terminal.
 const CONSOLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
-fn run(dir: &Path) -> i32 {
+fn run(dir: &Path, mut ready: Ready) -> i32 {
     let config: ShimConfig = match records::read(dir, records::SHIM_CONFIG) {
         Ok(Some(c)) => c,
-        Ok(None) => return fail_early(dir, "shim.json is missing".to_owned()),
-        Err(e) => return fail_early(dir, e.to_string()),
+        Ok(None) => return fail_early(dir, "shim.json is missing".to_owned(), &mut ready),
+        Err(e) => return fail_early(dir, e.to_string(), &mut ready),
     };
     if let Err(e) = set_signal_dispositions() {
         log::warn!("shim {}: set signal dispositions: {e}", config.id);
@@ -156,12 +240,16 @@ fn run(dir: &Path) -> i32 {
             process,
             boot_id: config.boot_id.clone(),
         };
-        if let Err(e) = records::write(dir, records::SHIM_PID, &rec) {
+        if let Err(e) = records::write_boot_scoped(dir, records::SHIM_PID, &rec) {
             log::warn!("shim {}: {e}", config.id);
         }
     }
     match create_and_start(&config) {
         Ok(running) => {
+            ready.signal();
+            // What creating the container left in the heap (libcontainer's builder, the
+            // spec, the seccomp filter) goes back to the kernel before the long wait.
+            crate::malloc::trim();
             supervise::run(running);
             0
         }
@@ -175,6 +263,7 @@ fn run(dir: &Path) -> i32 {
             if let Err(e) = records::write(&config.container_dir, records::FAILED, &rec) {
                 log::error!("shim {}: {e}", config.id);
             }
+            ready.signal();
             notify_exit(&config);
             cleanup(&config);
             // Reap whatever libcontainer left (an init that failed before exec).
@@ -188,7 +277,7 @@ fn run(dir: &Path) -> i32 {
     }
 }
 
-fn fail_early(dir: &Path, message: String) -> i32 {
+fn fail_early(dir: &Path, message: String, ready: &mut Ready) -> i32 {
     eprintln!("shim run {}: {message}", dir.display());
     let rec = FailedRecord {
         kind: FailureKind::Create,
@@ -198,6 +287,7 @@ fn fail_early(dir: &Path, message: String) -> i32 {
     if let Err(e) = records::write(dir, records::FAILED, &rec) {
         eprintln!("shim run {}: {e}", dir.display());
     }
+    ready.signal();
     1
 }
 
@@ -317,7 +407,7 @@ fn create_and_start(config: &ShimConfig) -> Result<Running, Failure> {
         started_at,
         boot_id: config.boot_id.clone(),
     };
-    if let Err(e) = records::write(&config.container_dir, records::STARTED, &rec) {
+    if let Err(e) = records::write_boot_scoped(&config.container_dir, records::STARTED, &rec) {
         log::error!("shim {}: {e}", config.id);
     }
     Ok(Running {
