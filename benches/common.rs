@@ -2,11 +2,19 @@
 
 #![allow(dead_code)]
 
-use std::path::Path;
-use std::process::{Child, Command};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_holdfast");
+
+/// The binary the agent and its shims run: `HOLDFAST_BIN` if set (to measure another
+/// build, such as an older commit's), else the one cargo built for the bench.
+pub fn bin() -> PathBuf {
+    std::env::var_os("HOLDFAST_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(BIN))
+}
 
 /// `holdfast run` on a root dir, a manifest folder and a config, logging to `log`.
 pub struct Agent(Child);
@@ -14,7 +22,7 @@ pub struct Agent(Child);
 impl Agent {
     pub fn start(root: &Path, manifests: &Path, cfg: &Path, log: &Path) -> Self {
         let log = std::fs::File::create(log).expect("log");
-        let child = Command::new(BIN)
+        let child = Command::new(bin())
             .arg("run")
             .arg("--config")
             .arg(cfg)
@@ -45,6 +53,15 @@ impl Agent {
     }
 }
 
+/// An agent a bench panicked over is stopped all the same (a stopped one is left alone).
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            self.stop();
+        }
+    }
+}
+
 /// Ends a bench's agent run: removes every manifest, waits (up to `within`) for the
 /// agent to have stopped all its containers, stops it, and resets its root dir and
 /// cgroups.
@@ -58,9 +75,12 @@ pub fn finish(
     for f in std::fs::read_dir(manifests).expect("manifests").flatten() {
         let _ = std::fs::remove_file(f.path());
     }
-    wait(within, || running_containers(root) == 0);
+    // Not `wait`: this also runs while a failed bench unwinds, and must not panic then.
+    if !poll(within, || running_containers(root) == 0) {
+        eprintln!("containers still running after {within:?}; resetting anyway");
+    }
     agent.stop();
-    let _ = Command::new(BIN)
+    let _ = Command::new(bin())
         .args(["reset", "--root-dir"])
         .arg(root)
         .args(["--cgroup-root", cgroup_root])
@@ -68,25 +88,118 @@ pub fn finish(
 }
 
 /// Polls `cond` until it holds; panics after `within`.
-pub fn wait(within: Duration, mut cond: impl FnMut() -> bool) {
+pub fn wait(within: Duration, cond: impl FnMut() -> bool) {
+    assert!(poll(within, cond), "timed out");
+}
+
+/// Polls `cond` until it holds (true) or `within` has passed (false).
+pub fn poll(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + within;
     while !cond() {
-        assert!(Instant::now() < deadline, "timed out");
+        if Instant::now() >= deadline {
+            return false;
+        }
         std::thread::sleep(Duration::from_micros(500));
     }
+    true
 }
 
 /// (RSS, PSS) of a process in KiB, from smaps_rollup.
 pub fn memory(pid: u32) -> (u64, u64) {
+    let r = rollup(pid);
+    (r.rss, r.pss)
+}
+
+/// A process's memory in KiB, from `smaps_rollup` (zeros once it is gone).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Rollup {
+    pub rss: u64,
+    pub pss: u64,
+    pub private_dirty: u64,
+}
+
+pub fn rollup(pid: u32) -> Rollup {
     let s = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
-    let field = |name: &str| {
-        s.lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
+    Rollup {
+        rss: kib_field(&s, "Rss:"),
+        pss: kib_field(&s, "Pss:"),
+        private_dirty: kib_field(&s, "Private_Dirty:"),
+    }
+}
+
+/// The number after `name` on the first line starting with it (`Pss:   1234 kB`).
+fn kib_field(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find(|l| l.starts_with(name))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Private_Dirty in KiB of the mappings of `file` in a process (from `smaps`): what
+/// relocations cost each process running that binary.
+pub fn file_private_dirty(pid: u32, file: &Path) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap_or_default();
+    let file = file.to_string_lossy();
+    let mut in_file = false;
+    let mut sum = 0;
+    for line in s.lines() {
+        let first = line.split_whitespace().next().unwrap_or("");
+        // A mapping's header starts with its address range, `start-end`.
+        if first.contains('-') && !first.ends_with(':') {
+            in_file = line.split_whitespace().nth(5) == Some(&*file);
+        } else if in_file && line.starts_with("Private_Dirty:") {
+            sum += kib_field(line, "Private_Dirty:");
+        }
+    }
+    sum
+}
+
+/// `Threads:` of a process (0 once it is gone).
+pub fn threads(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    kib_field(&s, "Threads:")
+}
+
+/// glibc malloc arenas of a process: the main one plus each heap of the others, an
+/// anonymous reservation of HEAP_MAX_SIZE (64 MiB on 64-bit, 1 MiB on 32-bit) aligned to
+/// its size, seen in `maps` as a read-write part followed by a `---p` rest.
+pub fn arenas(pid: u32) -> u64 {
+    let heap: u64 = if cfg!(target_pointer_width = "64") {
+        64 << 20
+    } else {
+        1 << 20
     };
-    (field("Rss:"), field("Pss:"))
+    let s = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+    let anon: Vec<(u64, u64)> = s
+        .lines()
+        .filter(|l| l.split_whitespace().nth(5).is_none())
+        .filter_map(|l| {
+            let (a, b) = l.split_whitespace().next()?.split_once('-')?;
+            Some((
+                u64::from_str_radix(a, 16).ok()?,
+                u64::from_str_radix(b, 16).ok()?,
+            ))
+        })
+        .collect();
+    let mut n = 0;
+    for (i, &(start, end)) in anon.iter().enumerate() {
+        if start % heap != 0 {
+            continue;
+        }
+        // Contiguous anonymous mappings that together make up exactly one heap.
+        let mut reach = end;
+        for &(s, e) in &anon[i + 1..] {
+            if s != reach || reach >= start + heap {
+                break;
+            }
+            reach = e;
+        }
+        if reach == start + heap {
+            n += 1;
+        }
+    }
+    n + 1
 }
 
 /// Containers whose process runs under `root` (the shim wrote `started.json` and no
@@ -101,6 +214,132 @@ pub fn running_containers(root: &Path) -> usize {
                 .count()
         })
         .unwrap_or(0)
+}
+
+/// A static pod running busybox `sleep` on the host network, `name` also its file name.
+pub fn pod_manifest(name: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  hostNetwork: true\n  \
+         terminationGracePeriodSeconds: 0\n  containers:\n  - name: c\n    image: busybox:bench\n    \
+         command: [\"sleep\", \"100000\"]\n"
+    )
+}
+
+/// The shims of containers under `root`, and their memory in KiB.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Shims {
+    pub count: usize,
+    pub rss: u64,
+    pub pss: u64,
+    pub private_dirty: u64,
+    /// Of `private_dirty`, the part in the mappings of the binary itself.
+    pub binary_private_dirty: u64,
+}
+
+impl Shims {
+    pub fn per_shim(&self, total: u64) -> u64 {
+        total / (self.count.max(1) as u64)
+    }
+}
+
+pub fn shim_memory(root: &Path) -> Shims {
+    let mut out = Shims::default();
+    let root = root.display().to_string();
+    for e in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let cmd = String::from_utf8_lossy(&cmd);
+        if cmd.contains("\0shim\0") && cmd.contains(&*root) {
+            let r = rollup(pid);
+            out.count += 1;
+            out.rss += r.rss;
+            out.pss += r.pss;
+            out.private_dirty += r.private_dirty;
+            if let Ok(exe) = std::fs::read_link(format!("/proc/{pid}/exe")) {
+                out.binary_private_dirty += file_private_dirty(pid, &exe);
+            }
+        }
+    }
+    out
+}
+
+/// Wall time of `<rt> run -d` for each of `n` containers of `bundle`, or None when `rt`
+/// is missing or fails. crun refuses a hybrid cgroup v1 layout unless the unified mount
+/// is hidden, so it runs in a private mount namespace without it (a few ms of `unshare`
+/// included).
+pub fn time_runtime(rt: &str, bundle: &Path, extra: &[&str], n: usize) -> Option<Vec<Duration>> {
+    if Command::new(rt)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status()
+        .is_err()
+    {
+        eprintln!("{rt} not installed (apt-get install {rt}); left out");
+        return None;
+    }
+    let state = PathBuf::from(format!("/run/holdfast-bench-{rt}"));
+    let hybrid = Path::new("/sys/fs/cgroup/unified").exists();
+    let mut out = Vec::new();
+    for i in 0..n {
+        let id = format!("bench-{rt}-{i}");
+        let mut cmd = if rt == "crun" && hybrid {
+            let mut c = Command::new("unshare");
+            c.args([
+                "-m",
+                "sh",
+                "-c",
+                "umount /sys/fs/cgroup/unified 2>/dev/null; exec \"$@\"",
+                "sh",
+                rt,
+            ]);
+            c
+        } else {
+            Command::new(rt)
+        };
+        cmd.arg("--root")
+            .arg(&state)
+            .args(extra)
+            .args(["run", "-d", "--bundle"])
+            .arg(bundle)
+            .arg(&id);
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let t0 = Instant::now();
+        let ok = cmd.status().map(|s| s.success()).unwrap_or(false);
+        let took = t0.elapsed();
+        let _ = Command::new(rt)
+            .arg("--root")
+            .arg(&state)
+            .args(["delete", "-f", &id])
+            .status();
+        if !ok {
+            eprintln!("{rt} run failed; left out");
+            return None;
+        }
+        out.push(took);
+    }
+    let _ = std::fs::remove_dir("/sys/fs/cgroup/unified/holdfast-bench-oci");
+    if let Ok(d) = std::fs::read_dir("/sys/fs/cgroup") {
+        for e in d.flatten() {
+            let _ = std::fs::remove_dir(e.path().join("holdfast-bench-oci/c"));
+            let _ = std::fs::remove_dir(e.path().join("holdfast-bench-oci"));
+        }
+    }
+    Some(out)
+}
+
+/// (p50, p95, max) in ms.
+pub fn stats(samples: &[Duration]) -> (f64, f64, f64) {
+    let mut ms: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1000.0).collect();
+    if ms.is_empty() {
+        return (0.0, 0.0, 0.0);
+    }
+    ms.sort_by(|a, b| a.total_cmp(b));
+    let at = |q: f64| ms[((ms.len() as f64 - 1.0) * q).round() as usize];
+    (at(0.5), at(0.95), ms.last().copied().unwrap_or(0.0))
 }
 
 /// Writes a benchmark's figures to `target/bench/<name>.json` and says where.

@@ -12,10 +12,7 @@ mod common;
 #[path = "../tests/support/oci.rs"]
 mod oci;
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-
-use common::{memory, wait, Agent};
+use common::{memory, shim_memory, stats, time_runtime, wait, Agent, Shims};
 use std::time::{Duration, Instant};
 
 const PODS: usize = 30;
@@ -58,13 +55,9 @@ fn main() {
 
     let mut holdfast = Vec::new();
     let mut with_pods = (0, 0);
-    let mut shims = (0, 0, 0);
+    let mut shims = Shims::default();
     for i in 0..PODS {
-        let yaml = format!(
-            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p{i}\nspec:\n  hostNetwork: true\n  \
-             terminationGracePeriodSeconds: 0\n  containers:\n  - name: c\n    image: busybox:bench\n    \
-             command: [\"sleep\", \"100000\"]\n"
-        );
+        let yaml = common::pod_manifest(&format!("p{i}"));
         let t0 = Instant::now();
         std::fs::write(manifests.join(format!("p{i}.yaml")), yaml).expect("manifest");
         wait(Duration::from_secs(60), || {
@@ -82,8 +75,8 @@ fn main() {
     // The same rootfs and process for runc and crun.
     let bundle = dir.join("bundle");
     common::make_bundle(&root, &bundle);
-    let runc = time_runtime("runc", &bundle, &[]);
-    let crun = time_runtime("crun", &bundle, &["--cgroup-manager=cgroupfs"]);
+    let runc = time_runtime("runc", &bundle, &[], PODS);
+    let crun = time_runtime("crun", &bundle, &["--cgroup-manager=cgroupfs"], PODS);
 
     common::finish(
         &mut agent,
@@ -118,16 +111,16 @@ fn main() {
     );
     println!(
         "{:<32} {:>10} {:>10}",
-        format!("shims ({} in all)", shims.0),
-        shims.1,
-        shims.2
+        format!("shims ({} in all)", shims.count),
+        shims.rss,
+        shims.pss
     );
-    if shims.0 > 0 {
+    if shims.count > 0 {
         println!(
             "{:<32} {:>10} {:>10}",
             "per shim",
-            shims.1 / shims.0 as u64,
-            shims.2 / shims.0 as u64
+            shims.per_shim(shims.rss),
+            shims.per_shim(shims.pss)
         );
     }
     let json = serde_json::json!({
@@ -135,101 +128,8 @@ fn main() {
         "start_latency_ms": rows.iter().map(|(n, s)| serde_json::json!({"what": n, "p50": s.0, "p95": s.1, "max": s.2})).collect::<Vec<_>>(),
         "agent_idle_kib": {"rss": idle.0, "pss": idle.1},
         "agent_with_pods_kib": {"pods": MEMORY_PODS, "rss": with_pods.0, "pss": with_pods.1},
-        "shims_kib": {"count": shims.0, "rss": shims.1, "pss": shims.2},
+        "shims_kib": {"count": shims.count, "rss": shims.rss, "pss": shims.pss},
     });
     common::write_json("startup", &json);
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// (count, total RSS, total PSS) of the shims of containers under `root`.
-fn shim_memory(root: &Path) -> (usize, u64, u64) {
-    let mut n = 0;
-    let (mut rss, mut pss) = (0, 0);
-    for e in std::fs::read_dir("/proc").expect("/proc").flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        let cmd = String::from_utf8_lossy(&cmd);
-        if cmd.contains("\0shim\0") && cmd.contains(&*root.display().to_string()) {
-            let (r, p) = memory(pid);
-            n += 1;
-            rss += r;
-            pss += p;
-        }
-    }
-    (n, rss, pss)
-}
-
-/// Wall time of `<rt> run -d` for each of PODS containers, or None when `rt` is missing.
-/// crun refuses this host's hybrid cgroup v1 layout unless the unified mount is hidden,
-/// so it runs in a private mount namespace without it (a few ms of `unshare` included).
-fn time_runtime(rt: &str, bundle: &Path, extra: &[&str]) -> Option<Vec<Duration>> {
-    if Command::new(rt)
-        .arg("--version")
-        .stdout(Stdio::null())
-        .status()
-        .is_err()
-    {
-        eprintln!("{rt} not installed (apt-get install {rt}); left out");
-        return None;
-    }
-    let state = PathBuf::from(format!("/run/holdfast-bench-{rt}"));
-    let hybrid = Path::new("/sys/fs/cgroup/unified").exists();
-    let mut out = Vec::new();
-    for i in 0..PODS {
-        let id = format!("bench-{rt}-{i}");
-        let mut cmd = if rt == "crun" && hybrid {
-            let mut c = Command::new("unshare");
-            c.args([
-                "-m",
-                "sh",
-                "-c",
-                "umount /sys/fs/cgroup/unified 2>/dev/null; exec \"$@\"",
-                "sh",
-                rt,
-            ]);
-            c
-        } else {
-            Command::new(rt)
-        };
-        cmd.arg("--root")
-            .arg(&state)
-            .args(extra)
-            .args(["run", "-d", "--bundle"])
-            .arg(bundle)
-            .arg(&id);
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        let t0 = Instant::now();
-        let ok = cmd.status().map(|s| s.success()).unwrap_or(false);
-        let took = t0.elapsed();
-        let _ = Command::new(rt)
-            .arg("--root")
-            .arg(&state)
-            .args(["delete", "-f", &id])
-            .status();
-        if !ok {
-            eprintln!("{rt} run failed; left out");
-            return None;
-        }
-        out.push(took);
-    }
-    let _ = std::fs::remove_dir("/sys/fs/cgroup/unified/holdfast-bench-oci");
-    if let Ok(d) = std::fs::read_dir("/sys/fs/cgroup") {
-        for e in d.flatten() {
-            let _ = std::fs::remove_dir(e.path().join("holdfast-bench-oci/c"));
-            let _ = std::fs::remove_dir(e.path().join("holdfast-bench-oci"));
-        }
-    }
-    Some(out)
-}
-
-/// (p50, p95, max) in ms.
-fn stats(samples: &[Duration]) -> (f64, f64, f64) {
-    let mut ms: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1000.0).collect();
-    ms.sort_by(|a, b| a.total_cmp(b));
-    let at = |q: f64| ms[((ms.len() as f64 - 1.0) * q).round() as usize];
-    (at(0.5), at(0.95), ms.last().copied().unwrap_or(0.0))
 }
