@@ -153,5 +153,17 @@ fn init_logging(verbosity: Option<u8>) {
         "{level},libcontainer={libs},libcgroups={libs},sled={libs},ureq={libs},ureq_proto={libs},rustls={libs}"
     );
     let env = env_logger::Env::default().default_filter_or(default);
-    let _ = env_logger::Builder::from_env(env).try_init();
+    // env_logger's own line, `[2026-11-26T16:18:22Z INFO  target] message` with later
+    // lines of a message indented, written here so that the build needs neither its
+    // colour crates nor its timestamp feature; journald and the log file take plain text.
+    let _ = env_logger::Builder::from_env(env)
+        .format(|buf, record| {
+            use std::io::Write;
+            let now = holdfast::time::Timestamp::now();
+            let now = holdfast::time::Timestamp::from_second(now.as_second()).unwrap_or(now);
+            let message = record.args().to_string().replace('\n', "\n    ");
+            let (level, target) = (record.level(), record.target());
+            writeln!(buf, "[{now} {level:<5} {target}] {message}")
+        })
+        .try_init();
 }
