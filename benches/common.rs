@@ -321,6 +321,8 @@ pub fn time_runtime(rt: &str, bundle: &Path, extra: &[&str], n: usize) -> Option
         }
         out.push(took);
     }
+    // Empty by now: every container was deleted.
+    let _ = std::fs::remove_dir_all(&state);
     let _ = std::fs::remove_dir("/sys/fs/cgroup/unified/holdfast-bench-oci");
     if let Ok(d) = std::fs::read_dir("/sys/fs/cgroup") {
         for e in d.flatten() {
