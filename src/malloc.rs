@@ -48,3 +48,34 @@ pub fn trim() -> bool {
     #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
     false
 }
+
+/// The process's resident memory in bytes (`/proc/self/statm`), to tell what a trim
+/// gave back; None where it cannot be read.
+pub fn resident_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+        .ok()
+        .flatten()
+        .and_then(|p| u64::try_from(p).ok())?;
+    pages.checked_mul(page)
+}
+
+/// [`trim`], logging (at debug) how much resident memory it gave back `after` some work.
+pub fn trim_and_log(after: &str) {
+    let before = resident_bytes();
+    let released = trim();
+    match (before, resident_bytes()) {
+        (Some(b), Some(a)) => log::debug!(
+            "memory trimmed after {after}: resident {} -> {} KiB{}",
+            b / 1024,
+            a / 1024,
+            if released {
+                ""
+            } else {
+                " (nothing to release)"
+            }
+        ),
+        _ => log::debug!("memory trimmed after {after}"),
+    }
+}

@@ -1,7 +1,7 @@
 //! The agent's image service: the puller (registry client, mirrors, node credentials
 //! read again for each pull) and image GC on a thread of its own, every 5 minutes as
 //! the kubelet's and after each pull. GC spares every image a pod of this node wants or
-//! runs, as the store's pod states say.
+//! runs, as the store's pod states say. After a pull it gives the pull's memory back.
 
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Arc;
@@ -53,7 +53,12 @@ pub fn start(images: Arc<ImageStore>, config: &ImageConfig, podstates: Tree<PodS
         .name("image-gc".into())
         .spawn(move || loop {
             match kicked.recv_timeout(GC_PERIOD) {
-                Ok(()) | Err(RecvTimeoutError::Timeout) => run_gc(&images, policy, &podstates),
+                Ok(()) => {
+                    run_gc(&images, policy, &podstates);
+                    // A pull's buffers (manifests, layer streams, TLS) are freed by now.
+                    crate::malloc::trim_and_log("an image pull");
+                }
+                Err(RecvTimeoutError::Timeout) => run_gc(&images, policy, &podstates),
                 Err(RecvTimeoutError::Disconnected) => return,
             }
         });

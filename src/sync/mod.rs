@@ -7,6 +7,7 @@
 
 mod admit;
 pub mod adopt;
+mod burst;
 pub mod env;
 mod plan;
 pub mod probe;
@@ -111,6 +112,8 @@ pub struct SyncLoop {
     evictions: Option<mpsc::Receiver<(String, String)>>,
     /// Told of every completed pass: systemd's readiness and watchdog.
     notify: crate::systemd::Notify,
+    /// Pod starts and stops since memory was last given back.
+    burst: burst::Burst,
 }
 
 impl SyncLoop {
@@ -130,6 +133,7 @@ impl SyncLoop {
             admitted: HashMap::new(),
             evictions: None,
             notify: crate::systemd::Notify::default(),
+            burst: burst::Burst::new(burst::BURST_EVENTS, burst::QUIET),
         }
     }
 
@@ -191,9 +195,18 @@ impl SyncLoop {
             self.notify.beat(self.workers.len());
             tokio::select! {
                 _ = &mut shutdown => break,
-                Some(change) = changes.recv() => self.apply(change).await,
-                Some(id) = exits.recv() => self.route_exit(id).await,
-                Some((id, uid)) = self.registered_rx.recv() => { self.owners.insert(id, uid); }
+                Some(change) = changes.recv() => {
+                    self.burst.note();
+                    self.apply(change).await
+                }
+                Some(id) = exits.recv() => {
+                    self.burst.note();
+                    self.route_exit(id).await
+                }
+                Some((id, uid)) = self.registered_rx.recv() => {
+                    self.burst.note();
+                    self.owners.insert(id, uid);
+                }
                 Some(()) = resyncs.recv() => self.broadcast_resync().await,
                 Some(key) = next_change(&mut objects_changed) => self.resync_referencing(&key),
                 Some((uid, message)) = next_change(&mut evictions) => {
@@ -203,7 +216,12 @@ impl SyncLoop {
                 }
                 _ = tick.tick() => self.broadcast_resync().await,
                 _ = crate::systemd::tick(&mut beat) => {}
+                // A burst of starts and stops is over: its memory goes back at once.
+                _ = self.burst.settled() => {
+                    tokio::spawn(burst::trim(self.burst.reset()));
+                }
                 Some(done) = self.tasks.join_next(), if !self.tasks.is_empty() => {
+                    self.burst.note();
                     if let Ok(uid) = done {
                         self.forget(&uid);
                         if let Some(pod) = self.readd.remove(&uid) {

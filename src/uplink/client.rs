@@ -176,6 +176,14 @@ impl Client {
     }
 }
 
+/// Bytes ureq reads a connection's response into (ureq's default is 128 KiB): the
+/// headers must fit; bodies, a watch's long lines too, stream through it.
+const INPUT_BUFFER: usize = 32 * 1024;
+
+/// Bytes ureq writes a request's headers and body out of (ureq's default is 128 KiB,
+/// every page touched per connection): headers with a bearer token fit many times.
+const OUTPUT_BUFFER: usize = 16 * 1024;
+
 /// The ureq agent for the apiserver: its TLS, no redirects, no proxy, the timeouts.
 fn make_agent(
     tls: &Arc<rustls::ClientConfig>,
@@ -194,6 +202,8 @@ fn make_agent(
             .proxy(None)
             .timeout_connect(Some(CONNECT_TIMEOUT))
             .timeout_global(Some(REQUEST_TIMEOUT))
+            .input_buffer_size(INPUT_BUFFER)
+            .output_buffer_size(OUTPUT_BUFFER)
             .build();
         let connector = ().chain(TcpConnector::default()).chain(
             TlsConnector::new(tls.clone(), tls_server_name.clone()).describing(tls::describe),

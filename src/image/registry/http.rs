@@ -4,7 +4,7 @@
 //! header never goes to another host.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::time::Duration;
 
 use rustls::pki_types::CertificateDer;
@@ -66,7 +66,7 @@ impl Http {
         self.plain_agent
             .get_or_init(|| {
                 let mut roots = rustls::RootCertStore::empty();
-                for cert in native_roots() {
+                for cert in native_roots().iter() {
                     let _ = roots.add(cert.clone());
                 }
                 ClientConfig::builder_with_provider(crate::tls::provider())
@@ -147,6 +147,14 @@ impl Http {
     }
 }
 
+/// Bytes ureq reads a connection's responses into (its default is 128 KiB): the headers
+/// must fit; layers stream through it.
+const INPUT_BUFFER: usize = 32 * 1024;
+
+/// Bytes ureq writes requests out of (its default is 128 KiB, every page touched, in
+/// each pooled connection): the headers with a token fit many times.
+const OUTPUT_BUFFER: usize = 16 * 1024;
+
 fn build_agent(tls: Arc<ClientConfig>) -> Agent {
     let config = Agent::config_builder()
         .http_status_as_error(false)
@@ -158,21 +166,30 @@ fn build_agent(tls: Arc<ClientConfig>) -> Agent {
         .proxy(None)
         .timeout_connect(Some(CONNECT_TIMEOUT))
         .timeout_recv_response(Some(RESPONSE_TIMEOUT))
+        .input_buffer_size(INPUT_BUFFER)
+        .output_buffer_size(OUTPUT_BUFFER)
         .build();
     let connector = ().chain(TcpConnector::default()).chain(TlsConnector::new(tls, None));
     Agent::with_parts(config, connector, DefaultResolver::default())
 }
 
-/// The system's CA bundle, read once (`/etc/ssl/certs` on Debian and Yocto).
-fn native_roots() -> &'static [CertificateDer<'static>] {
-    static ROOTS: OnceLock<Vec<CertificateDer<'static>>> = OnceLock::new();
-    ROOTS.get_or_init(|| {
-        let found = rustls_native_certs::load_native_certs();
-        for e in &found.errors {
-            log::warn!("system CA certificates: {e}");
-        }
-        found.certs
-    })
+/// The system's CA bundle (`/etc/ssl/certs` on Debian and Yocto), read when an endpoint's
+/// first connection needs it and shared by the agents made meanwhile. Only a weak
+/// reference stays: the certificates (about 150, a few hundred KiB) are freed once the
+/// agents have their parsed roots, rather than held for the agent's lifetime.
+fn native_roots() -> Arc<Vec<CertificateDer<'static>>> {
+    static ROOTS: Mutex<Weak<Vec<CertificateDer<'static>>>> = Mutex::new(Weak::new());
+    let mut held = ROOTS.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(roots) = held.upgrade() {
+        return roots;
+    }
+    let found = rustls_native_certs::load_native_certs();
+    for e in &found.errors {
+        log::warn!("system CA certificates: {e}");
+    }
+    let roots = Arc::new(found.certs);
+    *held = Arc::downgrade(&roots);
+    roots
 }
 
 fn tls_config(ep: &Endpoint) -> Result<Arc<ClientConfig>, String> {
@@ -187,7 +204,7 @@ fn tls_config(ep: &Endpoint) -> Result<Arc<ClientConfig>, String> {
             )))
     } else {
         let mut roots = rustls::RootCertStore::empty();
-        for cert in native_roots() {
+        for cert in native_roots().iter() {
             // A system certificate rustls cannot use is no reason to fail every pull.
             let _ = roots.add(cert.clone());
         }
