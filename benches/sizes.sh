@@ -156,12 +156,12 @@ if overhead > OVERHEAD_BUDGET * MiB:
     warn.append("overhead")
 
 print(f"\n{device}, by subsystem (code and data symbols of the bloat build):")
-print(f"| {'subsystem':36} | {'largest crates':52} | {'bytes':>10} | {'budget':>10} |")
-print(f"|{'-' * 38}|{'-' * 54}|{'-' * 11}:|{'-' * 11}:|")
+print(f"| {'subsystem':38} | {'largest crates':52} | {'bytes':>10} | {'budget':>10} |")
+print(f"|{'-' * 40}|{'-' * 54}|{'-' * 11}:|{'-' * 11}:|")
 for r in rows:
-    print(f"| {r["subsystem"]:38} | {', '.join(r['largest_crates']):52} | {mib(r['bytes']):>10} |"
+    print(f"| {r['subsystem']:38} | {', '.join(r['largest_crates']):52} | {mib(r['bytes']):>10} |"
           f" {mib(r['budget_bytes']):>10} |")
-print(f"| {'total (stripped file)':36} | {'':52} | {mib(stripped[device]):>10} | {mib(budget):>10} |")
+print(f"| {'total (stripped file)':38} | {'':52} | {mib(stripped[device]):>10} | {mib(budget):>10} |")
 print("\nholdfast by module: " + ", ".join(
     f"{m} {n / 1024:.0f} KiB" for m, n in by_module.most_common()))
 
