@@ -156,6 +156,9 @@ impl Mux {
                 self.stored_versions.remove(source);
             }
         }
+        // Flushed before any pod of it is started: an admitted pod is what cannot be
+        // worked out again after a power cut (an offline device restarts its pods from
+        // here), and the version must never be ahead of the pods it stands for.
         self.store.flush()?;
 
         // Pods equal but for `config.seen` keep the stored copy, so memory and store

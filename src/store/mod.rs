@@ -29,7 +29,7 @@ mod write;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
 
 use nix::fcntl::Flock;
@@ -110,6 +110,9 @@ struct Inner {
     /// The generation last flushed (see [`generation`]); held across a whole flush so
     /// that flushes write their generations in order.
     generation: Mutex<u64>,
+    /// Group commit: the flushes begun and ended, and the wait for one to end.
+    group: Mutex<write::Group>,
+    group_done: Condvar,
     /// The store had no schema version when opened: it was just created (or came back
     /// empty), and the caller may rebuild it from the running containers.
     fresh: bool,
@@ -192,6 +195,8 @@ impl Store {
             holding: AtomicBool::new(false),
             space,
             generation: Mutex::new(flushed),
+            group: Mutex::new(write::Group::default()),
+            group_done: Condvar::new(),
             fresh,
             _lock: lock,
         });

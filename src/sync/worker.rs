@@ -517,14 +517,11 @@ impl Worker {
             }
         }
         let store = self.deps.store.clone();
-        let written = blocking(move || {
-            let n = store.apply(batch)?;
-            if n > 0 {
-                store.flush()?;
-            }
-            Ok::<usize, crate::store::StoreError>(n)
-        })
-        .await;
+        // No flush here: the store's own thread makes this durable within a second.
+        // A status can always be worked out again from the containers (and a power cut
+        // ends them all), so a flush per change would only wear the flash; the pod
+        // itself was flushed when it was admitted.
+        let written = blocking(move || store.apply(batch)).await;
         if let Err(e) = written {
             // Kept in memory: the next change writes it all again.
             log::error!("pod {}: save records and status: {e}", self.name());

@@ -99,3 +99,49 @@ impl Drop for LoopFs {
         }
     }
 }
+
+impl LoopFs {
+    /// The loop device's name under `/sys/block` (`loop3`), found in the mount table.
+    pub fn device(&self) -> Result<String, String> {
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo")
+            .map_err(|e| format!("read mountinfo: {e}"))?;
+        // Fields: id parent major:minor root mount-point options ... - fstype source ...
+        mounts
+            .lines()
+            .filter(|l| l.split_whitespace().nth(4) == Some(&*self.mount.to_string_lossy()))
+            .find_map(|l| {
+                let after = l.split(" - ").nth(1)?;
+                let source = after.split_whitespace().nth(1)?;
+                source.strip_prefix("/dev/").map(str::to_string)
+            })
+            .ok_or_else(|| format!("no loop device mounted at {}", self.mount.display()))
+    }
+
+    /// Bytes the kernel has written to the device so far (field 7 of its `stat`, sectors
+    /// of 512 bytes), journal included. Call `sync` first for what is still cached.
+    pub fn bytes_written(&self) -> Result<u64, String> {
+        let dev = self.device()?;
+        let path = format!("/sys/block/{dev}/stat");
+        let stat = std::fs::read_to_string(&path).map_err(|e| format!("read {path}: {e}"))?;
+        let sectors: u64 = stat
+            .split_whitespace()
+            .nth(6)
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| format!("{path}: no sectors-written field in {stat:?}"))?;
+        sectors
+            .checked_mul(512)
+            .ok_or_else(|| format!("{path}: {sectors} sectors overflow"))
+    }
+
+    /// Bytes written to the device while `f` ran: everything dirty is synced before and
+    /// after, so the figure holds what `f` caused, journal commits included (and
+    /// anything else writing there meanwhile, such as a running agent's own timers).
+    pub fn bytes_written_during<R>(&self, f: impl FnOnce() -> R) -> Result<(u64, R), String> {
+        nix::unistd::sync();
+        let before = self.bytes_written()?;
+        let out = f();
+        nix::unistd::sync();
+        let after = self.bytes_written()?;
+        Ok((after.saturating_sub(before), out))
+    }
+}

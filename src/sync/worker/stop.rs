@@ -241,6 +241,8 @@ impl Worker {
         }
         batch.remove(&self.deps.podstates, &self.uid);
         let store = self.deps.store.clone();
+        // Flushed now, not at the store's next tick: the logs and dirs go next, and a
+        // power cut must not bring back a pod's status whose remains are gone.
         let done = blocking(move || store.apply(batch).and_then(|_| store.flush())).await;
         if let Err(e) = done {
             log::error!("pod {}: forget records and status: {e}", self.name());

@@ -1,0 +1,106 @@
+//! What a pod costs the flash: the agent's root dir on a loop-mounted ext4 (data=ordered,
+//! the default 5 s commit, as on a device), 20 static pods started and stopped one
+//! after another, and the bytes the kernel wrote to the loop device meanwhile, journal
+//! included, divided by the pods. A measurement, not a check: it prints the figure
+//! (run with `--ignored --nocapture`, as root).
+
+mod support;
+
+#[path = "support/loopfs.rs"]
+mod loopfs;
+
+use std::time::Duration;
+
+use loopfs::LoopFs;
+use support::agent::{need_root, sh_pod, Agent};
+
+const PODS: usize = 20;
+
+#[test]
+#[ignore]
+fn bytes_written_per_pod() {
+    if !need_root() {
+        return;
+    }
+    let mut a = Agent::new("flash-writes");
+    let image = a.dir.join("busybox.tar");
+    std::fs::rename(a.root.join("images/busybox.tar"), &image).expect("keep the image");
+    let fs = LoopFs::mount(&a.root, 512).expect("loop filesystem");
+    std::fs::create_dir_all(a.root.join("images")).expect("images dir");
+    std::fs::copy(&image, a.root.join("images/busybox.tar")).expect("image");
+    a.start();
+    // One pod first, so that the image is unpacked and the store's trees exist: what
+    // follows is what every further pod costs.
+    cycle(&a, "warm");
+    settle();
+    let pods = std::env::var("HOLDFAST_FLASH_PODS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|n| (1..=1000).contains(n))
+        .unwrap_or(PODS);
+    // HOLDFAST_FLASH_STRACE=<file>: the agent and its shims' syncs, renames and writes
+    // logged by strace (with the files) over the measured window, for attribution.
+    let strace = std::env::var_os("HOLDFAST_FLASH_STRACE").map(|out| {
+        let pid = a.pid().expect("agent pid");
+        let child = std::process::Command::new("strace")
+            .args(["-f", "-y", "-qq", "-e"])
+            .arg("trace=fsync,fdatasync,rename,renameat2,pwrite64,fallocate")
+            .arg("-o")
+            .arg(out)
+            .arg("-p")
+            .arg(pid.to_string())
+            .spawn()
+            .expect("spawn strace");
+        // strace attaches before its first report; the window starts after that.
+        std::thread::sleep(Duration::from_secs(1));
+        child
+    });
+    let (bytes, ()) = fs
+        .bytes_written_during(|| {
+            for i in 0..pods {
+                cycle(&a, &format!("p{i}"));
+            }
+            settle();
+        })
+        .expect("read the loop device's counters");
+    if let Some(mut child) = strace {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGINT,
+        );
+        let _ = child.wait();
+    }
+    a.stop();
+    drop(fs);
+    println!(
+        "flash writes: {bytes} bytes for {pods} pods started and stopped: {} bytes ({:.1} KiB) per pod",
+        bytes / pods as u64,
+        bytes as f64 / pods as f64 / 1024.0
+    );
+}
+
+/// What is still only in memory (the store's once-a-second flush, ext4's 5 s commit)
+/// gets written before the figure is read: the measured window must hold all of it.
+fn settle() {
+    std::thread::sleep(Duration::from_secs(6));
+}
+
+/// One pod started, seen running, removed and seen gone.
+fn cycle(a: &Agent, name: &str) {
+    let file = format!("{name}.yaml");
+    a.write_manifest(
+        &file,
+        &sh_pod(
+            name,
+            "  terminationGracePeriodSeconds: 2\n",
+            "c",
+            "trap 'exit 0' TERM; while true; do sleep 1; done",
+            "",
+        ),
+    );
+    a.wait_pod(name, "running", Duration::from_secs(60), |p| {
+        p["status"]["phase"] == "Running"
+    });
+    a.remove_manifest(&file);
+    a.wait_gone(name, Duration::from_secs(60));
+}
