@@ -62,6 +62,8 @@ pub(super) struct Worker {
     pod: Pod,
     uid: String,
     records: BTreeMap<String, ContainerRecord>,
+    /// The records as the store last took them: only those that differ are written.
+    saved: BTreeMap<String, ContainerRecord>,
     state: Option<PodState>,
     start_time: Timestamp,
     wake: Option<Instant>,
@@ -142,6 +144,7 @@ impl Worker {
             deps,
             pod,
             uid,
+            saved: records.clone(),
             records,
             state,
             start_time,
@@ -474,13 +477,20 @@ impl Worker {
         )
     }
 
-    /// Writes records and status that changed, as one transaction, and makes them
-    /// durable: the store is what a restarted agent trusts, and a power cut must not
-    /// leave a container record that disagrees with its pod's status. Nothing is
-    /// written when nothing changed.
+    /// Writes records and status that changed, as one transaction. It is flushed when a
+    /// container record changed or the pod ended: those are facts nothing can work out
+    /// again after a power cut (restart counts, exit codes, init containers done, a pod
+    /// that ran its course). A status alone (a probe's readiness, a condition) is
+    /// derived again from the records, so it waits for the store's own flush within a
+    /// second rather than wear the flash. Nothing is written when nothing changed.
     async fn persist(&mut self) {
         let mut batch = crate::store::Batch::new();
+        let mut records_changed = false;
         for rec in self.records.values() {
+            if self.saved.get(&rec.name) == Some(rec) {
+                continue;
+            }
+            records_changed = true;
             let key = ContainerRecord::key(&self.uid, &rec.name);
             if let Err(e) = batch.put(&self.deps.containers, &key, rec) {
                 log::error!("pod {}: save container record: {e}", self.name());
@@ -517,11 +527,15 @@ impl Worker {
             }
         }
         let store = self.deps.store.clone();
-        // No flush here: the store's own thread makes this durable within a second.
-        // A status can always be worked out again from the containers (and a power cut
-        // ends them all), so a flush per change would only wear the flash; the pod
-        // itself was flushed when it was admitted.
-        let written = blocking(move || store.apply(batch)).await;
+        let flush = records_changed || (changed && is_terminal(&state.status));
+        let written = blocking(move || {
+            let n = store.apply(batch)?;
+            if flush && n > 0 {
+                store.flush()?;
+            }
+            Ok::<usize, crate::store::StoreError>(n)
+        })
+        .await;
         if let Err(e) = written {
             // Kept in memory: the next change writes it all again.
             log::error!("pod {}: save records and status: {e}", self.name());
@@ -531,6 +545,7 @@ impl Worker {
             }
             return;
         }
+        self.saved.clone_from(&self.records);
         if !changed {
             if !self.reported && crate::source::is_static_pod(&self.pod) {
                 // A restarted agent whose static pod runs on unchanged: its mirror pod
