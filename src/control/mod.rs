@@ -104,10 +104,15 @@ pub fn execute(
             },
             Err(e) => fail(e.to_string()),
         },
-        Request::ImageImport { path } => match images.import(std::path::Path::new(&path)) {
-            Ok(images) => Response::Images { images },
-            Err(e) => fail(e.to_string()),
-        },
+        Request::ImageImport { path } => {
+            let imported = images.import(std::path::Path::new(&path));
+            // An import decompresses and hashes whole layers: give the buffers back.
+            crate::malloc::trim_and_log("an image import");
+            match imported {
+                Ok(images) => Response::Images { images },
+                Err(e) => fail(e.to_string()),
+            }
+        }
         Request::ImageList => match images.list() {
             Ok(images) => Response::Images { images },
             Err(e) => fail(e.to_string()),

@@ -396,10 +396,12 @@ fn write_attachment(dir: &Path, a: &Attachment) -> Result<(), NetworkError> {
         path: dir.join(ATTACHMENT),
         reason: format!("encode: {e}"),
     })?;
-    write_whole(&dir.join(ATTACHMENT), &bytes)
+    write_whole(&dir.join(ATTACHMENT), &bytes, true)
 }
 
-fn write_whole(path: &Path, bytes: &[u8]) -> Result<(), NetworkError> {
+/// Writes `path` whole (a reader never sees half of it); `durable` syncs it first, for
+/// a file that must outlive a power cut.
+fn write_whole(path: &Path, bytes: &[u8], durable: bool) -> Result<(), NetworkError> {
     use std::io::Write;
     let tmp = path.with_extension("tmp");
     let io = |source| NetworkError::Io {
@@ -411,16 +413,21 @@ fn write_whole(path: &Path, bytes: &[u8]) -> Result<(), NetworkError> {
     }
     let mut f = std::fs::File::create(&tmp).map_err(io)?;
     f.write_all(bytes).map_err(io)?;
-    f.sync_all().map_err(io)?;
+    if durable {
+        f.sync_all().map_err(io)?;
+    }
     std::fs::rename(&tmp, path).map_err(io)
 }
 
-/// Flash wears: a file that says the same is not written again.
+/// Flash wears: a file that says the same is not written again. These files (a pod's
+/// hosts, resolv.conf, hostname) are not synced: they are written again from the pod
+/// when its sandbox is set up, and a power cut ends the sandbox, so one lost or torn
+/// by a power cut differs from what is written next and is put right then.
 fn write_if_changed(path: &Path, bytes: &[u8]) -> Result<(), NetworkError> {
     if std::fs::read(path).ok().as_deref() == Some(bytes) {
         return Ok(());
     }
-    write_whole(path, bytes)
+    write_whole(path, bytes, false)
 }
 
 #[cfg(test)]
