@@ -1,5 +1,5 @@
 //! Build script: where the linker finds libseccomp for the `seccomp` feature (on by
-//! default). Touches nothing else.
+//! default), and the release binary's unwind tables (below). Touches nothing else.
 //!
 //! libseccomp-sys asks for `-lseccomp` (libseccomp-dev's folder, or
 //! `LIBSECCOMP_LIB_PATH`), one setting for every target of a cargo run. This script
@@ -15,6 +15,17 @@
 //!
 //! When the environment names its own libseccomp (`LIBSECCOMP_LIB_PATH`, as cross's
 //! images do) it is left to it.
+//!
+//! Release builds for aarch64 and x86_64 link the `holdfast` binary without
+//! `.eh_frame` and `.eh_frame_hdr` (`cross/no-unwind-tables.ld`): with `panic =
+//! "abort"` nothing unwinds, and the release binary is stripped, so the tables served
+//! only nameless backtrace addresses, at 1.3 MiB of the aarch64 binary. A panic still
+//! prints its message and where it happened, then aborts. Our own crates are already
+//! built without them (`force-unwind-tables=no`, `.cargo/config.toml`); these are the
+//! tables of the prebuilt std and of the C objects. armv7 unwinds through
+//! `.ARM.exidx` instead and is left as it is. A build script cannot see the panic
+//! strategy (cargo reports `unwind` to it), so a `cargo test --release` binary gets
+//! this too: there a panic aborts where it would have unwound.
 
 use std::env;
 use std::path::{Path, PathBuf};
@@ -22,6 +33,7 @@ use std::process::Command;
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
+    no_unwind_tables();
     println!("cargo:rerun-if-changed=cross/apt-foreign.sh");
     println!("cargo:rerun-if-env-changed=LIBSECCOMP_LIB_PATH");
     if env::var_os("CARGO_FEATURE_SECCOMP").is_none()
@@ -74,4 +86,22 @@ fn fetch(deb_arch: &str, into: &Path) {
         ),
         Err(e) => panic!("run {}: {e}", script.display()),
     }
+}
+
+/// See the module doc: the release binary's link drops the unwind tables.
+fn no_unwind_tables() {
+    println!("cargo:rerun-if-changed=cross/no-unwind-tables.ld");
+    let release = env::var("PROFILE").is_ok_and(|p| p == "release");
+    // By cfg, not by triple: Yocto names its own targets (aarch64-poky-linux-gnu).
+    let cfg = |k: &str| env::var(format!("CARGO_CFG_TARGET_{k}")).unwrap_or_default();
+    let arch = cfg("ARCH");
+    let linux_gnu =
+        cfg("OS") == "linux" && cfg("ENV") == "gnu" && (arch == "aarch64" || arch == "x86_64");
+    if !release || !linux_gnu {
+        return;
+    }
+    let script = Path::new(&env::var_os("CARGO_MANIFEST_DIR").unwrap_or_default())
+        .join("cross/no-unwind-tables.ld");
+    println!("cargo:rustc-link-arg-bins=-Wl,--no-eh-frame-hdr");
+    println!("cargo:rustc-link-arg-bins=-Wl,-T,{}", script.display());
 }
