@@ -109,6 +109,35 @@ fn static_pod_runs_logs_in_cri_format_and_shows_running() {
         "{log}"
     );
 
+    // The agent's own log, as journald or a log file takes it: `[time LEVEL target]
+    // message`, a UTC time to the second, no colour codes, later lines of a message
+    // indented.
+    let agent_log = a.agent_log();
+    for line in agent_log.lines().filter(|l| !l.starts_with("    ")) {
+        let head = line
+            .strip_prefix('[')
+            .and_then(|l| l.split_once("] "))
+            .map(|(head, _)| head.splitn(3, ' ').collect::<Vec<_>>());
+        let ok = head.as_deref().is_some_and(|h| {
+            h.len() == 3
+                && h[0].len() == 20
+                && h[0].ends_with('Z')
+                && h[0].parse::<k8s_openapi::jiff::Timestamp>().is_ok()
+                && ["ERROR", "WARN", "INFO", "DEBUG", "TRACE"].contains(&h[1])
+                && h[2].trim_start().split("::").all(|m| {
+                    !m.is_empty() && m.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                })
+        });
+        assert!(ok && !line.contains('\u{1b}'), "agent log line: {line:?}");
+    }
+    assert!(
+        agent_log
+            .lines()
+            .any(|l| l.contains(" INFO  holdfast::agent] holdfast ")
+                && l.contains(" running as node node-1")),
+        "{agent_log}"
+    );
+
     // A periodic resync writes nothing when nothing changed: the status is stable.
     let before = a.pod("web").expect("pod");
     a.stop();
