@@ -150,7 +150,7 @@ for name, members, b in SUBSYSTEMS:
     if got > b * MiB:
         warn.append(name)
 overhead = stripped[device] - attributed
-rows.append({"subsystem": "unwind tables, anonymous data, headers", "largest_crates": [],
+rows.append({"subsystem": "anonymous data, headers", "largest_crates": [],
              "bytes": overhead, "budget_bytes": int(OVERHEAD_BUDGET * MiB)})
 if overhead > OVERHEAD_BUDGET * MiB:
     warn.append("overhead")
