@@ -115,6 +115,9 @@ pub fn memory(pid: u32) -> (u64, u64) {
 pub struct Rollup {
     pub rss: u64,
     pub pss: u64,
+    /// The PSS of anonymous memory (heap, stacks): what the process allocated, as
+    /// against the binary's and libraries' file pages, which the kernel can drop.
+    pub pss_anon: u64,
     pub private_dirty: u64,
 }
 
@@ -123,6 +126,7 @@ pub fn rollup(pid: u32) -> Rollup {
     Rollup {
         rss: kib_field(&s, "Rss:"),
         pss: kib_field(&s, "Pss:"),
+        pss_anon: kib_field(&s, "Pss_Anon:"),
         private_dirty: kib_field(&s, "Private_Dirty:"),
     }
 }
