@@ -371,6 +371,11 @@ pub fn make_bundle(root: &Path, bundle: &Path) {
         .map(|e| e.path())
         .find(|p| p.join("bin/busybox").exists())
         .expect("busybox layer");
+    make_bundle_from_layer(&layer, bundle);
+}
+
+/// The same bundle with the unpacked layer `layer` as its rootfs.
+pub fn make_bundle_from_layer(layer: &Path, bundle: &Path) {
     let rootfs = bundle.join("rootfs");
     std::fs::create_dir_all(&rootfs).expect("bundle");
     let ok = Command::new("cp")

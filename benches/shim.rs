@@ -16,10 +16,10 @@ mod common;
 #[path = "../tests/runtime_support/mod.rs"]
 mod runtime_support;
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
+use common::{make_bundle_from_layer, stats, time_runtime};
 use holdfast::runtime::{ContainerId, Runtime};
 use runtime_support::{live_pid, Env};
 
@@ -51,9 +51,9 @@ fn main() {
     }
 
     let bundle = env.root.join("bundle");
-    make_bundle(&env.image.layers[0], &bundle);
-    let runc = time_runtime("runc", &bundle, &[]);
-    let crun = time_runtime("crun", &bundle, &["--cgroup-manager=cgroupfs"]);
+    make_bundle_from_layer(&env.image.layers[0], &bundle);
+    let runc = time_runtime("runc", &bundle, &[], RUNS);
+    let crun = time_runtime("crun", &bundle, &["--cgroup-manager=cgroupfs"], RUNS);
 
     let mut rows = vec![("holdfast create+start (shim)", stats(&took))];
     if let Some(r) = &runc {
@@ -146,105 +146,4 @@ fn shim_split(env: &Env, id: &ContainerId) -> Option<Split> {
         }
     }
     Some(out)
-}
-
-/// A bundle with `layer` as its rootfs and `sleep` as its process, for crun and runc.
-fn make_bundle(layer: &Path, bundle: &Path) {
-    let rootfs = bundle.join("rootfs");
-    std::fs::create_dir_all(&rootfs).expect("bundle");
-    let ok = Command::new("cp")
-        .arg("-a")
-        .arg(format!("{}/.", layer.display()))
-        .arg(&rootfs)
-        .status();
-    assert!(matches!(ok, Ok(s) if s.success()), "copy rootfs");
-    for rt in ["runc", "crun"] {
-        let made = Command::new(rt).arg("spec").current_dir(bundle).status();
-        if matches!(made, Ok(s) if s.success()) {
-            break;
-        }
-    }
-    let path = bundle.join("config.json");
-    let Ok(text) = std::fs::read_to_string(&path) else {
-        return;
-    };
-    let mut v: serde_json::Value = serde_json::from_str(&text).expect("config.json");
-    v["process"]["args"] = serde_json::json!(["sleep", "100000"]);
-    v["process"]["terminal"] = serde_json::json!(false);
-    v["linux"]["cgroupsPath"] = serde_json::json!("/holdfast-bench-shim-oci/c");
-    std::fs::write(&path, serde_json::to_vec_pretty(&v).expect("json")).expect("config.json");
-}
-
-/// Wall time of `<rt> run -d` for each of `RUNS` containers, or None when `rt` is
-/// missing or fails. crun refuses a hybrid cgroup v1 layout unless the unified mount is
-/// hidden, so it runs in a private mount namespace without it.
-fn time_runtime(rt: &str, bundle: &Path, extra: &[&str]) -> Option<Vec<Duration>> {
-    if Command::new(rt)
-        .arg("--version")
-        .stdout(Stdio::null())
-        .status()
-        .is_err()
-    {
-        eprintln!("{rt} not installed; left out");
-        return None;
-    }
-    let state = PathBuf::from(format!("/run/holdfast-bench-shim-{rt}"));
-    let hybrid = Path::new("/sys/fs/cgroup/unified").exists();
-    let mut out = Vec::new();
-    for i in 0..RUNS {
-        let id = format!("bench-shim-{rt}-{i}");
-        let mut cmd = if rt == "crun" && hybrid {
-            let mut c = Command::new("unshare");
-            c.args([
-                "-m",
-                "sh",
-                "-c",
-                "umount /sys/fs/cgroup/unified 2>/dev/null; exec \"$@\"",
-                "sh",
-                rt,
-            ]);
-            c
-        } else {
-            Command::new(rt)
-        };
-        cmd.arg("--root")
-            .arg(&state)
-            .args(extra)
-            .args(["run", "-d", "--bundle"])
-            .arg(bundle)
-            .arg(&id)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        let t0 = Instant::now();
-        let ok = cmd.status().map(|s| s.success()).unwrap_or(false);
-        let took = t0.elapsed();
-        let _ = Command::new(rt)
-            .arg("--root")
-            .arg(&state)
-            .args(["delete", "-f", &id])
-            .status();
-        if !ok {
-            eprintln!("{rt} run failed; left out");
-            return None;
-        }
-        out.push(took);
-    }
-    if let Ok(d) = std::fs::read_dir("/sys/fs/cgroup") {
-        for e in d.flatten() {
-            let _ = std::fs::remove_dir(e.path().join("holdfast-bench-shim-oci/c"));
-            let _ = std::fs::remove_dir(e.path().join("holdfast-bench-shim-oci"));
-        }
-    }
-    let _ = std::fs::remove_dir("/sys/fs/cgroup/unified/holdfast-bench-shim-oci/c");
-    let _ = std::fs::remove_dir("/sys/fs/cgroup/unified/holdfast-bench-shim-oci");
-    Some(out)
-}
-
-/// (p50, p95, max) in ms.
-fn stats(samples: &[Duration]) -> (f64, f64, f64) {
-    let mut ms: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1000.0).collect();
-    ms.sort_by(|a, b| a.total_cmp(b));
-    let at = |q: f64| ms[((ms.len() as f64 - 1.0) * q).round() as usize];
-    (at(0.5), at(0.95), ms.last().copied().unwrap_or(0.0))
 }
