@@ -28,20 +28,15 @@ device=aarch64-unknown-linux-gnu
 budget=$((8192 * 1024))
 
 cargo fetch --quiet
-cp Cargo.lock "$bench/Cargo.lock.sizes"
-trap 'cp "$bench/Cargo.lock.sizes" Cargo.lock' EXIT   # the [patch] rewrites it
-bash cross/patch-crates.sh >/dev/null
 
 # One cargo run per profile builds all targets, so their single-threaded LTO links
 # overlap.
 tflags=(--bin holdfast)
 for t in "${targets[@]}"; do tflags+=(--target "$t"); done
-config=(--config target/patched/config.toml --config .cargo/x86_64-release.toml)
-cargo "${config[@]}" build --quiet --release "${tflags[@]}"
+bash cross/release-build.sh build --quiet --release "${tflags[@]}"
 CARGO_PROFILE_BLOAT_INHERITS=release CARGO_PROFILE_BLOAT_STRIP=false \
-  cargo "${config[@]}" --config "target.$device.rustflags=[\"-C\",\"symbol-mangling-version=v0\"]" \
+  bash cross/release-build.sh --config "target.$device.rustflags=[\"-C\",\"symbol-mangling-version=v0\"]" \
   build --quiet --profile bloat --bin holdfast --target "$device"
-cp "$bench/Cargo.lock.sizes" Cargo.lock
 
 # The crates in the build, for telling a crate from a module in a symbol's path.
 cargo metadata --quiet --offline --format-version 1 --filter-platform "$device" |
