@@ -5,18 +5,19 @@
 
 mod support;
 
+#[path = "support/systemd.rs"]
+mod systemd;
+
 use std::io;
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixDatagram};
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use support::agent::{container_pid, need_root, sh_pod, Agent, BIN};
 use support::tempdir::TempDir;
 
 const MIN: Duration = Duration::from_secs(60);
-const UNIT: &str = "yocto/meta-holdfast/recipes-containers/holdfast/files/holdfast.service";
 
 /// The test's end of `NOTIFY_SOCKET`: every datagram the agent sent, with its arrival.
 struct Manager {
@@ -269,66 +270,23 @@ fn garbage_from_the_service_manager_is_named_and_not_fatal() {
     a.stop();
 }
 
-/// Copies the unit with its binary and config pointed at this build and a temp file, as
-/// `systemd-analyze verify` checks that ExecStart's program exists.
+/// The repository's unit with its binary and config pointed at this build and a temp file.
 fn unit_for_verify(dir: &Path) -> std::path::PathBuf {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let text = std::fs::read_to_string(repo.join(UNIT)).expect("read the unit");
+    let text = std::fs::read_to_string(repo.join(systemd::UNIT)).expect("read the unit");
     let config = dir.join("config.yaml");
     std::fs::write(
         &config,
         "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n",
     )
     .expect("config");
-    let text = text
-        .replace("/usr/bin/holdfast", BIN)
-        .replace("/etc/holdfast/config.yaml", &config.display().to_string());
-    assert!(
-        !text.contains("/etc/"),
-        "a path under /etc is left in the unit"
-    );
-    let unit = dir.join("holdfast.service");
-    std::fs::write(&unit, text).expect("write the unit");
-    unit
+    systemd::unit_at(dir, &text, Path::new(BIN), &config)
 }
 
 #[test]
 fn unit_passes_systemd_analyze_verify() {
     let dir = TempDir::new("unit-verify");
-    let unit = unit_for_verify(&dir.0);
-    let out = match Command::new("systemd-analyze")
-        .args(["verify", "--man=no"])
-        .arg(&unit)
-        .output()
-    {
-        Ok(out) => out,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            eprintln!("skipped: systemd-analyze is not installed (Debian package systemd)");
-            return;
-        }
-        Err(e) => panic!("run systemd-analyze: {e}"),
-    };
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    // DelegateSubgroup= came with systemd 254; Debian 12 has 252, which says exactly this
-    // and ignores the key (the agent then moves itself into the subgroup). Any other line
-    // is a finding.
-    let known = ": Unknown key 'DelegateSubgroup' in section [Service], ignoring.";
-    let findings: Vec<&str> = text
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .filter(|l| !(l.starts_with(&unit.display().to_string()) && l.ends_with(known)))
-        .collect();
-    assert!(
-        out.status.success() && findings.is_empty(),
-        "systemd-analyze verify {}: {}\n{}",
-        unit.display(),
-        out.status,
-        findings.join("\n")
-    );
+    systemd::assert_verifies(&unit_for_verify(&dir.0));
 }
 
 #[test]
@@ -338,14 +296,8 @@ fn verify_catches_a_broken_unit() {
     let unit = unit_for_verify(&dir.0);
     let text = std::fs::read_to_string(&unit).expect("read");
     std::fs::write(&unit, text.replace("WatchdogSec=60s", "WatchdogSec=sixty")).expect("write");
-    let Ok(out) = Command::new("systemd-analyze")
-        .args(["verify", "--man=no"])
-        .arg(&unit)
-        .output()
-    else {
-        eprintln!("skipped: systemd-analyze is not installed (Debian package systemd)");
+    let Some((_, said)) = systemd::verify(&unit) else {
         return;
     };
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("sixty"), "{stderr}");
+    assert!(said.contains("sixty"), "{said}");
 }
