@@ -2,21 +2,48 @@
 # The holdfast demo, for a fresh Debian machine, as root: builds holdfast and a busybox
 # image, runs a static pod on real containers, shows its log and `holdfast pods`, kills
 # the agent with -9 and shows the containers running on, restarts it and shows it adopt
-# them, then removes the manifest and shows the pod stopped.
+# them, then removes the manifest and shows the pod stopped, with the container's last
+# words. Installs what the build needs (Debian packages; Rust through rustup when there
+# is none). The kubelet API listens on 127.0.0.1 only; the demo's folder,
+# /tmp/holdfast-demo, is removed at the end (HOLDFAST_DEMO_KEEP=1 keeps it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 [ "$(id -u)" = 0 ] || { echo "demo: run as root (containers need it)" >&2; exit 1; }
 export DEBIAN_FRONTEND=noninteractive
-# libseccomp-dev: the default build links libseccomp for RuntimeDefault seccomp profiles.
-if ! command -v busybox >/dev/null || ! command -v cargo >/dev/null \
-    || ! dpkg -s libseccomp-dev >/dev/null 2>&1; then
-  apt-get update -qq
-  apt-get install -y -qq busybox-static gcc libseccomp-dev ca-certificates >/dev/null
-  command -v cargo >/dev/null || { apt-get install -y -qq rustup >/dev/null && rustup default stable; }
-fi
+step=0
+say() { step=$((step + 1)); printf '\n== %d/7 %s\n' "$step" "$*"; }
 
-cargo build --release --quiet --bin holdfast --example busybox_image
+say "what the build needs: a C compiler, libseccomp, busybox, Rust $(sed -n 's/^rust-version *= *"\(.*\)"/\1/p' Cargo.toml) or newer"
+# libseccomp-dev: the default build links libseccomp for RuntimeDefault seccomp profiles.
+if ! command -v busybox >/dev/null || ! command -v cc >/dev/null \
+    || ! dpkg -s libseccomp-dev >/dev/null 2>&1; then
+  for try in 1 2 3; do
+    apt-get update -qq || true
+    apt-get install -y -qq busybox-static gcc libc6-dev libseccomp-dev ca-certificates curl >/dev/null && break
+    [ "$try" = 3 ] && { echo "demo: apt-get could not install the build's packages" >&2; exit 1; }
+    sleep $((try * 10))
+  done
+fi
+# Debian's own Rust is too old for holdfast (Debian 12 has 1.63): rustup's stable.
+[ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
+if ! command -v rustup >/dev/null; then
+  command -v curl >/dev/null || apt-get install -y -qq curl ca-certificates >/dev/null
+  echo "installing Rust with rustup (https://rustup.rs) into $HOME/.cargo"
+  curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --no-modify-path >/dev/null
+  . "$HOME/.cargo/env"
+fi
+command -v cargo >/dev/null || rustup default stable
+want=$(sed -n 's/^rust-version *= *"\(.*\)"/\1/p' Cargo.toml)
+have=$(rustc --version | awk '{print $2}')
+if [ "$(printf '%s\n' "$want" "$have" | sort -V | head -n1)" != "$want" ]; then
+  echo "demo: rustc $have is older than the $want holdfast needs: rustup update stable" >&2
+  exit 1
+fi
+echo "rustc $have, $(command -v cargo)"
+
+say "building holdfast (release) and a busybox image: a few minutes the first time"
+cargo build --release --bin holdfast --example busybox_image
 bin=target/release/holdfast
 demo=/tmp/holdfast-demo
 root=$demo/root
@@ -31,6 +58,7 @@ apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 fileCheckFrequency: 5s
 cgroupRoot: /holdfast-demo
+address: 127.0.0.1            # the kubelet API on this machine only
 holdfast:
   crashLoopBackOffInitial: 2s
   crashLoopBackOffMax: 20s
@@ -42,9 +70,17 @@ start_agent() {
     --hostname-override demo-node >>"$demo/agent.log" 2>&1 &
   agent_pid=$!
 }
+tail_pid=
 cleanup() {
+  [ -n "$tail_pid" ] && kill "$tail_pid" 2>/dev/null || true
   [ -n "$agent_pid" ] && kill "$agent_pid" 2>/dev/null || true
   "$bin" reset --root-dir "$root" --cgroup-root /holdfast-demo >/dev/null 2>&1 || true
+  if [ "${HOLDFAST_DEMO_KEEP:-}" = 1 ]; then
+    echo "demo: its files stay in $demo (agent.log, config.yaml, root/)"
+  else
+    rm -rf "$demo"
+    echo "demo: removed $demo (HOLDFAST_DEMO_KEEP=1 keeps it)"
+  fi
 }
 trap cleanup EXIT
 wait_for() { # wait_for SECONDS DESCRIPTION COMMAND...
@@ -55,32 +91,43 @@ wait_for() { # wait_for SECONDS DESCRIPTION COMMAND...
   done
 }
 pods_json() { "$bin" pods --root-dir "$root" -o json; }
-ticker_running() { pods_json | grep -q '"name":"ticker"' && "$bin" pods --root-dir "$root" | grep -q 'ticker .*Running'; }
-crasher_restarted() { "$bin" pods --root-dir "$root" | grep -Eq 'crasher .*restarts=[1-9]'; }
+pods() { "$bin" pods --root-dir "$root"; }
+ticker_running() { pods | grep -Eq '^└ ticker +Running'; }
+crasher_restarted() { pods | grep -Eq '^└ crasher +[A-Za-z]+ +[0-9]/1 +[1-9]'; }
 
-echo "== starting holdfast (log: $demo/agent.log)"
+say "starting holdfast with the demo pod (files in $demo, agent log $demo/agent.log)"
 start_agent
 wait_for 60 "the demo pod to run" ticker_running
 wait_for 60 "the crasher to be restarted" crasher_restarted
-"$bin" pods --root-dir "$root"
+pods
 log=$(ls "$root"/logs/pods/default_demo-demo-node_*/ticker/0.log)
-echo "== $log (CRI format)"
+say "the ticker's log, as the kubelet writes it (CRI format): $log"
 tail -n 3 "$log"
 
-echo "== kill -9 holdfast: the containers keep running"
+say "kill -9 holdfast: the containers keep running"
 kill -9 "$agent_pid"; wait "$agent_pid" 2>/dev/null || true; agent_pid=
 before=$(wc -l <"$log")
 grew() { [ "$(wc -l <"$log")" -gt $((before + 1)) ]; }
 wait_for 10 "the ticker to log while the agent is down" grew
-echo "ticker wrote $(( $(wc -l <"$log") - before )) more lines with no agent running"
+echo "the ticker wrote $(( $(wc -l <"$log") - before )) more lines with no agent running"
 
-echo "== holdfast again: it adopts its containers"
+say "holdfast again: it adopts its containers (same container IDs, no restart)"
 start_agent
 wait_for 30 "the agent to answer" "$bin" pods --root-dir "$root" -o json
-"$bin" pods --root-dir "$root"
+pods
 
-echo "== manifest removed: the pod is stopped gracefully"
+say "manifest removed: the pod is stopped gracefully (SIGTERM, then its grace period)"
+# The log goes with the pod: follow it until the ticker's last words are in.
+: >"$demo/last-words"
+tail -n 0 -F "$log" >>"$demo/last-words" 2>/dev/null &
+tail_pid=$!
 rm "$manifests/demo.yaml"
+said_bye() { grep -q 'got SIGTERM' "$demo/last-words"; }
+wait_for 30 "the ticker's last words" said_bye
+kill "$tail_pid" 2>/dev/null || true
+echo "the ticker's last words, from its log:"
+tail -n 2 "$demo/last-words"
 wait_for 60 "the pod to go" sh -c "! $bin pods --root-dir $root | grep -q demo-demo-node"
-"$bin" pods --root-dir "$root"
-echo "== demo done"
+echo "holdfast pods, with the pod gone:"
+pods
+printf '\n== done: the pod ran, outlived its agent, was adopted and stopped cleanly\n'

@@ -167,42 +167,68 @@ pub fn status(args: &[String]) -> Result<(), Error> {
     Ok(())
 }
 
-/// The `holdfast pods` table.
+/// The `holdfast pods` table: a row per pod, and under it a row per container, in the
+/// same columns.
 pub fn render_pods(pods: &[PodState], now: crate::time::Timestamp) -> String {
-    let mut out = String::new();
-    out.push_str(&format!(
-        "{:<34} {:<12} {:<10} {:<6} {:<9} {}\n",
-        "POD", "NAMESPACE", "PHASE", "READY", "RESTARTS", "AGE"
-    ));
+    let mut rows: Vec<Vec<String>> = vec![[
+        "POD / CONTAINER",
+        "NAMESPACE",
+        "STATUS",
+        "READY",
+        "RESTARTS",
+        "AGE",
+        "ID",
+        "DETAIL",
+    ]
+    .map(String::from)
+    .to_vec()];
     for p in pods {
         let s = &p.status;
         let cs = s.container_statuses.clone().unwrap_or_default();
         let ready = cs.iter().filter(|c| c.ready).count();
-        let restarts: i32 = cs.iter().map(|c| c.restart_count).sum();
-        out.push_str(&format!(
-            "{:<34} {:<12} {:<10} {:<6} {:<9} {}\n",
-            p.pod.metadata.name.as_deref().unwrap_or(""),
-            p.pod.metadata.namespace.as_deref().unwrap_or("default"),
-            s.phase.as_deref().unwrap_or("Unknown"),
+        let restarts: i64 = cs.iter().map(|c| i64::from(c.restart_count)).sum();
+        rows.push(vec![
+            p.pod.metadata.name.clone().unwrap_or_default(),
+            p.pod
+                .metadata
+                .namespace
+                .clone()
+                .unwrap_or_else(|| "default".into()),
+            s.phase.clone().unwrap_or_else(|| "Unknown".into()),
             format!("{ready}/{}", cs.len()),
-            restarts,
-            age(p.start_time, now)
-        ));
+            restarts.to_string(),
+            age(p.start_time, now),
+            String::new(),
+            String::new(),
+        ]);
         for c in &cs {
             let (state, detail) = container_state(c);
             let id = c
                 .container_id
                 .as_deref()
                 .and_then(|i| i.split("://").nth(1))
-                .map(|i| &i[..i.len().min(13)])
-                .unwrap_or("-");
-            out.push_str(&format!(
-                "  └ {:<28} {:<11} {:<13} restarts={:<4} {}\n",
-                c.name, state, id, c.restart_count, detail
-            ));
+                .map(|i| i.chars().take(13).collect())
+                .unwrap_or_else(|| "-".into());
+            let since = c
+                .state
+                .as_ref()
+                .and_then(|st| st.running.as_ref())
+                .and_then(|r| r.started_at.as_ref())
+                .map(|t| age(t.0, now))
+                .unwrap_or_else(|| "-".into());
+            rows.push(vec![
+                format!("└ {}", c.name),
+                String::new(),
+                state.into(),
+                format!("{}/1", u8::from(c.ready)),
+                c.restart_count.to_string(),
+                since,
+                id,
+                detail,
+            ]);
         }
     }
-    out
+    output::table(&rows)
 }
 
 fn container_state(c: &k8s_openapi::api::core::v1::ContainerStatus) -> (&'static str, String) {

@@ -50,3 +50,68 @@ pub fn stdout_closed() -> bool {
 pub fn note(text: &str) {
     let _ = writeln!(io::stderr().lock(), "{text}");
 }
+
+/// Rows as a table: each column as wide as its widest cell (in characters), two spaces
+/// between columns, no trailing blanks. The first row is the header.
+pub fn table<R: AsRef<[String]>>(rows: &[R]) -> String {
+    let mut widths: Vec<usize> = Vec::new();
+    for row in rows {
+        for (i, cell) in row.as_ref().iter().enumerate() {
+            let w = cell.chars().count();
+            match widths.get_mut(i) {
+                Some(max) => *max = (*max).max(w),
+                None => widths.push(w),
+            }
+        }
+    }
+    let mut out = String::new();
+    for row in rows {
+        let mut line = String::new();
+        for (i, cell) in row.as_ref().iter().enumerate() {
+            if i > 0 {
+                line.push_str("  ");
+            }
+            line.push_str(cell);
+            let pad = widths
+                .get(i)
+                .copied()
+                .unwrap_or(0)
+                .saturating_sub(cell.chars().count());
+            line.extend(std::iter::repeat_n(' ', pad));
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::table;
+
+    #[test]
+    fn table_columns_line_up_under_their_header() {
+        let rows = vec![
+            vec!["NAME".to_string(), "STATUS".into(), "DETAIL".into()],
+            vec!["demo-node".into(), "Running".into(), String::new()],
+            vec![
+                "└ ticker".into(),
+                "Waiting".into(),
+                "CrashLoopBackOff".into(),
+            ],
+        ];
+        let out = table(&rows);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 3);
+        // Each column starts at the same character in every line.
+        // The character (not byte: "└" is three) at which `word` starts in `line`.
+        let col = |line: &str, word: &str| {
+            let byte = line.find(word).expect("word in line");
+            line[..byte].chars().count()
+        };
+        assert_eq!(col(lines[0], "STATUS"), col(lines[1], "Running"));
+        assert_eq!(col(lines[0], "STATUS"), col(lines[2], "Waiting"));
+        assert_eq!(col(lines[0], "DETAIL"), col(lines[2], "CrashLoop"));
+        assert!(!out.lines().any(|l| l.ends_with(' ')), "{out}");
+    }
+}
