@@ -159,6 +159,13 @@ pub static STORE_BYTES_WRITTEN: Counter = Counter::new(
     "holdfast_store_written_bytes_total",
     "Bytes of records written to the store (keys and values)",
 );
+/// Flushes that made the store's writes durable (sled's flush returned). Each one
+/// syncs sled's file: on flash, how often the store syncs wears it as much as how much
+/// it writes.
+pub static STORE_FLUSHES: Counter = Counter::new(
+    "holdfast_store_flushes_total",
+    "Flushes that made the store's writes durable on disk",
+);
 /// Stores found at open to hold an older state than they had made durable.
 pub static STORE_WENT_BACK: Counter = Counter::new(
     "holdfast_store_went_back_total",
@@ -357,6 +364,7 @@ pub fn render_all(out: &mut String) {
     SYNC_DURATION.render(out);
     UPLINK_RETRIES.render(out);
     STORE_BYTES_WRITTEN.render(out);
+    STORE_FLUSHES.render(out);
     STORE_WENT_BACK.render(out);
     IMAGE_PULL_BYTES.render(out);
     IMAGE_PULL_DURATION.render(out);

@@ -149,6 +149,7 @@ impl Inner {
             })
         }) {
             Ok(()) => {
+                crate::metrics::STORE_FLUSHES.inc();
                 self.pending().durable_below(mark);
                 // Only once sled holds `next` durably may the file say so. A file that
                 // could not be written lags behind sled, which is safe: it is only
@@ -229,6 +230,7 @@ impl Inner {
         });
         match written {
             Ok(()) => {
+                crate::metrics::STORE_FLUSHES.inc();
                 let since = pending.holding().map(|h| h.since);
                 pending.clear();
                 self.holding.store(false, Ordering::Release);
@@ -437,6 +439,22 @@ mod tests {
             .generation
             .lock()
             .unwrap_or_else(|p| p.into_inner())
+    }
+
+    #[test]
+    fn flushes_and_written_bytes_are_counted() {
+        let tmp = crate::testutil::TempDir::new("store-metrics");
+        let store = Store::open(&tmp.0.join("db")).expect("open");
+        let t: Tree<u32> = store.tree("n").expect("tree");
+        // The counters are the process's: other tests add to them at the same time.
+        let (bytes, flushes) = (
+            crate::metrics::STORE_BYTES_WRITTEN.get(),
+            crate::metrics::STORE_FLUSHES.get(),
+        );
+        t.put("counted", &7).expect("put");
+        assert!(crate::metrics::STORE_BYTES_WRITTEN.get() >= bytes + "counted".len() as u64);
+        store.flush().expect("flush");
+        assert!(crate::metrics::STORE_FLUSHES.get() > flushes);
     }
 
     #[test]
