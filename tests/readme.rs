@@ -1,14 +1,22 @@
-//! The README's example configuration is one this holdfast reads without a warning:
-//! every key it shows exists, spelled as the config parser spells it.
+//! The README against the code: its example configuration is one this holdfast reads
+//! without a warning, every key the config file takes is named in it, and so is every
+//! flag of every command. The lists come from the code (`config::KEYS`,
+//! `config::FLAGS`, the commands' own usage texts), so a key or flag added without a
+//! word in the README fails here.
 
 use std::path::PathBuf;
+use std::process::Command;
 
-use holdfast::config::read_config_file;
+use holdfast::config::{parse_config, read_config_file, FLAGS, KEYS};
+
+fn readme() -> String {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    std::fs::read_to_string(root.join("README.md")).expect("read README.md")
+}
 
 #[test]
 fn the_readmes_example_config_is_read_without_a_warning() {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let readme = std::fs::read_to_string(root.join("README.md")).expect("read README.md");
+    let readme = readme();
     let section = readme
         .split("\n## Configuration\n")
         .nth(1)
@@ -33,4 +41,194 @@ fn the_readmes_example_config_is_read_without_a_warning() {
         file.bootstrap_kubeconfig.is_some() && file.kubeconfig.is_some(),
         "the example names both kubeconfigs"
     );
+}
+
+#[test]
+fn every_config_example_in_the_readme_is_read_without_a_warning() {
+    let text = readme();
+    let mut examples = 0;
+    for block in raw_yaml_blocks(&text) {
+        // Kubeconfigs and the like are other files.
+        if block.contains("apiVersion:") && !block.contains("kubelet.config.k8s.io/") {
+            continue;
+        }
+        examples += 1;
+        let read = parse_config(std::path::Path::new("/etc/holdfast/config.yaml"), &block);
+        let (_, warnings) = read.unwrap_or_else(|e| panic!("{e}:\n{block}"));
+        assert!(warnings.is_empty(), "{warnings:?}:\n{block}");
+    }
+    assert!(examples >= 3, "the README shows config examples");
+}
+
+/// Each ```yaml block of `text`, its indentation (a block inside a list item) removed.
+fn raw_yaml_blocks(text: &str) -> Vec<String> {
+    let mut blocks = Vec::new();
+    let mut current: Option<(usize, String)> = None;
+    for line in text.lines() {
+        let indent = line.len() - line.trim_start().len();
+        match current.as_mut() {
+            None if line.trim_start() == "```yaml" => current = Some((indent, String::new())),
+            None => {}
+            Some(_) if line.trim_start().starts_with("```") => {
+                blocks.extend(current.take().map(|(_, b)| b));
+            }
+            Some((at, block)) => {
+                block.push_str(line.get(*at..).unwrap_or(""));
+                block.push('\n');
+            }
+        }
+    }
+    blocks
+}
+
+/// The README split into what it says in `code spans` and what its ```yaml blocks hold.
+struct Readme {
+    spans: Vec<String>,
+    yaml_blocks: Vec<Vec<String>>,
+    text: String,
+}
+
+impl Readme {
+    fn parse(text: String) -> Readme {
+        let mut spans = Vec::new();
+        let mut yaml_blocks = Vec::new();
+        let mut fence: Option<Vec<String>> = None;
+        let mut in_other_fence = false;
+        for line in text.lines() {
+            let trimmed = line.trim_start();
+            if trimmed.starts_with("```") {
+                if let Some(block) = fence.take() {
+                    yaml_blocks.push(block);
+                } else if in_other_fence {
+                    in_other_fence = false;
+                } else if trimmed == "```yaml" {
+                    fence = Some(Vec::new());
+                } else {
+                    in_other_fence = true;
+                }
+                continue;
+            }
+            if let Some(block) = fence.as_mut() {
+                // Comments say things about keys; only keys count.
+                let code = line.split(" # ").next().unwrap_or(line);
+                block.push(code.to_string());
+            } else if !in_other_fence {
+                spans.extend(line.split('`').skip(1).step_by(2).map(String::from));
+            }
+        }
+        Readme {
+            spans,
+            yaml_blocks,
+            text,
+        }
+    }
+
+    /// `key` (a path of [`KEYS`]) is named in a code span, in full or by its last part,
+    /// or every part of it is a key in one of the yaml blocks.
+    fn names_key(&self, key: &str) -> bool {
+        let parts: Vec<&str> = key
+            .split('.')
+            .filter(|p| *p != "*")
+            .map(|p| p.trim_end_matches("[]"))
+            .collect();
+        let leaf = parts[parts.len() - 1];
+        let own = parts.iter().filter(|p| **p != "holdfast").count() == 1;
+        let in_span = self.spans.iter().any(|s| {
+            s == key || (own && s == leaf) || (s.contains('.') && key.ends_with(&format!(".{s}")))
+        });
+        in_span
+            || self.yaml_blocks.iter().any(|block| {
+                parts
+                    .iter()
+                    .all(|part| block.iter().any(|line| yaml_key(line, part)))
+            })
+    }
+
+    /// `--flag` appears, not as the start of a longer flag.
+    fn names_flag(&self, flag: &str) -> bool {
+        self.text.match_indices(flag).any(|(at, _)| {
+            let before = self.text[..at].chars().next_back();
+            let after = self.text[at + flag.len()..].chars().next();
+            !matches!(before, Some(c) if c.is_alphanumeric() || c == '-')
+                && !matches!(after, Some(c) if c.is_alphanumeric() || c == '-')
+        })
+    }
+}
+
+/// `name` is a key on this yaml line: `name:` at the start, after `- `, `{` or `, `.
+fn yaml_key(line: &str, name: &str) -> bool {
+    let pattern = format!("{name}:");
+    line.match_indices(&pattern).any(|(at, _)| {
+        let before = line[..at].trim_end();
+        before.is_empty() || before.ends_with('-') || before.ends_with('{') || before.ends_with(',')
+    })
+}
+
+#[test]
+fn every_config_key_is_named_in_the_readme() {
+    let readme = Readme::parse(readme());
+    let missing: Vec<&str> = KEYS
+        .iter()
+        .copied()
+        .filter(|k| !readme.names_key(k))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "config keys the README does not name (as `key` or in a yaml block): {missing:?}"
+    );
+}
+
+/// Every `--flag` a usage text names.
+fn flags_in(usage: &str) -> Vec<String> {
+    usage
+        .split(|c: char| !(c.is_alphanumeric() || c == '-'))
+        .filter(|w| w.starts_with("--") && w.len() > 2)
+        .map(String::from)
+        .collect()
+}
+
+#[test]
+fn every_flag_is_named_in_the_readme() {
+    let readme = Readme::parse(readme());
+    // `holdfast run`'s flags as its parser lists them; the other commands' as their
+    // usage texts give them.
+    let help = Command::new(env!("CARGO_BIN_EXE_holdfast"))
+        .arg("help")
+        .output()
+        .expect("run holdfast help");
+    assert!(help.status.success(), "holdfast help: {help:?}");
+    let mut flags: Vec<String> = FLAGS.iter().map(|f| f.to_string()).collect();
+    flags.extend(flags_in(&String::from_utf8_lossy(&help.stdout)));
+    flags.extend(flags_in(holdfast::check::USAGE));
+    flags.sort();
+    flags.dedup();
+    assert!(
+        flags.len() > FLAGS.len(),
+        "the commands' usage texts name flags"
+    );
+    let missing: Vec<&String> = flags.iter().filter(|f| !readme.names_flag(f)).collect();
+    assert!(
+        missing.is_empty(),
+        "flags the README does not name: {missing:?}"
+    );
+}
+
+#[test]
+fn the_key_check_sees_a_missing_key() {
+    // The checks above hold only if they can fail: a README without a key's name.
+    let readme = Readme::parse(
+        "`syncFrequency` and `holdfast.cniConfDir`\n\n```yaml\nauthentication:\n  x509: {clientCAFile: /ca}\n```\n"
+            .into(),
+    );
+    assert!(readme.names_key("syncFrequency"));
+    assert!(readme.names_key("holdfast.cniConfDir"));
+    assert!(readme.names_key("authentication.x509.clientCAFile"));
+    assert!(!readme.names_key("fileCheckFrequency"));
+    assert!(!readme.names_key("holdfast.cniBinDir"));
+    assert!(!readme.names_key("authentication.webhook.cacheTTL"));
+    assert!(!readme.names_flag("--v"));
+    let readme = Readme::parse("`--board-dir DIR` and `--v N`".into());
+    assert!(!readme.names_flag("--board"));
+    assert!(readme.names_flag("--board-dir"));
+    assert!(readme.names_flag("--v"));
 }

@@ -120,6 +120,10 @@ pub(super) fn parse_mapping(
     let mut warnings = Vec::new();
     for (key, value) in top {
         let key = reader.key_name(key, "")?;
+        if !super::keys::known(&key) {
+            warnings.push(reader.unknown(&key));
+            continue;
+        }
         match key.as_str() {
             "apiVersion" => {
                 let v = reader.string(&key, value)?;
@@ -263,6 +267,10 @@ impl Reader<'_> {
     ) -> Result<(), ConfigError> {
         for (key, value) in section {
             let key = self.key_name(key, "holdfast.")?;
+            if !super::keys::known(&key) {
+                warnings.push(self.unknown(&key));
+                continue;
+            }
             match key.as_str() {
                 "holdfast.crashLoopBackOffInitial" => {
                     out.crash_loop_initial = Some(self.positive_duration(&key, value)?);

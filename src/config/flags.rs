@@ -42,6 +42,28 @@ pub struct RunFlags {
     pub port: Option<u16>,
 }
 
+/// Every flag `holdfast run` takes, spelled as it is given (`--flag value` or
+/// `--flag=value`); `-v` is short for `--v`. The parser takes only these.
+pub const FLAGS: &[&str] = &[
+    "--config",
+    "--kubeconfig",
+    "--bootstrap-kubeconfig",
+    "--root-dir",
+    "--pod-manifest-path",
+    "--hostname-override",
+    "--node-ip",
+    "--board",
+    "--board-dir",
+    "--node-labels",
+    "--system-reserved",
+    "--kube-reserved",
+    "--eviction-hard",
+    "--register-with-taints",
+    "--uplink-retry-max",
+    "--port",
+    "--v",
+];
+
 pub const USAGE: &str = "usage: holdfast run [flags]
 
 flags:
@@ -81,23 +103,8 @@ pub fn parse_flags(args: &[String]) -> Result<RunFlags, ConfigError> {
             None => (arg.as_str(), None),
         };
         let canonical = match name {
-            "--config" => "--config",
-            "--root-dir" => "--root-dir",
-            "--pod-manifest-path" => "--pod-manifest-path",
-            "--hostname-override" => "--hostname-override",
-            "--v" | "-v" => "--v",
-            "--board" => "--board",
-            "--board-dir" => "--board-dir",
-            "--node-labels" => "--node-labels",
-            "--system-reserved" => "--system-reserved",
-            "--kube-reserved" => "--kube-reserved",
-            "--eviction-hard" => "--eviction-hard",
-            "--kubeconfig" => "--kubeconfig",
-            "--bootstrap-kubeconfig" => "--bootstrap-kubeconfig",
-            "--node-ip" => "--node-ip",
-            "--register-with-taints" => "--register-with-taints",
-            "--uplink-retry-max" => "--uplink-retry-max",
-            "--port" => "--port",
+            "-v" => "--v",
+            _ if FLAGS.contains(&name) => name,
             _ if name.starts_with('-') => {
                 return Err(ConfigError::Flag {
                     flag: name.to_string(),
@@ -178,12 +185,18 @@ pub fn parse_flags(args: &[String]) -> Result<RunFlags, ConfigError> {
                 check_eviction,
                 &mut flags.eviction_hard,
             )?,
-            _ => {
+            "--v" => {
                 let level = value.parse::<u8>().map_err(|_| ConfigError::Flag {
                     flag: canonical.into(),
                     reason: format!("expected a number from 0 to 255, got {value:?}"),
                 })?;
                 flags.verbosity = Some(level);
+            }
+            other => {
+                return Err(ConfigError::Flag {
+                    flag: other.into(),
+                    reason: "listed but not read (a bug)".into(),
+                })
             }
         }
     }
@@ -348,6 +361,18 @@ mod tests {
             match parse_flags(&args(bad)) {
                 Err(ConfigError::Flag { flag, .. }) => assert_eq!(flag, bad[0]),
                 other => panic!("{bad:?}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn every_listed_flag_is_read_and_in_the_usage() {
+        for flag in FLAGS {
+            assert!(USAGE.contains(&format!("{flag} ")), "{flag} in USAGE");
+            // A value no flag takes: a flag that is read refuses it or takes it, never
+            // "listed but not read".
+            if let Err(ConfigError::Flag { reason, .. }) = parse_flags(&args(&[flag, "x"])) {
+                assert!(!reason.contains("not read"), "{flag}: {reason}");
             }
         }
     }

@@ -311,11 +311,22 @@ impl Reader<'_> {
                     _ => return Err(self.err(&here, "keys must be strings".into())),
                 };
                 let at = format!("{here}.{field}");
+                let unknown = || {
+                    self.err(
+                        &at,
+                        format!("unknown key {field:?} (server, caFile, clientCert, clientKey, mirrors)"),
+                    )
+                };
+                if !super::keys::known(&format!("{key}.*.{field}")) {
+                    return Err(unknown());
+                }
                 match field {
                     "server" => {
                         let s = self.string(&at, v)?;
                         if !s.starts_with("https://") {
-                            return Err(self.err(&at, format!("expected an https:// URL, got {s:?}")));
+                            return Err(
+                                self.err(&at, format!("expected an https:// URL, got {s:?}"))
+                            );
                         }
                         reg.server = Some(s);
                     }
@@ -324,13 +335,16 @@ impl Reader<'_> {
                     "clientKey" => reg.client_key = Some(base.join(self.path(&at, v)?)),
                     "mirrors" => {
                         let Value::Sequence(list) = v else {
-                            return Err(self.err(&at, format!("expected a list, got {}", type_name(v))));
+                            return Err(
+                                self.err(&at, format!("expected a list, got {}", type_name(v)))
+                            );
                         };
                         for (n, m) in list.iter().enumerate() {
-                            reg.mirrors.push(self.mirror(&format!("{at}[{n}]"), m, base)?);
+                            reg.mirrors
+                                .push(self.mirror(&format!("{at}[{n}]"), m, base)?);
                         }
                     }
-                    other => return Err(self.err(&at, format!("unknown key {other:?} (server, caFile, clientCert, clientKey, mirrors)"))),
+                    _ => return Err(unknown()),
                 }
             }
             if reg.client_cert.is_some() != reg.client_key.is_some() {
@@ -349,6 +363,15 @@ impl Reader<'_> {
                 _ => return Err(self.err(at, "keys must be strings".into())),
             };
             let here = format!("{at}.{field}");
+            let unknown = || {
+                self.err(
+                    &here,
+                    format!("unknown key {field:?} (host, capabilities, caFile, clientCert, clientKey, plainHTTP, skipVerify)"),
+                )
+            };
+            if !super::keys::known(&format!("holdfast.registries.*.mirrors[].{field}")) {
+                return Err(unknown());
+            }
             match field {
                 "host" => m.host = self.string(&here, v)?,
                 "capabilities" => {
@@ -357,8 +380,9 @@ impl Reader<'_> {
                     };
                     for c in list {
                         let s = self.string(&here, c)?;
-                        let cap = Capability::parse(&s)
-                            .ok_or_else(|| self.err(&here, format!("unknown capability {s:?} (pull, resolve)")))?;
+                        let cap = Capability::parse(&s).ok_or_else(|| {
+                            self.err(&here, format!("unknown capability {s:?} (pull, resolve)"))
+                        })?;
                         m.capabilities.push(cap);
                     }
                 }
@@ -367,12 +391,7 @@ impl Reader<'_> {
                 "clientKey" => m.client_key = Some(base.join(self.path(&here, v)?)),
                 "plainHTTP" => m.plain_http = self.boolean(&here, v)?,
                 "skipVerify" => m.skip_verify = self.boolean(&here, v)?,
-                other => {
-                    return Err(self.err(
-                        &here,
-                        format!("unknown key {other:?} (host, capabilities, caFile, clientCert, clientKey, plainHTTP, skipVerify)"),
-                    ))
-                }
+                _ => return Err(unknown()),
             }
         }
         if m.host.is_empty() {

@@ -9,6 +9,7 @@ mod duration;
 mod file;
 mod flags;
 mod images;
+mod keys;
 mod maps;
 mod names;
 mod pods;
@@ -32,8 +33,9 @@ pub use cluster::{
 };
 pub use duration::parse_duration;
 pub use file::{parse_config, read_config_file, FileConfig};
-pub use flags::{parse_flags, RunFlags, USAGE};
+pub use flags::{parse_flags, RunFlags, FLAGS, USAGE};
 pub use images::{FileImages, ImageConfig};
+pub use keys::KEYS;
 pub use maps::{check_eviction, check_label, check_reserved};
 pub use names::{check_dns1123_label, check_dns1123_subdomain};
 pub use pods::{PodKeys, PodSettings};

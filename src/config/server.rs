@@ -352,7 +352,10 @@ impl Reader<'_> {
 
     fn sub_key(&self, parent: &str, key: &Value) -> Result<String, ConfigError> {
         match key {
-            Value::String(s) => Ok(format!("{parent}.{s}")),
+            Value::String(s) if super::keys::known(&format!("{parent}.{s}")) => {
+                Ok(format!("{parent}.{s}"))
+            }
+            Value::String(s) => Err(self.err(&format!("{parent}.{s}"), "unknown key".into())),
             other => Err(self.err(
                 parent,
                 format!("keys must be strings, found {}", short(other)),
