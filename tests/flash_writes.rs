@@ -28,6 +28,26 @@ fn bytes_written_per_pod() {
     let fs = LoopFs::mount(&a.root, 512).expect("loop filesystem");
     std::fs::create_dir_all(a.root.join("images")).expect("images dir");
     std::fs::copy(&image, a.root.join("images/busybox.tar")).expect("image");
+    // HOLDFAST_FLASH_TMPFS=containers,logs,...: those dirs of the root on a tmpfs each,
+    // for attribution (what is left is what the rest costs).
+    let tmpfs: Vec<std::path::PathBuf> = std::env::var("HOLDFAST_FLASH_TMPFS")
+        .unwrap_or_default()
+        .split(',')
+        .filter(|d| !d.is_empty() && !d.contains('/') && *d != "..")
+        .map(|d| {
+            let dir = a.root.join(d);
+            std::fs::create_dir_all(&dir).expect("tmpfs mount point");
+            nix::mount::mount(
+                Some("tmpfs"),
+                &dir,
+                Some("tmpfs"),
+                nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+                Some("mode=0700"),
+            )
+            .expect("mount tmpfs");
+            dir
+        })
+        .collect();
     a.start();
     // One pod first, so that the image is unpacked and the store's trees exist: what
     // follows is what every further pod costs.
@@ -71,6 +91,9 @@ fn bytes_written_per_pod() {
         let _ = child.wait();
     }
     a.stop();
+    for dir in &tmpfs {
+        let _ = nix::mount::umount2(dir, nix::mount::MntFlags::MNT_DETACH);
+    }
     drop(fs);
     println!(
         "flash writes: {bytes} bytes for {pods} pods started and stopped: {} bytes ({:.1} KiB) per pod",
