@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The system test on real kernels: boots Debian 12's kernel for ARCH in qemu-system (TCG;
-# KVM for x86_64 where the host has it) on a cgroup v2-only hierarchy and runs holdfast's
-# scenarios in it.
+# The system test on real kernels: boots Debian 12's kernel for ARCH in qemu-system (TCG,
+# no KVM: this machine kind has a /dev/kvm, but a guest under it printed nothing to its
+# console in 9 minutes) on a cgroup v2-only hierarchy and runs holdfast's scenarios in it.
 #
 #   tests/vm/run.sh aarch64|armv7|x86_64 [--shell]
 #
@@ -31,11 +31,6 @@ case "$arch" in
            qemu=(qemu-system-x86_64 -M q35 -cpu max); console=ttyS0; goarch=amd64 ;;
   *) echo "vm: unknown ARCH $arch (aarch64, armv7, x86_64)" >&2; exit 2 ;;
 esac
-# x86_64 on an x86_64 host runs under KVM when /dev/kvm is there (the kernel and the
-# scenarios are the same; it takes a third of the time); the ARM guests are emulated.
-if [ "$arch" = x86_64 ] && [ "$(uname -m)" = x86_64 ] && [ -r /dev/kvm ] && [ -w /dev/kvm ]; then
-  qemu+=(-accel kvm -accel tcg)
-fi
 command -v "${qemu[0]}" >/dev/null || {
   echo "vm: ${qemu[0]} missing (apt-get install qemu-system-arm qemu-system-x86)" >&2; exit 2; }
 
