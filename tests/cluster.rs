@@ -477,7 +477,12 @@ fn configmaps_and_secrets_a_pod_references_are_fetched_and_followed() {
             },
         );
     }
-    // A change arrives through the watch.
+    // A change arrives through the watch, once the pod runs: a change that lands before
+    // its worker exists is simply read at its start, with no resync to log.
+    a.wait_until("the pod's container started", WAIT, |a| {
+        a.agent_log()
+            .contains("pod default/app: container main started")
+    });
     api.put_configmap(ConfigMap {
         metadata: meta("app-config"),
         data: Some(BTreeMap::from([(
