@@ -421,7 +421,10 @@ impl Worker {
             let state = self.runtime_state(&id).await;
             let ended = match state {
                 Ok(ContainerState::Exited(exit)) => Some(Terminated::from_exit(&id, &exit)),
-                Ok(ContainerState::Unknown) => {
+                // No trace of it at all is lost too: a power cut right after its start
+                // can leave the store's record of it running while its dir, not synced
+                // yet, never reached the disk (or the start's cleanup took what did).
+                Ok(ContainerState::Unknown) | Err(RuntimeError::NotFound { .. }) => {
                     self.lost = true;
                     Some(Terminated::lost(&id, Some(started_at), time::now()))
                 }
