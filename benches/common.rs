@@ -206,14 +206,19 @@ pub fn arenas(pid: u32) -> u64 {
     n + 1
 }
 
-/// Containers whose process runs under `root` (the shim wrote `started.json` and no
-/// `exit.json`).
+/// Containers whose process runs under `root` (the shim wrote `started.json`, on the
+/// `boot/` tmpfs, and no `exit.json`, on the disk).
 pub fn running_containers(root: &Path) -> usize {
-    std::fs::read_dir(root.join("containers"))
+    std::fs::read_dir(root.join("boot/containers"))
         .map(|d| {
             d.flatten()
                 .filter(|e| {
-                    e.path().join("started.json").exists() && !e.path().join("exit.json").exists()
+                    e.path().join("started.json").exists()
+                        && !root
+                            .join("containers")
+                            .join(e.file_name())
+                            .join("exit.json")
+                            .exists()
                 })
                 .count()
         })

@@ -518,9 +518,11 @@ impl Session {
 
     /// No container dir left: every pod removed has been cleaned up.
     fn no_containers(&self) -> bool {
-        std::fs::read_dir(self.root.join("containers"))
-            .map(|mut d| d.next().is_none())
-            .unwrap_or(true)
+        ["containers", "boot/containers"].iter().all(|d| {
+            std::fs::read_dir(self.root.join(d))
+                .map(|mut d| d.next().is_none())
+                .unwrap_or(true)
+        })
     }
 
     /// Removes every pod and waits until their containers are gone.
@@ -784,7 +786,7 @@ fn running_and_start(knobs: &Knobs, s: &mut Session, report: &mut Report) {
 /// `started.json`.
 fn new_shim_starts(root: &Path, seen: &mut HashSet<PathBuf>) -> Vec<Duration> {
     let mut out = Vec::new();
-    let Ok(dir) = std::fs::read_dir(root.join("containers")) else {
+    let Ok(dir) = std::fs::read_dir(root.join("boot/containers")) else {
         return out;
     };
     for e in dir.flatten() {

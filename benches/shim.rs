@@ -108,7 +108,7 @@ struct Split {
 }
 
 fn shim_split(env: &Env, id: &ContainerId) -> Option<Split> {
-    let pid = live_pid(&env.rt.container_dir(id).join("shim-pid.json"), "process")?;
+    let pid = live_pid(&env.rt.state_dir(id).join("shim-pid.json"), "process")?;
     let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
     let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).ok()?;
     let mut out = Split::default();

@@ -428,6 +428,8 @@ pub fn reset(args: &[String]) -> Result<(), Error> {
     emit_line(&format!("removed {removed} container(s)"))?;
     // Then the pods' sandboxes: CNI leases released, namespaces and volumes unmounted.
     crate::sync::sandbox::reset(&root, &cgroup_root).map_err(Error::Cli)?;
+    // The tmpfs of what lasts one boot, now empty of containers.
+    crate::runtime::unmount_all_under(&runtime.boot_dir()).map_err(Error::Cli)?;
     let io = |path: &std::path::Path| {
         let context = format!("remove {}", path.display());
         move |source| Error::Io { context, source }

@@ -111,7 +111,7 @@ spec:
     );
 
     // The runtime did log at debug: into the shims' own logs.
-    let shim_logs: String = std::fs::read_dir(a.root.join("containers"))
+    let shim_logs: String = std::fs::read_dir(a.root.join("boot/containers"))
         .into_iter()
         .flatten()
         .flatten()

@@ -283,11 +283,7 @@ fn env_from_configmaps_secrets_fields_and_resources() {
         .and_then(|id| id.strip_prefix("libcontainer://"))
         .expect("containerID")
         .to_string();
-    let config = a
-        .root
-        .join("containers")
-        .join(id)
-        .join("bundle/config.json");
+    let config = support::agent::state_dir(&a.root, &id).join("bundle/config.json");
     let mode = std::fs::metadata(&config)
         .expect("config.json")
         .permissions();

@@ -171,8 +171,9 @@ impl Bench {
         let mut left = Vec::new();
         let names = uid_forms(uid);
         let named = |s: &str| names.iter().any(|n| s.contains(n.as_str()));
-        for e in std::fs::read_dir(a.root.join("containers"))
-            .into_iter()
+        for e in ["containers", "boot/containers"]
+            .iter()
+            .flat_map(|d| std::fs::read_dir(a.root.join(d)))
             .flatten()
             .flatten()
         {
@@ -194,6 +195,8 @@ impl Bench {
         }
         let dir = a.dir.display().to_string();
         let healthy = format!("containers/{}", self.healthy_id);
+        // The runtime's own tmpfs for what lasts one boot: the agent's, not a pod's.
+        let boot = a.root.join("boot").display().to_string();
         for l in std::fs::read_to_string("/proc/self/mountinfo")
             .unwrap_or_default()
             .lines()
@@ -205,11 +208,11 @@ impl Bench {
                 || uid_forms(&self.healthy_uid)
                     .iter()
                     .any(|n| mp.contains(n.as_str()));
-            if named(mp) || (mp.starts_with(&dir) && !theirs) {
+            if named(mp) || (mp.starts_with(&dir) && !theirs && mp != boot) {
                 left.push(format!("mount {mp}"));
             }
         }
-        for sub in ["pods", "logs", "containers", "volumes"] {
+        for sub in ["pods", "logs", "containers", "boot/containers", "volumes"] {
             walk(&a.root.join(sub), 3, &mut |p| {
                 if named(&p.file_name().unwrap_or_default().to_string_lossy()) {
                     left.push(format!("path {}", p.display()));

@@ -286,7 +286,7 @@ fn power_cut(a: &mut Agent) {
     let root = a.root.display().to_string();
     // Container inits first (SIGKILL takes their PID namespace with them), as their
     // shims' records name them.
-    for e in std::fs::read_dir(a.root.join("containers"))
+    for e in std::fs::read_dir(a.root.join("boot/containers"))
         .into_iter()
         .flatten()
         .flatten()

@@ -35,13 +35,18 @@ fn running(p: &serde_json::Value, c: &str) -> bool {
 /// A container is live when its shim recorded a start and no exit, and its init runs.
 fn live_containers(root: &Path) -> BTreeMap<String, Vec<(String, i32)>> {
     let mut out: BTreeMap<String, Vec<(String, i32)>> = BTreeMap::new();
-    for e in std::fs::read_dir(root.join("containers"))
+    for e in std::fs::read_dir(root.join("boot/containers"))
         .into_iter()
         .flatten()
         .flatten()
     {
         let dir = e.path();
-        if dir.join("exit.json").exists() {
+        if root
+            .join("containers")
+            .join(e.file_name())
+            .join("exit.json")
+            .exists()
+        {
             continue;
         }
         let Ok(started) = std::fs::read_to_string(dir.join("started.json")) else {

@@ -58,8 +58,9 @@ fn proc_cgroup(a: &Agent, p: &Value) -> String {
         .and_then(|c| c.strip_prefix("libcontainer://"))
         .unwrap_or_default()
         .to_owned();
-    let started = std::fs::read_to_string(a.root.join("containers").join(id).join("started.json"))
-        .expect("started.json");
+    let started =
+        std::fs::read_to_string(support::agent::state_dir(&a.root, &id).join("started.json"))
+            .expect("started.json");
     let v: Value = serde_json::from_str(&started).expect("json");
     let pid = v["init"]["pid"].as_i64().expect("pid");
     let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("cgroup");

@@ -51,10 +51,11 @@ fn exit_code_logs_exit_event_and_remove() {
     );
 
     // The shim cleans up on its own; remove takes what is left and is idempotent.
-    let dir = env.rt.container_dir(&id);
+    let (dir, state) = (env.rt.container_dir(&id), env.rt.state_dir(&id));
     env.rt.remove(&id).expect("remove");
     env.rt.remove(&id).expect("remove again");
     assert!(!dir.exists());
+    assert!(!state.exists());
     assert!(
         mounts_under(&dir).is_empty(),
         "mount left under {}",
@@ -86,7 +87,7 @@ fn signals_reach_the_init() {
         env.rt.remove(&id),
         Err(RuntimeError::StillRunning { .. })
     ));
-    let rootfs = env.rt.container_dir(&id).join("bundle/rootfs");
+    let rootfs = env.rt.state_dir(&id).join("bundle/rootfs");
     assert!(
         mounts_under(&rootfs).contains(&rootfs),
         "rootfs is not mounted"
@@ -229,7 +230,7 @@ fn shim_outlives_its_starter() {
     let ContainerState::Running { pid, .. } = env.rt.state(&id).expect("state") else {
         panic!("container did not survive its starter");
     };
-    let dir = env.rt.container_dir(&id);
+    let dir = env.rt.state_dir(&id);
     let shim = live_pid(&dir.join("shim-pid.json"), "process").expect("shim alive");
     // The shim's parent is no longer the (dead) starter.
     let ppid = std::fs::read_to_string(format!("/proc/{shim}/stat")).expect("shim stat");

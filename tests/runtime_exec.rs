@@ -48,7 +48,7 @@ fn exec_sync_output_exit_code_cap_and_timeout() {
         ..Default::default()
     };
     let id = env.start_container(&pod, &container).expect("start");
-    let rootfs = env.rt.container_dir(&id).join("bundle/rootfs");
+    let rootfs = env.rt.state_dir(&id).join("bundle/rootfs");
 
     // Output and exit code; the command runs where the container's process does.
     let r = env

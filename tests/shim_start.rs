@@ -1,7 +1,9 @@
 //! How a container's shim starts and waits, with real containers (as root): the agent
 //! learns of a start or of a dead shim from the readiness pipe, not a timer; records of
 //! processes a power cut killed do not stop a container from being removed; the shim
-//! is one exec of the binary; an idle shim sleeps until something happens.
+//! is one exec of the binary; an idle shim sleeps until something happens; a shim
+//! leaves its exit record unsynced when the agent says its store holds the exit, and
+//! syncs it itself when no agent does.
 
 mod runtime_support;
 
@@ -23,7 +25,7 @@ fn status_field(pid: nix::unistd::Pid, name: &str) -> Option<u64> {
 }
 
 fn shim_of(env: &Env, id: &ContainerId) -> nix::unistd::Pid {
-    live_pid(&env.rt.container_dir(id).join("shim-pid.json"), "process").expect("shim alive")
+    live_pid(&env.rt.state_dir(id).join("shim-pid.json"), "process").expect("shim alive")
 }
 
 /// Starts `sleep` and waits until its output is logged.
@@ -84,7 +86,7 @@ fn a_shim_that_dies_before_its_record_is_noticed_at_once() {
 fn records_torn_by_a_power_cut_do_not_stop_a_remove() {
     let env = Env::new("torn");
     let id = start_sleeper(&env, "torn");
-    let dir = env.rt.container_dir(&id);
+    let dir = env.rt.state_dir(&id);
     let init = live_pid(&dir.join("started.json"), "init").expect("init alive");
     // A power cut: the shim and its container die without a word, and records written
     // without a sync are cut short.
@@ -153,4 +155,35 @@ fn an_idle_shim_does_not_wake_up() {
         wait_until(Duration::from_secs(10), || !alive(shim)),
         "shim did not exit"
     );
+}
+
+/// The exit record's costly `fsync` is skipped when the agent took the exit: the shim
+/// waits for that word (its `exits/<id>` removed) and goes at once when it comes; with
+/// no word it syncs the record itself and goes after its wait (3 s), the record kept.
+#[test]
+fn a_shim_goes_once_its_exit_is_taken_and_keeps_it_when_none_takes_it() {
+    let env = Env::new("taken");
+    let taken = env.start("taken", "sleep 1; exit 3", None).expect("start");
+    let left = env.start("left", "sleep 1; exit 4", None).expect("start");
+    let (taken_shim, left_shim) = (shim_of(&env, &taken), shim_of(&env, &left));
+    assert_eq!(env.wait_exit(&taken).exit_code, 3);
+    let exited = std::time::Instant::now();
+    env.rt.exit_recorded(&taken);
+    assert!(
+        wait_until(Duration::from_secs(10), || !alive(taken_shim)),
+        "shim lives on"
+    );
+    let gone_after = exited.elapsed();
+    assert!(
+        gone_after < Duration::from_millis(2500),
+        "the shim whose exit was taken waited {gone_after:?}, as if no one had"
+    );
+    assert_eq!(env.wait_exit(&left).exit_code, 4);
+    assert!(alive(left_shim), "the shim no agent answered did not wait");
+    assert!(
+        wait_until(Duration::from_secs(10), || !alive(left_shim)),
+        "shim lives on"
+    );
+    // Its record, synced, reads as the exit.
+    assert_eq!(env.wait_exit(&left).exit_code, 4);
 }

@@ -396,7 +396,7 @@ impl LibcontainerRuntime {
     /// Connects to the shim of running container `id` (see the module doc). Blocking.
     pub fn attach(&self, id: &ContainerId) -> Result<UnixStream, RuntimeError> {
         Self::check_exec_id(id)?;
-        let dir = self.container_dir(id);
+        let dir = self.state_dir(id);
         super::unix_socket::connect_in(&dir, SOCKET).map_err(|e| match e.kind() {
             ErrorKind::NotFound | ErrorKind::ConnectionRefused => {
                 RuntimeError::NotRunning { id: id.0.clone() }

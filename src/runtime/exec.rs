@@ -147,7 +147,7 @@ impl LibcontainerRuntime {
     pub fn exec(&self, id: &ContainerId, req: &ExecRequest) -> Result<ExecProcess, RuntimeError> {
         Self::check_exec_id(id)?;
         let json = serde_json::to_string(req).map_err(|e| RuntimeError::Config(e.to_string()))?;
-        let log_path = self.container_dir(id).join("exec.log");
+        let log_path = self.state_dir(id).join("exec.log");
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -157,7 +157,7 @@ impl LibcontainerRuntime {
         let mut child = Command::new(self.shim_binary())
             .arg("shim")
             .arg("exec")
-            .arg(self.state_root_path())
+            .arg(self.state_root_path(id))
             .arg(&id.0)
             .arg(json)
             .stdin(Stdio::piped())

@@ -103,7 +103,20 @@ impl LibcontainerRuntime {
             Ok(None) => {}
             Err(e) => return Err(io_err(format!("secure {}", rt.root.display()))(e)),
         }
-        for dir in [rt.root.join("containers"), rt.exits_dir(), rt.state_root()] {
+        let boot = rt.boot_dir();
+        match super::root_dir::boot_tmpfs(&boot) {
+            Ok(None) => {}
+            Ok(Some(why)) => {
+                log::warn!("{why}; the containers' boot-scoped records go to the disk")
+            }
+            Err(e) => return Err(io_err(format!("mount a tmpfs on {}", boot.display()))(e)),
+        }
+        for dir in [
+            rt.root.join("containers"),
+            boot.join("containers"),
+            rt.exits_dir(),
+            rt.state_root(),
+        ] {
             super::root_dir::create_private(&dir)
                 .map_err(io_err(format!("create {}", dir.display())))?;
         }
@@ -123,8 +136,26 @@ impl LibcontainerRuntime {
         self
     }
 
+    /// What of a container is on the disk: the overlay's upper and work dirs (what the
+    /// container writes) and its exit record.
     pub fn container_dir(&self, id: &ContainerId) -> PathBuf {
         self.root.join("containers").join(&id.0)
+    }
+
+    /// What of a container lasts one boot (on the tmpfs at `<root>/boot`): its bundle,
+    /// the shim's config, records and log, and the attach socket. A container an
+    /// older holdfast started keeps all of it in [`Self::container_dir`].
+    pub fn state_dir(&self, id: &ContainerId) -> PathBuf {
+        let disk = self.container_dir(id);
+        if disk.join(records::SHIM_CONFIG).exists() {
+            return disk;
+        }
+        self.boot_dir().join("containers").join(&id.0)
+    }
+
+    /// The tmpfs for what lasts one boot.
+    pub fn boot_dir(&self) -> PathBuf {
+        self.root.join("boot")
     }
 
     /// The cgroup under which every container's cgroup is made.
@@ -135,7 +166,7 @@ impl LibcontainerRuntime {
     /// The container's cgroup, relative to each hierarchy's mount point: where its
     /// shim config says it was made (a pod's containers live under the pod's cgroup).
     pub fn cgroups_path(&self, id: &ContainerId) -> String {
-        self.recorded_cgroups_path(id, &self.container_dir(id))
+        self.recorded_cgroups_path(id, &self.state_dir(id))
     }
 
     /// A container's cgroup when its pod has no cgroup of its own.
@@ -144,11 +175,21 @@ impl LibcontainerRuntime {
     }
 
     fn exits_dir(&self) -> PathBuf {
-        self.root.join("exits")
+        self.boot_dir().join("exits")
     }
 
     fn state_root(&self) -> PathBuf {
-        self.root.join("run")
+        self.boot_dir().join("run")
+    }
+
+    /// libcontainer's state root for `id`: an older holdfast's container has its state
+    /// in `<root>/run`.
+    fn state_root_of(&self, id: &ContainerId) -> PathBuf {
+        let legacy = self.root.join("run");
+        if legacy.join(&id.0).exists() {
+            return legacy;
+        }
+        self.state_root()
     }
 
     /// The holdfast executable the shims run.
@@ -156,9 +197,9 @@ impl LibcontainerRuntime {
         &self.shim_binary
     }
 
-    /// libcontainer's state root, which `shim exec` needs.
-    pub(super) fn state_root_path(&self) -> PathBuf {
-        self.state_root()
+    /// libcontainer's state root for `id`, which `shim exec` needs.
+    pub(super) fn state_root_path(&self, id: &ContainerId) -> PathBuf {
+        self.state_root_of(id)
     }
 
     pub(super) fn check_exec_id(id: &ContainerId) -> Result<(), RuntimeError> {
@@ -183,8 +224,9 @@ impl LibcontainerRuntime {
         }
     }
 
-    /// Everything up to spawning the shim; on error the caller removes the directory.
-    fn prepare(&self, req: &StartRequest<'_>, dir: &Path) -> Result<(), RuntimeError> {
+    /// Everything up to spawning the shim; on error the caller removes the directories.
+    /// `dir` is the container's state dir, `disk` its dir on the disk.
+    fn prepare(&self, req: &StartRequest<'_>, dir: &Path, disk: &Path) -> Result<(), RuntimeError> {
         let bundle = dir.join("bundle");
         let rootfs = bundle.join("rootfs");
         std::fs::create_dir_all(&rootfs).map_err(io_err(format!("create {}", rootfs.display())))?;
@@ -264,7 +306,8 @@ impl LibcontainerRuntime {
 
         let shim = ShimConfig {
             id: req.id.0.clone(),
-            container_dir: dir.to_owned(),
+            container_dir: disk.to_owned(),
+            state_dir: dir.to_owned(),
             bundle,
             layers: req.image.layers.clone(),
             log_path: req.log_path.clone(),
@@ -419,13 +462,14 @@ impl LibcontainerRuntime {
     }
 
     fn delete_state(&self, id: &ContainerId) -> Result<(), RuntimeError> {
-        if !self.state_root().join(&id.0).exists() {
+        let state_root = self.state_root_of(id);
+        if !state_root.join(&id.0).exists() {
             return Ok(());
         }
         let mut child = Command::new(&self.shim_binary)
             .arg("shim")
             .arg("delete")
-            .arg(self.state_root())
+            .arg(&state_root)
             .arg(&id.0)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -499,12 +543,19 @@ impl Runtime for LibcontainerRuntime {
         // remove a directory on the device's flash.
         let sc = security::effective(req.pod, req.container);
         security::verify_run_as_non_root(req.pod, req.container, &sc, &image_user(req))?;
-        let dir = self.container_dir(&req.id);
+        let disk = self.container_dir(&req.id);
+        let dir = self.boot_dir().join("containers").join(&req.id.0);
+        if dir.exists() {
+            return Err(RuntimeError::Create {
+                id: req.id.0.clone(),
+                message: "container already exists".to_owned(),
+            });
+        }
         let made = {
             use std::os::unix::fs::DirBuilderExt;
             std::fs::DirBuilder::new()
                 .mode(super::root_dir::MODE)
-                .create(&dir)
+                .create(&disk)
         };
         match made {
             Ok(()) => {}
@@ -514,26 +565,33 @@ impl Runtime for LibcontainerRuntime {
                     message: "container already exists".to_owned(),
                 });
             }
-            Err(e) => return Err(io_err(format!("create {}", dir.display()))(e)),
+            Err(e) => return Err(io_err(format!("create {}", disk.display()))(e)),
         }
         // The upper and work dirs (all the container writes to its root filesystem) are
         // below: a setuid binary or device node it makes there is inert on the host.
-        let bound = rootfs::bind_nosuid_nodev(&dir, true).map_err(|message| RuntimeError::Create {
-            id: req.id.0.clone(),
-            message,
-        });
+        let bound =
+            rootfs::bind_nosuid_nodev(&disk, true).map_err(|message| RuntimeError::Create {
+                id: req.id.0.clone(),
+                message,
+            });
         let spawned = bound
-            .and_then(|()| self.prepare(req, &dir))
+            .and_then(|()| {
+                super::root_dir::create_private(&dir)
+                    .map_err(io_err(format!("create {}", dir.display())))
+            })
+            .and_then(|()| self.prepare(req, &dir, &disk))
             .and_then(|()| self.spawn_shim(&req.id, &dir));
         let ready = match spawned {
             Ok(ready) => ready,
             Err(e) => {
-                // Nothing runs yet: the directory and its own bind mount are all there is.
-                match rootfs::unmount_all_under(&dir) {
-                    Ok(()) => {
-                        let _ = std::fs::remove_dir_all(&dir);
+                // Nothing runs yet: the directories and the bind mount are all there is.
+                for d in [&dir, &disk] {
+                    match rootfs::unmount_all_under(d) {
+                        Ok(()) => {
+                            let _ = std::fs::remove_dir_all(d);
+                        }
+                        Err(m) => log::warn!("container {}: {m}", req.id),
                     }
-                    Err(m) => log::warn!("container {}: {m}", req.id),
                 }
                 return Err(e);
             }
@@ -543,8 +601,8 @@ impl Runtime for LibcontainerRuntime {
 
     fn kill(&self, id: &ContainerId, signal: i32) -> Result<(), RuntimeError> {
         Self::check_id(id)?;
-        let dir = self.container_dir(id);
-        if !dir.exists() {
+        let (dir, disk) = (self.state_dir(id), self.container_dir(id));
+        if !dir.exists() && !disk.exists() {
             return Err(RuntimeError::NotFound { id: id.0.clone() });
         }
         let sig = Signal::try_from(signal)
@@ -562,7 +620,7 @@ impl Runtime for LibcontainerRuntime {
             // Gone: its shim records (or has recorded) the exit.
             return Ok(());
         }
-        if dir.join(records::EXIT).exists() || dir.join(records::FAILED).exists() {
+        if disk.join(records::EXIT).exists() || dir.join(records::FAILED).exists() {
             return Ok(());
         }
         Err(RuntimeError::NotRunning { id: id.0.clone() })
@@ -570,12 +628,14 @@ impl Runtime for LibcontainerRuntime {
 
     fn state(&self, id: &ContainerId) -> Result<ContainerState, RuntimeError> {
         Self::check_id(id)?;
-        let dir = self.container_dir(id);
-        if !dir.exists() {
+        let (dir, disk) = (self.state_dir(id), self.container_dir(id));
+        if !dir.exists() && !disk.exists() {
             return Err(RuntimeError::NotFound { id: id.0.clone() });
         }
         let ended = |dir: &Path| -> Result<Option<ContainerState>, RuntimeError> {
-            if let Some(exit) = records::read::<ExitInfo>(dir, records::EXIT)? {
+            // Written before it was synced (see `records`): one a power cut tore is no
+            // exit anyone took, so the container is lost, as without one.
+            if let Some(exit) = records::read_boot_scoped::<ExitInfo>(&disk, records::EXIT)? {
                 return Ok(Some(ContainerState::Exited(exit)));
             }
             if let Some(f) = records::read::<FailedRecord>(dir, records::FAILED)? {
@@ -612,16 +672,17 @@ impl Runtime for LibcontainerRuntime {
 
     fn remove(&self, id: &ContainerId) -> Result<(), RuntimeError> {
         Self::check_id(id)?;
-        let dir = self.container_dir(id);
-        if dir.exists() {
+        let (dir, disk) = (self.state_dir(id), self.container_dir(id));
+        if dir.exists() || disk.exists() {
             match self.state(id)? {
                 ContainerState::Running { .. } | ContainerState::Created => {
                     return Err(RuntimeError::StillRunning { id: id.0.clone() });
                 }
                 ContainerState::Exited(_) | ContainerState::Unknown => {}
             }
-            // After the exit record the shim still cleans up; doing the same at once
-            // would race it.
+            // After the exit record the shim still cleans up, and waits for its exit to
+            // be taken: it is, the container goes. Doing the same at once would race it.
+            self.exit_recorded(id);
             let deadline = Instant::now() + DELETE_TIMEOUT;
             while self.shim_alive(&dir)? && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(10));
@@ -633,13 +694,16 @@ impl Runtime for LibcontainerRuntime {
             id: id.0.clone(),
             message,
         })?;
-        if dir.exists() {
-            rootfs::unmount_all_under(&dir).map_err(|message| RuntimeError::Create {
+        for dir in [&dir, &disk] {
+            if !dir.exists() {
+                continue;
+            }
+            rootfs::unmount_all_under(dir).map_err(|message| RuntimeError::Create {
                 id: id.0.clone(),
                 message,
             })?;
             // remove_dir_all would walk into a mount and delete the image through it.
-            let left = rootfs::mounts_under(&dir)
+            let left = rootfs::mounts_under(dir)
                 .map_err(io_err("read /proc/self/mountinfo".to_owned()))?;
             if !left.is_empty() {
                 return Err(RuntimeError::Create {
@@ -647,15 +711,16 @@ impl Runtime for LibcontainerRuntime {
                     message: format!("still mounted: {left:?}"),
                 });
             }
-            std::fs::remove_dir_all(&dir).map_err(io_err(format!("remove {}", dir.display())))?;
+            std::fs::remove_dir_all(dir).map_err(io_err(format!("remove {}", dir.display())))?;
         }
         let _ = std::fs::remove_file(self.exits_dir().join(&id.0));
+        let _ = std::fs::remove_file(self.root.join("exits").join(&id.0));
         Ok(())
     }
 
     fn owner(&self, id: &ContainerId) -> Result<Option<super::adoption::Owner>, RuntimeError> {
         Self::check_id(id)?;
-        let path = self.container_dir(id).join("bundle").join("config.json");
+        let path = self.state_dir(id).join("bundle").join("config.json");
         let spec = match oci_spec::runtime::Spec::load(&path) {
             Ok(spec) => spec,
             Err(oci_spec::OciSpecError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -670,22 +735,39 @@ impl Runtime for LibcontainerRuntime {
     }
 
     fn list(&self) -> Result<Vec<ContainerId>, RuntimeError> {
-        let dir = self.root.join("containers");
-        let entries = std::fs::read_dir(&dir).map_err(io_err(format!("list {}", dir.display())))?;
         let mut ids = Vec::new();
-        for e in entries {
-            let e = e.map_err(io_err(format!("list {}", dir.display())))?;
-            if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
-                if let Some(name) = e.file_name().to_str() {
-                    ids.push(ContainerId(name.to_owned()));
+        for dir in [
+            self.root.join("containers"),
+            self.boot_dir().join("containers"),
+        ] {
+            let entries =
+                std::fs::read_dir(&dir).map_err(io_err(format!("list {}", dir.display())))?;
+            for e in entries {
+                let e = e.map_err(io_err(format!("list {}", dir.display())))?;
+                if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                    if let Some(name) = e.file_name().to_str() {
+                        ids.push(ContainerId(name.to_owned()));
+                    }
                 }
             }
         }
         ids.sort();
+        ids.dedup();
         Ok(ids)
     }
 
+    fn exit_recorded(&self, id: &ContainerId) {
+        if Self::check_id(id).is_ok() {
+            let _ = std::fs::remove_file(self.exits_dir().join(&id.0));
+        }
+    }
+
     fn watch_exits(&self, tx: tokio::sync::mpsc::Sender<ContainerId>) -> Result<(), RuntimeError> {
+        // An older holdfast's shims still running tell of their exits where it listened.
+        let legacy = self.root.join("exits");
+        if legacy.is_dir() {
+            exits::spawn(&legacy, tx.clone())?;
+        }
         exits::spawn(&self.exits_dir(), tx)
     }
 }

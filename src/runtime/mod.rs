@@ -7,12 +7,20 @@
 //! writes its CRI log and, when it exits, an exit record. The shim is detached from the
 //! agent, so containers and their logs outlive an agent restart or upgrade.
 //!
-//! On disk, under `<root-dir>`:
-//! - `containers/<id>/`: `shim.json` (what to run), `bundle/` (OCI bundle, rootfs is an
-//!   overlay mount), `upper/`, `work/`, `started.json`, `exit.json`, and while it runs
+//! Under `<root-dir>`, on the disk, what a power cut must not take:
+//! - `containers/<id>/`: `upper/`, `work/` (what the container writes) and `exit.json`.
+//!
+//! and on a tmpfs the runtime mounts at `<root-dir>/boot`, what lasts one boot (so the
+//! flash sees none of a container's start and stop but its upper dir and exit record):
+//! - `boot/containers/<id>/`: `shim.json` (what to run), `bundle/` (OCI bundle, rootfs
+//!   is an overlay mount), `shim.log`, `started.json`, `failed.json`, and while it runs
 //!   `attach.sock` (see [`attach`]).
-//! - `exits/<id>`: an empty file the shim creates after `exit.json`, to wake the agent.
-//! - `run/`: libcontainer's state root.
+//! - `boot/exits/<id>`: an empty file the shim creates after `exit.json`, to wake the
+//!   agent.
+//! - `boot/run/`: libcontainer's state root.
+//!
+//! Containers an older holdfast started keep all of it in `containers/<id>/`, their
+//! libcontainer state in `run/` and their exit files in `exits/`: they are read there.
 //!
 //! How a container runs:
 //! - `start` builds the OCI spec ([`spec`], a pure function of the pod and image),
@@ -247,6 +255,9 @@ pub trait Runtime: Send + Sync + 'static {
     /// Starts watching for container exits; each exit sends the container's id, soon
     /// after its exit record is written. Events may repeat; receivers read `state`.
     fn watch_exits(&self, tx: tokio::sync::mpsc::Sender<ContainerId>) -> Result<(), RuntimeError>;
+    /// The caller's store holds the exit of `id` durably: its shim need not make its
+    /// own record of it durable (see [`records`]).
+    fn exit_recorded(&self, _id: &ContainerId) {}
     /// Whom the container belongs to, as its spec's annotations say (for adoption by
     /// an agent that lost its store). None when they do not say.
     fn owner(&self, _id: &ContainerId) -> Result<Option<adoption::Owner>, RuntimeError> {

@@ -4,13 +4,22 @@
 //! facts that tell a live process from a reused pid.
 //!
 //! Two kinds of record:
-//! - boot-scoped ([`write_boot_scoped`]): `shim.json`, `shim-pid.json`, `started.json`
-//!   carry the boot id and speak of processes, which a power cut kills. They need not
-//!   survive one, so they are not synced: no flash write or journal commit waits on the
-//!   start path. After a power cut one may be empty or torn; [`read_boot_scoped`] reads
-//!   such a record as absent, which is what a record of another boot means anyway.
-//! - durable ([`write`]): `exit.json` and `failed.json` say how a container ended, which
-//!   its restart policy still needs after a reboot: synced, and the rename too.
+//! - boot-scoped ([`write_boot_scoped`]), in the container's state dir on the tmpfs at
+//!   `<root>/boot`: `shim.json`, `shim-pid.json`, `started.json` carry the boot id and
+//!   speak of processes, which a power cut kills; `failed.json` says why a start failed,
+//!   which the start that waits for it returns to the agent at once (and the agent
+//!   keeps in its store). None need survive a reboot, and none reaches the flash. A
+//!   state dir on the disk (no tmpfs could be mounted) is not synced: after a power cut
+//!   a record there may be empty or torn, and [`read_boot_scoped`] reads it as absent,
+//!   which is what a record of another boot means anyway.
+//! - durable: `exit.json`, in the container's dir on the disk, says how a container
+//!   ended, which its restart policy still needs after a reboot. The shim writes it
+//!   ([`write_unsynced`]) and tells the agent (`exits/<id>`); the agent takes the exit
+//!   into its store, flushes it, and removes `exits/<id>`. Only if that does not
+//!   happen within [`super::shim::EXIT_TAKEN_WAIT`] (no agent runs) does the shim sync
+//!   the record itself ([`sync`]): an fsync on the container's dir forces a journal
+//!   commit of everything the filesystem has pending, the costliest write of a
+//!   container's life on flash, and the store's flush already covers it.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -32,7 +41,12 @@ pub const SHIM_LOG: &str = "shim.log";
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ShimConfig {
     pub id: String,
+    /// On the disk: the overlay's upper and work dirs, and `exit.json`.
     pub container_dir: PathBuf,
+    /// For one boot: this config, the shim's other records and log, the bundle and the
+    /// sockets. The same dir as `container_dir` in records of older shims.
+    #[serde(default)]
+    pub state_dir: PathBuf,
     pub bundle: PathBuf,
     /// Image layer directories, lowest first.
     pub layers: Vec<PathBuf>,
@@ -57,6 +71,17 @@ pub struct ShimConfig {
     pub stdin_once: bool,
     #[serde(default)]
     pub tty: bool,
+}
+
+impl ShimConfig {
+    /// Where the shim's records, log and sockets go (see `state_dir`).
+    pub fn state_dir(&self) -> &Path {
+        if self.state_dir.as_os_str().is_empty() {
+            &self.container_dir
+        } else {
+            &self.state_dir
+        }
+    }
 }
 
 /// A process as the kernel knows it: pid plus start time (clock ticks since boot), which
@@ -140,11 +165,22 @@ pub fn reserve(dir: &Path, name: &str) -> Result<(), RuntimeError> {
     Ok(())
 }
 
-/// Writes `value` as JSON to `dir/name` atomically and durably (it survives a power
-/// cut). The temp file is written over, not truncated first, so blocks [`reserve`]
-/// allocated for it are used rather than freed.
-pub fn write<T: Serialize>(dir: &Path, name: &str, value: &T) -> Result<(), RuntimeError> {
-    write_record(dir, name, value, true)
+/// Writes `value` as JSON to `dir/name` atomically, without syncing it: [`sync`] makes
+/// it durable later, unless something else has by then (the exit record, once the
+/// agent's store holds the exit).
+pub fn write_unsynced<T: Serialize>(dir: &Path, name: &str, value: &T) -> Result<(), RuntimeError> {
+    write_record(dir, name, value)
+}
+
+/// Makes `dir/name`, written by [`write_unsynced`], durable: the file, then its name.
+pub fn sync(dir: &Path, name: &str) -> Result<(), RuntimeError> {
+    let path = dir.join(name);
+    std::fs::File::open(&path)
+        .and_then(|f| f.sync_all())
+        .map_err(io(format!("sync {}", path.display())))?;
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io(format!("sync {}", dir.display())))
 }
 
 /// Writes a boot-scoped record (see the module doc) atomically, without syncing it.
@@ -153,15 +189,12 @@ pub fn write_boot_scoped<T: Serialize>(
     name: &str,
     value: &T,
 ) -> Result<(), RuntimeError> {
-    write_record(dir, name, value, false)
+    write_record(dir, name, value)
 }
 
-fn write_record<T: Serialize>(
-    dir: &Path,
-    name: &str,
-    value: &T,
-    durable: bool,
-) -> Result<(), RuntimeError> {
+/// The temp file is written over, not truncated first, so blocks [`reserve`] allocated
+/// for it are used rather than freed.
+fn write_record<T: Serialize>(dir: &Path, name: &str, value: &T) -> Result<(), RuntimeError> {
     let path = dir.join(name);
     let tmp = temp_path(dir, name);
     let bytes = serde_json::to_vec_pretty(value).map_err(|e| RuntimeError::Io {
@@ -176,19 +209,12 @@ fn write_record<T: Serialize>(
         .map_err(io(format!("create {}", tmp.display())))?;
     file.write_all(&bytes)
         .and_then(|()| file.set_len(bytes.len() as u64))
-        .and_then(|()| if durable { file.sync_all() } else { Ok(()) })
         .map_err(io(format!("write {}", tmp.display())))?;
     std::fs::rename(&tmp, &path).map_err(io(format!(
         "rename {} to {}",
         tmp.display(),
         path.display()
     )))?;
-    // The rename itself must survive a power cut too.
-    if durable {
-        if let Ok(d) = std::fs::File::open(dir) {
-            let _ = d.sync_all();
-        }
-    }
     Ok(())
 }
 
@@ -208,7 +234,8 @@ pub fn read<T: DeserializeOwned>(dir: &Path, name: &str) -> Result<Option<T>, Ru
         })
 }
 
-/// Reads a boot-scoped record; `Ok(None)` when it does not exist or does not decode.
+/// Reads a boot-scoped record, or an exit record not yet synced; `Ok(None)` when it does
+/// not exist or does not decode.
 /// Renamed into place whole, a record of this boot always decodes: one that does not
 /// was cut short by a power cut, so it speaks of processes that are gone.
 pub fn read_boot_scoped<T: DeserializeOwned>(
@@ -279,7 +306,8 @@ mod tests {
             started_at: crate::time::now(),
             boot_id: boot_id(),
         };
-        write(&dir, STARTED, &rec).expect("write");
+        write_unsynced(&dir, STARTED, &rec).expect("write");
+        sync(&dir, STARTED).expect("sync");
         assert_eq!(
             read::<StartedRecord>(&dir, STARTED).expect("read"),
             Some(rec)

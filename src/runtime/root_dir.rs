@@ -28,6 +28,38 @@ pub fn secure(root: &Path) -> std::io::Result<Option<u32>> {
     Ok(Some(mode))
 }
 
+/// The tmpfs's size: a cap on what the boot-scoped records of every container may
+/// take (a few KiB each), not memory taken up front.
+const BOOT_TMPFS_SIZE: &str = "size=32m";
+
+/// Makes `dir` 0700 and, unless it is a tmpfs already, mounts one on it (`nosuid`,
+/// `nodev`, `noexec`): what lives there lasts one boot, and the flash never sees it.
+/// Where no tmpfs can be mounted (no privilege), the dir stays on the disk: returns
+/// why, for a warning.
+pub fn boot_tmpfs(dir: &Path) -> std::io::Result<Option<String>> {
+    create_private(dir)?;
+    let fs = nix::sys::statfs::statfs(dir).map_err(std::io::Error::from)?;
+    if fs.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC {
+        return Ok(None);
+    }
+    use nix::mount::MsFlags;
+    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    let data = format!("mode=0700,{BOOT_TMPFS_SIZE}");
+    match nix::mount::mount(
+        Some("tmpfs"),
+        dir,
+        Some("tmpfs"),
+        flags,
+        Some(data.as_str()),
+    ) {
+        Ok(()) => Ok(None),
+        Err(e @ (nix::errno::Errno::EPERM | nix::errno::Errno::EACCES)) => {
+            Ok(Some(format!("mount a tmpfs on {}: {e}", dir.display())))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -260,7 +260,7 @@ fn run(dir: &Path, mut ready: Ready) -> i32 {
                 message,
                 at: time::now(),
             };
-            if let Err(e) = records::write(&config.container_dir, records::FAILED, &rec) {
+            if let Err(e) = records::write_boot_scoped(config.state_dir(), records::FAILED, &rec) {
                 log::error!("shim {}: {e}", config.id);
             }
             ready.signal();
@@ -284,7 +284,7 @@ fn fail_early(dir: &Path, message: String, ready: &mut Ready) -> i32 {
         message,
         at: time::now(),
     };
-    if let Err(e) = records::write(dir, records::FAILED, &rec) {
+    if let Err(e) = records::write_boot_scoped(dir, records::FAILED, &rec) {
         eprintln!("shim run {}: {e}", dir.display());
     }
     ready.signal();
@@ -302,7 +302,7 @@ fn create_and_start(config: &ShimConfig) -> Result<Running, Failure> {
 
     // Bound before the container exists, so that once the agent sees it running an
     // attach finds the socket.
-    let attach = match unix_socket::bind_in(&config.container_dir, attach::SOCKET) {
+    let attach = match unix_socket::bind_in(config.state_dir(), attach::SOCKET) {
         Ok(l) => Some(l),
         Err(e) => {
             log::warn!("shim {}: attach socket: {e}; attach is refused", config.id);
@@ -313,10 +313,10 @@ fn create_and_start(config: &ShimConfig) -> Result<Running, Failure> {
     // With a terminal the init's stdio is the terminal: libcontainer makes it inside
     // the container and sends us its master over the console socket.
     let (theirs, ours) = if config.tty {
-        let l = unix_socket::bind_in(&config.container_dir, CONSOLE_SOCKET)
+        let l = unix_socket::bind_in(config.state_dir(), CONSOLE_SOCKET)
             .map_err(|e| create(format!("console socket: {e}")))?;
         (
-            Stdio::Console(config.container_dir.join(CONSOLE_SOCKET)),
+            Stdio::Console(config.state_dir().join(CONSOLE_SOCKET)),
             Ours::Console(l),
         )
     } else {
@@ -378,7 +378,7 @@ fn create_and_start(config: &ShimConfig) -> Result<Running, Failure> {
         Ours::Pipes(stdout, stderr) => ContainerOutput::Pipes { stdout, stderr },
         Ours::Console(l) => {
             let master = unix_socket::receive_fd(&l, CONSOLE_TIMEOUT);
-            let _ = std::fs::remove_file(config.container_dir.join(CONSOLE_SOCKET));
+            let _ = std::fs::remove_file(config.state_dir().join(CONSOLE_SOCKET));
             match master {
                 Ok(m) => ContainerOutput::Tty(m),
                 Err(e) => {
@@ -407,7 +407,7 @@ fn create_and_start(config: &ShimConfig) -> Result<Running, Failure> {
         started_at,
         boot_id: config.boot_id.clone(),
     };
-    if let Err(e) = records::write_boot_scoped(&config.container_dir, records::STARTED, &rec) {
+    if let Err(e) = records::write_boot_scoped(config.state_dir(), records::STARTED, &rec) {
         log::error!("shim {}: {e}", config.id);
     }
     Ok(Running {
@@ -437,6 +437,26 @@ fn is_exec_failure(message: &str) -> bool {
         && (message.contains("not found")
             || message.contains("permission")
             || message.contains("invalid executable"))
+}
+
+/// How long a shim waits for the agent to take its container's exit (see
+/// [`super::records`]) before it syncs the exit record itself.
+pub const EXIT_TAKEN_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Whether the agent took the exit within [`EXIT_TAKEN_WAIT`]: it removes `exits/<id>`
+/// once its store holds the exit durably (or it removes the container).
+pub fn exit_taken(config: &ShimConfig) -> bool {
+    let path = config.exits_dir.join(&config.id);
+    let deadline = std::time::Instant::now() + EXIT_TAKEN_WAIT;
+    loop {
+        match path.try_exists() {
+            Ok(false) => return true,
+            Ok(true) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            _ => return false,
+        }
+    }
 }
 
 /// Creates `exits/<id>`, which wakes the agent's exit watcher.

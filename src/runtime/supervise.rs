@@ -94,7 +94,7 @@ pub fn run(running: Running) {
     };
     let mut attach = Attach::new(
         &config.id,
-        &config.container_dir,
+        config.state_dir(),
         listener,
         stdin,
         config.stdin_once,
@@ -175,7 +175,8 @@ pub fn run(running: Running) {
         finished_at,
         start_error: None,
     };
-    if let Err(e) = records::write(&config.container_dir, records::EXIT, &info) {
+    let written = records::write_unsynced(&config.container_dir, records::EXIT, &info);
+    if let Err(e) = &written {
         log::error!("shim {}: {e}", config.id);
     }
     notify_exit(&config);
@@ -184,6 +185,12 @@ pub fn run(running: Running) {
         error: None,
     });
     cleanup(&config);
+    // Durable either way: in the agent's store, or synced here if no agent took it.
+    if written.is_ok() && !super::shim::exit_taken(&config) {
+        if let Err(e) = records::sync(&config.container_dir, records::EXIT) {
+            log::error!("shim {}: {e}", config.id);
+        }
+    }
 }
 
 fn wait_blocking(init: nix::unistd::Pid) -> Option<WaitStatus> {

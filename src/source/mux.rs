@@ -158,8 +158,13 @@ impl Mux {
         }
         // Flushed before any pod of it is started: an admitted pod is what cannot be
         // worked out again after a power cut (an offline device restarts its pods from
-        // here), and the version must never be ahead of the pods it stands for.
-        self.store.flush()?;
+        // here), and the version must never be ahead of the pods it stands for. Static
+        // pods can: their manifests are on the disk, and read again at every start. The
+        // store's next tick writes them (a flush per manifest change would cost the
+        // flash a journal commit for nothing).
+        if source != crate::source::SOURCE_FILE {
+            self.store.flush()?;
+        }
 
         // Pods equal but for `config.seen` keep the stored copy, so memory and store
         // agree and the first-seen time survives.

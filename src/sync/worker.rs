@@ -533,12 +533,16 @@ impl Worker {
         let flush = records_changed || (changed && is_terminal(&state.status));
         let written = blocking(move || {
             let n = store.apply(batch)?;
+            // Durable only if not held in memory for a full disk.
+            let mut durable = false;
             if flush && n > 0 {
                 store.flush()?;
+                durable = store.holding().is_none();
             }
-            Ok::<usize, crate::store::StoreError>(n)
+            Ok::<(usize, bool), crate::store::StoreError>((n, durable))
         })
         .await;
+        let durable = matches!(written, Ok((_, true)));
         if let Err(e) = written {
             // Kept in memory: the next change writes it all again.
             log::error!("pod {}: save records and status: {e}", self.name());
@@ -549,6 +553,15 @@ impl Worker {
             return;
         }
         self.saved.clone_from(&self.records);
+        if durable {
+            // The exits just flushed are the store's now: their shims need not sync
+            // their own records.
+            for inst in self.records.values().filter_map(|r| r.current.as_ref()) {
+                if matches!(inst.state, InstanceState::Terminated(_)) {
+                    self.deps.runtime.exit_recorded(&inst.id);
+                }
+            }
+        }
         if !changed {
             if !self.reported && crate::source::is_static_pod(&self.pod) {
                 // A restarted agent whose static pod runs on unchanged: its mirror pod

@@ -146,13 +146,8 @@ impl Env {
 
 impl Drop for Env {
     fn drop(&mut self) {
-        let containers = self.root.join("rt/containers");
-        for entry in std::fs::read_dir(&containers)
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            let dir = entry.path();
+        for id in self.rt.list().unwrap_or_default() {
+            let dir = self.rt.state_dir(&id);
             if let Some(pid) = live_pid(&dir.join("started.json"), "init") {
                 let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
             }
@@ -162,7 +157,6 @@ impl Drop for Env {
                     let _ = nix::sys::signal::kill(shim, nix::sys::signal::Signal::SIGKILL);
                 }
             }
-            let id = ContainerId(entry.file_name().to_string_lossy().into_owned());
             if let Err(e) = self.rt.remove(&id) {
                 eprintln!("cleanup: remove {id}: {e}");
             }

@@ -513,6 +513,12 @@ pub fn condition<'a>(pod: &'a Value, type_: &str) -> &'a Value {
         .unwrap_or(&Value::Null)
 }
 
+/// A container's state dir (its bundle, the shim's records and log), on the tmpfs the
+/// runtime mounts at `<root>/boot`.
+pub fn state_dir(root: &std::path::Path, id: &str) -> std::path::PathBuf {
+    root.join("boot/containers").join(id)
+}
+
 /// The pid of a pod's container init, from the runtime's record of it.
 pub fn container_pid(agent: &Agent, pod: &Value, c: &str) -> i32 {
     let id = container(pod, c)["containerID"]
@@ -520,9 +526,8 @@ pub fn container_pid(agent: &Agent, pod: &Value, c: &str) -> i32 {
         .and_then(|s| s.strip_prefix("libcontainer://"))
         .expect("containerID")
         .to_string();
-    let started =
-        std::fs::read_to_string(agent.root.join("containers").join(&id).join("started.json"))
-            .expect("started.json");
+    let started = std::fs::read_to_string(state_dir(&agent.root, &id).join("started.json"))
+        .expect("started.json");
     let v: Value = serde_json::from_str(&started).expect("started.json parses");
     v["init"]["pid"]
         .as_i64()

@@ -152,7 +152,7 @@ pub fn container_id(pod: &serde_json::Value, name: &str) -> String {
 pub fn cgroup_file(root: &Path, id: &str, v1_controller: &str, file: &str) -> PathBuf {
     // Where the runtime made it, as the container's shim config records it (under its
     // pod's cgroup).
-    let config = std::fs::read_to_string(root.join("containers").join(id).join("shim.json"))
+    let config = std::fs::read_to_string(root.join("boot/containers").join(id).join("shim.json"))
         .expect("the container's shim.json");
     let config: serde_json::Value = serde_json::from_str(&config).expect("shim.json parses");
     let rel = config["cgroups_path"]
