@@ -241,9 +241,12 @@ impl Worker {
         }
         batch.remove(&self.deps.podstates, &self.uid);
         let store = self.deps.store.clone();
-        // Flushed now, not at the store's next tick: the logs and dirs go next, and a
-        // power cut must not bring back a pod's status whose remains are gone.
-        let done = blocking(move || store.apply(batch).and_then(|_| store.flush())).await;
+        // Not flushed: the store's next tick writes it. A power cut before then brings
+        // back records of a pod no source wants any more (its removal from the source
+        // is the fact that counts, flushed for cluster pods, and a static pod's
+        // manifest is gone), which the agent forgets again as after a cut in the middle
+        // of any stop; a flush here cost the flash a journal commit per pod.
+        let done = blocking(move || store.apply(batch)).await;
         if let Err(e) = done {
             log::error!("pod {}: forget records and status: {e}", self.name());
         }
