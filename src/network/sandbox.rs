@@ -129,12 +129,18 @@ impl Network {
             String::new()
         };
         let hosts = dns::hosts_file(pod, &ips, &hostname, domain.as_deref(), &host_hosts);
+        // Written again at every setup, so on the runtime's tmpfs: the flash never sees
+        // them.
+        let etc = crate::runtime::root_dir::pod_boot_dir(
+            &self.root,
+            &dir.file_name().unwrap_or_default().to_string_lossy(),
+        );
         let net = PodNetwork {
             namespaces,
             ips,
-            hosts: dir.join("hosts"),
-            resolv_conf: dir.join("resolv.conf"),
-            hostname: dir.join("hostname"),
+            hosts: etc.join("hosts"),
+            resolv_conf: etc.join("resolv.conf"),
+            hostname: etc.join("hostname"),
             warnings: warning.into_iter().collect(),
             fresh,
         };

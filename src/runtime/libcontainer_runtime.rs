@@ -155,7 +155,7 @@ impl LibcontainerRuntime {
 
     /// The tmpfs for what lasts one boot.
     pub fn boot_dir(&self) -> PathBuf {
-        self.root.join("boot")
+        self.root.join(super::root_dir::BOOT)
     }
 
     /// The cgroup under which every container's cgroup is made.

@@ -28,6 +28,15 @@ pub fn secure(root: &Path) -> std::io::Result<Option<u32>> {
     Ok(Some(mode))
 }
 
+/// The folder of the root dir on which the runtime mounts a tmpfs for what lasts one
+/// boot (see [`boot_tmpfs`]).
+pub const BOOT: &str = "boot";
+
+/// What of pod `uid` lasts one boot: its `hosts`, `resolv.conf`, `hostname` and `shm`.
+pub fn pod_boot_dir(root: &Path, uid: &str) -> std::path::PathBuf {
+    root.join(BOOT).join("pods").join(uid)
+}
+
 /// The tmpfs's size: a cap on what the boot-scoped records of every container may
 /// take (a few KiB each), not memory taken up front.
 const BOOT_TMPFS_SIZE: &str = "size=32m";

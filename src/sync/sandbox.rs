@@ -241,17 +241,26 @@ impl Sandboxes {
         })
     }
 
-    /// The pod's `/dev/shm`, shared by its containers as their IPC namespace is.
+    /// The pod's `/dev/shm`, shared by its containers as their IPC namespace is: a
+    /// tmpfs mounted in the pod's dir on the runtime's tmpfs (in its dir on the disk
+    /// for a pod an older holdfast set up, while that mount lasts).
     fn shm(&self, dir: &Path) -> Result<PathBuf, SetupError> {
-        let shm = dir.join("shm");
-        let mounted = crate::runtime::mounts_under(&shm)
-            .map_err(|source| VolumeError::Io {
-                context: "read /proc/self/mountinfo".into(),
-                source,
-            })?
-            .iter()
-            .any(|m| m == &shm);
-        if !mounted {
+        let mounted = |shm: &Path| -> Result<bool, SetupError> {
+            Ok(crate::runtime::mounts_under(shm)
+                .map_err(|source| VolumeError::Io {
+                    context: "read /proc/self/mountinfo".into(),
+                    source,
+                })?
+                .iter()
+                .any(|m| m == shm))
+        };
+        let legacy = dir.join("shm");
+        if mounted(&legacy)? {
+            return Ok(legacy);
+        }
+        let uid = dir.file_name().unwrap_or_default().to_string_lossy();
+        let shm = crate::runtime::root_dir::pod_boot_dir(&self.root, &uid).join("shm");
+        if !mounted(&shm)? {
             std::fs::create_dir_all(&shm).map_err(|source| VolumeError::Io {
                 context: format!("create {}", shm.display()),
                 source,
@@ -286,8 +295,11 @@ impl Sandboxes {
         if let Err(e) = crate::network::teardown(&dir) {
             first.get_or_insert(e.into());
         }
-        if let Err(e) = unmount_shm(&dir) {
-            first.get_or_insert(e);
+        let boot = crate::runtime::root_dir::pod_boot_dir(&self.root, uid);
+        for d in [&dir, &boot] {
+            if let Err(e) = unmount_shm(d) {
+                first.get_or_insert(e);
+            }
         }
         for qos in [Qos::Guaranteed, Qos::Burstable, Qos::BestEffort] {
             if let Err(e) = self.cgroups.remove(&self.cgroups.pod_path(uid, qos)) {
@@ -295,15 +307,17 @@ impl Sandboxes {
             }
         }
         if first.is_none() {
-            if let Err(source) = std::fs::remove_dir_all(&dir) {
-                if source.kind() != std::io::ErrorKind::NotFound {
-                    first = Some(
-                        VolumeError::Io {
-                            context: format!("remove {}", dir.display()),
-                            source,
-                        }
-                        .into(),
-                    );
+            for d in [&dir, &boot] {
+                if let Err(source) = std::fs::remove_dir_all(d) {
+                    if source.kind() != std::io::ErrorKind::NotFound {
+                        first.get_or_insert(
+                            VolumeError::Io {
+                                context: format!("remove {}", d.display()),
+                                source,
+                            }
+                            .into(),
+                        );
+                    }
                 }
             }
         }
