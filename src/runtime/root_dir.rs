@@ -39,7 +39,7 @@ pub fn pod_boot_dir(root: &Path, uid: &str) -> std::path::PathBuf {
 
 /// The tmpfs's size: a cap on what the boot-scoped records of every container may
 /// take (a few KiB each), not memory taken up front.
-const BOOT_TMPFS_SIZE: &str = "size=32m";
+const BOOT_TMPFS_SIZE: &str = "size=64m";
 
 /// Makes `dir` 0700 and, unless it is a tmpfs already, mounts one on it (`nosuid`,
 /// `nodev`, `noexec`): what lives there lasts one boot, and the flash never sees it.

@@ -465,8 +465,27 @@ powercut() {
   # and c3, removed below). Then churn: c5..c10 added, each as soon as the agent knows
   # the one before, and c1, c3 removed, while the agent starts and stops them; then the
   # power goes, with none of that flushed to the disk.
+  # Also `ended`, a Never pod whose container exits 3 while the agent runs, just before
+  # the cut (when it is told to, once its manifest is synced): the agent takes the exit
+  # into its store, so its shim never syncs the exit record; once the agent reports it,
+  # the exit must survive the cut (and the pod never run again).
+  manifest ended <<EOF
+apiVersion: v1
+kind: Pod
+metadata: {name: ended}
+spec:
+  restartPolicy: Never
+  containers:
+  - name: e
+    image: docker.io/library/busybox:vm
+    command: ["sh", "-c", "cat /proc/sys/kernel/random/boot_id >> /runs/ended; until [ -f /runs/end ]; do sleep 0.2; done; exit 3"]
+    volumeMounts: [{name: runs, mountPath: /runs}]
+  volumes:
+  - {name: runs, hostPath: {path: $STATE/init-runs, type: Directory}}
+EOF
   for n in 1 2 3 4; do churn_pod $n; done
   for n in 1 2 3 4; do wait_for 120 running c$n || info "c$n not Running before the cut"; done
+  wait_for 120 running ended || info "ended not Running before the cut"
   sync
   ls $MAN | grep -v '^c[13]\.yaml$' >$STATE/synced-manifests
   sync
@@ -476,6 +495,9 @@ powercut() {
     case $n in 6) rm -f $MAN/c1.yaml ;; 8) rm -f $MAN/c3.yaml ;; esac
     wait_for 30 known c$n || info "c$n not known to the agent before the cut"
   done
+  touch $STATE/init-runs/end
+  ended() { pod ended | grep -q '"exitCode":3'; }
+  wait_for 60 ended || info "ended's exit code 3 not reported before the cut"
   info "power cut at uptime $(up) s with $(ls $MAN | wc -l) manifests"
   echo b >/proc/sysrq-trigger
   sleep 60
@@ -518,7 +540,12 @@ phase2() {
   done
   # The pods are the manifests the disk holds: a manifest whose rename the cut undid is
   # gone, and one the cut left empty keeps the pods the agent read from it before.
-  names=$(ls $MAN | sed -n 's/\.yaml$//p')
+  names=$(ls $MAN | sed -n 's/\.yaml$//p' | grep -vx ended)
+  # `ended`, whose exit the agent took before the cut, says so still, and did not run
+  # again.
+  pod ended | grep -q '"exitCode":3' && pod ended | grep -q '"phase":"Failed"' \
+    || bad="$bad; ended's exit code 3 lost in the cut: $(pod ended | grep -o '"containerStatuses":.*' | head -c 400)"
+  grep -qx "$BOOT_ID" $STATE/init-runs/ended 2>/dev/null && bad="$bad; ended ran again after the cut"
   info "manifests after the cut: $(ls -s $MAN | tr '\n' ' ')"
   # Running as reported, and running for real.
   all_running() { for n in $names; do running "$n" && [ "$(live "$n")" = 1 ] || return 1; done; }
