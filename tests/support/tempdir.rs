@@ -1,5 +1,5 @@
 //! What unit and integration tests share: a temporary directory removed when dropped,
-//! even when the test fails.
+//! with what was mounted below it, even when the test fails.
 
 #![allow(dead_code)]
 
@@ -23,6 +23,19 @@ impl TempDir {
 
 impl Drop for TempDir {
     fn drop(&mut self) {
+        // What was mounted below it first (a runtime made in it mounts its tmpfs for
+        // what lasts one boot), deepest first: remove_dir_all stops at a mount point.
+        let mut mounts: Vec<String> = std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4))
+            .filter(|mp| std::path::Path::new(mp).starts_with(&self.0))
+            .map(str::to_owned)
+            .collect();
+        mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
+        for mp in mounts {
+            let _ = nix::mount::umount2(mp.as_str(), nix::mount::MntFlags::MNT_DETACH);
+        }
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
