@@ -323,16 +323,15 @@ fn pods_that_do_not_fit_are_rejected_as_the_kubelet_rejects_them() {
         message,
         "Pod was rejected: Node didn't have enough resource: pods, requested: 1, used: 3, capacity: 3"
     );
-    // Each rejection is an event with the reason, as the kubelet records it.
-    let events = api.list_events();
+    // Each rejection is an event with the reason, as the kubelet records it. Events go
+    // out after the status that says Failed: waited for.
     for reason in ["OutOfcpu", "OutOfmemory", "OutOfpods"] {
-        assert!(
-            events
-                .iter()
-                .any(|e| e.reason.as_deref() == Some(reason)
-                    && e.type_.as_deref() == Some("Warning")),
-            "no {reason} event"
-        );
+        let posted = api.wait_for(WAIT, |api| {
+            api.list_events().iter().any(|e| {
+                e.reason.as_deref() == Some(reason) && e.type_.as_deref() == Some("Warning")
+            })
+        });
+        assert!(posted, "no {reason} event");
     }
     a.reset();
     a.assert_clean();
