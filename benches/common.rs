@@ -159,6 +159,32 @@ pub fn file_private_dirty(pid: u32, file: &Path) -> u64 {
     sum
 }
 
+/// The mappings of a process holding the most anonymous memory, largest first: `(size,
+/// Anonymous, name)` in KiB, the name `[heap]`, `[stack]`, a file, or `anon` for a
+/// mapping of no name (malloc arenas, thread stacks, mmap'd blocks).
+pub fn anon_mappings(pid: u32, top: usize) -> Vec<(u64, u64, String)> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap_or_default();
+    let mut maps: Vec<(u64, u64, String)> = Vec::new();
+    for line in s.lines() {
+        let mut words = line.split_whitespace();
+        let first = words.next().unwrap_or("");
+        if first.contains('-') && !first.ends_with(':') {
+            let name = line.split_whitespace().nth(5).unwrap_or("anon").to_string();
+            maps.push((0, 0, name));
+        } else if let Some(m) = maps.last_mut() {
+            if line.starts_with("Size:") {
+                m.0 = kib_field(line, "Size:");
+            } else if line.starts_with("Anonymous:") {
+                m.1 = kib_field(line, "Anonymous:");
+            }
+        }
+    }
+    maps.retain(|m| m.1 > 0);
+    maps.sort_by_key(|m| std::cmp::Reverse(m.1));
+    maps.truncate(top);
+    maps
+}
+
 /// `Threads:` of a process (0 once it is gone).
 pub fn threads(pid: u32) -> u64 {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();

@@ -597,7 +597,8 @@ fn fresh_and_burst(knobs: &Knobs, s: &mut Session, report: &mut Report) {
     );
     report.detail.insert(
         "fresh".into(),
-        json!({"pss_kib": fresh, "pss_anon_kib": fresh_anon, "threads": fresh_threads, "arenas": fresh_arenas, "thread_names": thread_names(pid)}),
+        json!({"pss_kib": fresh, "pss_anon_kib": fresh_anon, "threads": fresh_threads, "arenas": fresh_arenas, "thread_names": thread_names(pid),
+               "anon_mappings": common::anon_mappings(pid, 12)}),
     );
     if knobs.skips("burst") || knobs.burst == 0 {
         return;
@@ -686,6 +687,7 @@ fn fresh_and_burst(knobs: &Knobs, s: &mut Session, report: &mut Report) {
         json!({"pods": n, "pss_after_kib": after, "pss_anon_after_kib": after_anon, "ratio": after as f64 / fresh.max(1) as f64,
                "peak_threads": threads, "peak_arenas": arenas, "threads_after": after_threads,
                "arenas_after": after_arenas, "thread_names_after": thread_names(pid),
+               "anon_mappings_after": common::anon_mappings(pid, 12),
                "up_s": up.as_secs_f64(), "down_s": down.as_secs_f64()}),
     );
 }

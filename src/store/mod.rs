@@ -63,6 +63,24 @@ pub const COMPACT_MIN_BYTES: u64 = 16 * 1024 * 1024;
 /// Disk bytes per live byte above which the agent compacts at start.
 pub const COMPACT_RATIO: u64 = 8;
 
+/// Pins of the epoch [`collect_garbage`] makes: each may advance the epoch once and run
+/// a few bags of deferred frees; this many empties a burst's worth of them.
+const GARBAGE_PINS: usize = 64;
+
+/// Runs the frees sled deferred on this thread and on threads gone since.
+///
+/// sled drops what a write replaced (tree nodes, each 512 KiB log buffer it filled)
+/// through crossbeam-epoch: the drop waits in the writing thread's bag until the bag is
+/// full or flushed, then in the global queue until a pinning thread finds it two epochs
+/// old. After a burst nothing pins any more, and what the burst replaced stays
+/// allocated, scattered through the heap between what lives on, so the allocator cannot
+/// give the pages back. A few pins with a flush advance the epoch and run them.
+pub fn collect_garbage() {
+    for _ in 0..GARBAGE_PINS {
+        crossbeam_epoch::pin().flush();
+    }
+}
+
 /// Bytes of the regular files under `dir` (sled's files), 0 when unreadable. Bounded:
 /// sled's layout is a few levels deep at most.
 pub fn dir_size(dir: &Path) -> u64 {
@@ -390,6 +408,27 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn collecting_garbage_runs_what_this_thread_deferred() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::Arc;
+        let ran = Arc::new(AtomicBool::new(false));
+        let flag = ran.clone();
+        // As sled defers the drop of what a write replaced: one deferred function in this
+        // thread's bag, far from full, which nothing else would ever run.
+        crossbeam_epoch::pin().defer(move || flag.store(true, Ordering::SeqCst));
+        // Other tests' threads may hold the epoch for a moment: poll with a deadline.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !ran.load(Ordering::SeqCst) && std::time::Instant::now() < deadline {
+            collect_garbage();
+            std::thread::yield_now();
+        }
+        assert!(
+            ran.load(Ordering::SeqCst),
+            "the deferred function never ran"
+        );
+    }
 
     #[test]
     fn refuses_a_newer_schema() {

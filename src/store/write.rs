@@ -361,6 +361,8 @@ impl Flusher {
                 move || {
                     while !stop.wait(FLUSH_EVERY) {
                         inner.tick();
+                        // What this tick's flush replaced is freed by the next one.
+                        crossbeam_epoch::pin().flush();
                     }
                 }
             });
