@@ -250,6 +250,8 @@ fn run(dir: &Path, mut ready: Ready) -> i32 {
             // What creating the container left in the heap (libcontainer's builder, the
             // spec, the seccomp filter) goes back to the kernel before the long wait.
             crate::malloc::trim();
+            // And so do the stack pages the creation reached down to.
+            crate::malloc::release_unused_stack();
             supervise::run(running);
             0
         }

@@ -64,8 +64,10 @@ impl Burst {
 /// Gives the free pages of the allocator back on a blocking thread (it walks every
 /// arena under its lock) and logs what it released.
 pub async fn trim(events: u32) {
-    // What sled deferred on this thread, which runs the pods' store writes.
+    // What sled deferred on this thread, which runs the pods' store writes, and the
+    // stack the burst's work reached down to on it.
     crate::store::collect_garbage();
+    crate::malloc::release_unused_stack();
     let _ = tokio::task::spawn_blocking(move || {
         crate::store::collect_garbage();
         crate::malloc::trim_and_log(&format!("{events} pod event(s)"))
