@@ -414,7 +414,7 @@ fn a_broken_network_is_said_and_the_pod_waits() {
     });
     // Nothing of it is left half set up.
     let id = uid(&p);
-    let ns = a.root.join("pods").join(&id).join("ns");
+    let ns = a.root.join("boot/pods").join(&id).join("ns");
     let held: Vec<_> = std::fs::read_dir(&ns)
         .into_iter()
         .flatten()
@@ -460,7 +460,8 @@ fn a_pods_containers_share_its_namespaces_and_a_broken_network_is_repaired() {
     // Someone takes the pod's veth off the bridge: the next resync's CNI CHECK fails
     // and the pod is attached again (DEL, ADD), its containers still running.
     let dir = a.root.join("pods").join(uid(&p));
-    let netns = dir.join("ns/net");
+    // The namespaces last one boot: held on the agent's tmpfs, not in the pod's dir.
+    let netns = a.root.join("boot/pods").join(uid(&p)).join("ns/net");
     let cid = container(&p, "main")["containerID"].clone();
     let attached: Value =
         serde_json::from_slice(&std::fs::read(dir.join("network.json")).expect("network.json"))

@@ -89,7 +89,7 @@ impl Network {
             kinds.push(NamespaceKind::Pid);
         }
         let (hostname, domain) = dns::hostname_and_domain(pod, &self.config.dns.cluster_domain);
-        let ns_dir = dir.join(NS_DIR);
+        let ns_dir = ns_dir(dir);
         let all_held = kinds.iter().all(|k| netns::held(&netns::path(&ns_dir, *k)));
         let attached = read_attachment(dir)?;
         let fresh =
@@ -170,7 +170,7 @@ impl Network {
                 source,
             })?;
         }
-        let net = netns::path(&dir.join(NS_DIR), NamespaceKind::Net);
+        let net = netns::path(&ns_dir(dir), NamespaceKind::Net);
         if netns::held(&net) {
             self.attach(pod, dir, &net)?;
             // CHECK again on what was just made: when that fails too, CHECK says nothing
@@ -319,7 +319,6 @@ pub fn check(dir: &Path) -> Result<(), NetworkError> {
 /// the namespaces released. The attachment record is kept when DEL fails, so the
 /// next try (the agent's next start, or `holdfast reset`) releases the lease.
 pub fn teardown(dir: &Path) -> Result<(), NetworkError> {
-    let ns_dir = dir.join(NS_DIR);
     let mut result = Ok(());
     if let Some(mut a) = read_attachment(dir)? {
         // The spec lets DEL go without a namespace once it is gone (a reboot).
@@ -347,8 +346,37 @@ pub fn teardown(dir: &Path) -> Result<(), NetworkError> {
             Err(e) => result = Err(e),
         }
     }
-    netns::release(&ns_dir)?;
+    netns::release(&boot_ns_dir(dir))?;
+    netns::release(&dir.join(NS_DIR))?;
     result
+}
+
+/// Where pod dir `dir`'s namespaces are held. They are bind mounts, which last one boot:
+/// on the runtime's tmpfs beside the pod's `hosts` (`boot/pods/<uid>/ns`), so that a
+/// pod's start and stop write no namespace files to the flash. A pod an older holdfast
+/// set up holds them in its dir on the disk (`pods/<uid>/ns`) while those mounts last.
+fn ns_dir(dir: &Path) -> PathBuf {
+    let legacy = dir.join(NS_DIR);
+    let held_there = std::fs::read_dir(&legacy)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|e| netns::held(&e.path()));
+    if held_there {
+        legacy
+    } else {
+        boot_ns_dir(dir)
+    }
+}
+
+/// `boot/pods/<uid>/ns` for pod dir `dir` (`<root>/pods/<uid>`).
+fn boot_ns_dir(dir: &Path) -> PathBuf {
+    match (dir.parent().and_then(Path::parent), dir.file_name()) {
+        (Some(root), Some(uid)) => {
+            crate::runtime::root_dir::pod_boot_dir(root, &uid.to_string_lossy()).join(NS_DIR)
+        }
+        _ => dir.join(NS_DIR),
+    }
 }
 
 /// `hostPort`s of the pod's containers as portmap's `portMappings`.

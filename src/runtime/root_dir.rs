@@ -32,7 +32,8 @@ pub fn secure(root: &Path) -> std::io::Result<Option<u32>> {
 /// boot (see [`boot_tmpfs`]).
 pub const BOOT: &str = "boot";
 
-/// What of pod `uid` lasts one boot: its `hosts`, `resolv.conf`, `hostname` and `shm`.
+/// What of pod `uid` lasts one boot: its `hosts`, `resolv.conf`, `hostname`, `shm` and
+/// the bind mounts that hold its namespaces.
 pub fn pod_boot_dir(root: &Path, uid: &str) -> std::path::PathBuf {
     root.join(BOOT).join("pods").join(uid)
 }
