@@ -131,10 +131,7 @@ impl Network {
         let hosts = dns::hosts_file(pod, &ips, &hostname, domain.as_deref(), &host_hosts);
         // Written again at every setup, so on the runtime's tmpfs: the flash never sees
         // them.
-        let etc = crate::runtime::root_dir::pod_boot_dir(
-            &self.root,
-            &dir.file_name().unwrap_or_default().to_string_lossy(),
-        );
+        let etc = boot_dir(dir);
         let net = PodNetwork {
             namespaces,
             ips,
@@ -371,11 +368,17 @@ fn ns_dir(dir: &Path) -> PathBuf {
 
 /// `boot/pods/<uid>/ns` for pod dir `dir` (`<root>/pods/<uid>`).
 fn boot_ns_dir(dir: &Path) -> PathBuf {
+    boot_dir(dir).join(NS_DIR)
+}
+
+/// The pod's dir on the runtime's tmpfs, `<root>/boot/pods/<uid>`, for its dir on the
+/// disk, `dir` (`<root>/pods/<uid>`): its namespaces, `hosts`, `resolv.conf`.
+fn boot_dir(dir: &Path) -> PathBuf {
     match (dir.parent().and_then(Path::parent), dir.file_name()) {
         (Some(root), Some(uid)) => {
-            crate::runtime::root_dir::pod_boot_dir(root, &uid.to_string_lossy()).join(NS_DIR)
+            crate::runtime::root_dir::pod_boot_dir(root, &uid.to_string_lossy())
         }
-        _ => dir.join(NS_DIR),
+        _ => dir.to_path_buf(),
     }
 }
 
