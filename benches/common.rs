@@ -143,45 +143,64 @@ fn kib_field(text: &str, name: &str) -> u64 {
 /// Private_Dirty in KiB of the mappings of `file` in a process (from `smaps`): what
 /// relocations cost each process running that binary.
 pub fn file_private_dirty(pid: u32, file: &Path) -> u64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap_or_default();
     let file = file.to_string_lossy();
-    let mut in_file = false;
-    let mut sum = 0;
-    for line in s.lines() {
-        let first = line.split_whitespace().next().unwrap_or("");
-        // A mapping's header starts with its address range, `start-end`.
-        if first.contains('-') && !first.ends_with(':') {
-            in_file = line.split_whitespace().nth(5) == Some(&*file);
-        } else if in_file && line.starts_with("Private_Dirty:") {
-            sum += kib_field(line, "Private_Dirty:");
-        }
-    }
-    sum
+    mappings(pid)
+        .iter()
+        .filter(|m| m.name == *file)
+        .map(|m| m.private_dirty)
+        .sum()
 }
 
 /// The mappings of a process holding the most anonymous memory, largest first: `(size,
 /// Anonymous, name)` in KiB, the name `[heap]`, `[stack]`, a file, or `anon` for a
 /// mapping of no name (malloc arenas, thread stacks, mmap'd blocks).
 pub fn anon_mappings(pid: u32, top: usize) -> Vec<(u64, u64, String)> {
+    let mut maps: Vec<(u64, u64, String)> = mappings(pid)
+        .into_iter()
+        .filter(|m| m.anonymous > 0)
+        .map(|m| (m.size, m.anonymous, m.name))
+        .collect();
+    maps.sort_by_key(|m| std::cmp::Reverse(m.1));
+    maps.truncate(top);
+    maps
+}
+
+/// One mapping of `/proc/<pid>/smaps`, its sizes in KiB.
+struct Mapping {
+    /// `[heap]`, `[stack]`, a file, or `anon` for a mapping of no name.
+    name: String,
+    size: u64,
+    anonymous: u64,
+    private_dirty: u64,
+}
+
+/// The mappings of a process, in address order (none once it is gone).
+fn mappings(pid: u32) -> Vec<Mapping> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap_or_default();
-    let mut maps: Vec<(u64, u64, String)> = Vec::new();
+    let mut maps: Vec<Mapping> = Vec::new();
     for line in s.lines() {
-        let mut words = line.split_whitespace();
-        let first = words.next().unwrap_or("");
+        let first = line.split_whitespace().next().unwrap_or("");
+        // A mapping's header starts with its address range, `start-end`.
         if first.contains('-') && !first.ends_with(':') {
             let name = line.split_whitespace().nth(5).unwrap_or("anon").to_string();
-            maps.push((0, 0, name));
+            maps.push(Mapping {
+                name,
+                size: 0,
+                anonymous: 0,
+                private_dirty: 0,
+            });
         } else if let Some(m) = maps.last_mut() {
-            if line.starts_with("Size:") {
-                m.0 = kib_field(line, "Size:");
-            } else if line.starts_with("Anonymous:") {
-                m.1 = kib_field(line, "Anonymous:");
+            for (field, value) in [
+                ("Size:", &mut m.size),
+                ("Anonymous:", &mut m.anonymous),
+                ("Private_Dirty:", &mut m.private_dirty),
+            ] {
+                if line.starts_with(field) {
+                    *value = kib_field(line, field);
+                }
             }
         }
     }
-    maps.retain(|m| m.1 > 0);
-    maps.sort_by_key(|m| std::cmp::Reverse(m.1));
-    maps.truncate(top);
     maps
 }
 
