@@ -108,14 +108,19 @@ fn settle() {
     std::thread::sleep(Duration::from_secs(6));
 }
 
-/// One pod started, seen running, removed and seen gone.
+/// One pod started, seen running, removed and seen gone. `HOLDFAST_FLASH_RESTART=Never`
+/// (or `OnFailure`): pods of that restart policy, whose container records are synced.
 fn cycle(a: &Agent, name: &str) {
     let file = format!("{name}.yaml");
+    let policy = std::env::var("HOLDFAST_FLASH_RESTART")
+        .ok()
+        .filter(|p| ["Always", "OnFailure", "Never"].contains(&p.as_str()))
+        .unwrap_or_else(|| "Always".into());
     a.write_manifest(
         &file,
         &sh_pod(
             name,
-            "  terminationGracePeriodSeconds: 2\n",
+            &format!("  terminationGracePeriodSeconds: 2\n  restartPolicy: {policy}\n"),
             "c",
             "trap 'exit 0' TERM; while true; do sleep 1; done",
             "",

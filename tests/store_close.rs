@@ -106,6 +106,8 @@ fn dropping_the_last_handle_ends_the_stores_thread_before_it_returns() {
 /// The store's thread is held inside a flush by a FIFO in place of the generation
 /// file (opening it for writing blocks until a reader comes): the
 /// drop of the last handle must wait for that flush rather than leave it to run on.
+/// The thread writes that file when it syncs what it wrote out, 30 s after the write
+/// at the latest.
 #[test]
 fn a_drop_during_a_flush_waits_for_the_flush() {
     let _serial = serial();
@@ -118,7 +120,7 @@ fn a_drop_during_a_flush_waits_for_the_flush() {
         .expect("make the FIFO");
     let syscall = Path::new("/proc/self/task").join(&tid).join("syscall");
     let openat = nix::libc::SYS_openat.to_string();
-    let held = wait_for(Duration::from_secs(5), || {
+    let held = wait_for(Duration::from_secs(45), || {
         std::fs::read_to_string(&syscall)
             .map(|s| s.split_whitespace().next() == Some(openat.as_str()))
             .unwrap_or(false)

@@ -1,10 +1,11 @@
-//! The store's generation: a counter bumped by every flush and written twice, into
-//! sled's `meta` tree (flushed with the records) and, once sled's flush returned, into
-//! a small file of its own beside sled's (`holdfast.generation`, two checksummed
-//! slots overwritten in place, one per flush, and synced). sled's file may lose its newest part and still open (its recovery
-//! stops at the first damaged entry and calls the rest a torn tail): the store then
-//! holds an older state without saying so. The file remembers how far the store got:
-//! a store whose generation is behind it went back in time and is not trusted.
+//! The store's generation: a counter bumped by every durable flush ([`super::Store::flush`])
+//! and written twice, into sled's `meta` tree (flushed with the records) and, once
+//! sled's flush and the sync of its log returned, into a small file of its own beside
+//! sled's (`holdfast.generation`, two checksummed slots overwritten in place, one per
+//! flush, and synced). sled's file may lose its newest part and still open (its
+//! recovery stops at the first damaged entry and calls the rest a torn tail): the store
+//! then holds an older state without saying so. The file remembers how far the store
+//! got: a store whose generation is behind it went back in time and is not trusted.
 //!
 //! A power cut between sled's flush and the file's write leaves sled one ahead of the
 //! file, which is fine; the other way round never happens.

@@ -2,16 +2,20 @@
 //!
 //! Every fact the agent needs after a restart lives here, in typed trees whose values
 //! are JSON. Writes happen on state change only; callers that need a change to survive
-//! a power cut call [`Store::flush`]. A thread of the store's own flushes what is still
-//! only in memory once a second; dropping the last handle stops it, waits for it and
-//! flushes, so that nothing of the store touches its directory once that drop returned.
+//! a power cut call [`Store::flush`], which syncs sled's log file (one journal commit
+//! when the log grew). A thread of the store's own writes out what is still only in
+//! memory once a second, without a sync: the filesystem's own commit makes that
+//! durable within seconds, as for any file, and the thread syncs it itself after
+//! [`SYNC_EVERY`] at the latest. Dropping the last handle stops that thread,
+//! waits for it and flushes, so that nothing of the store touches its directory once
+//! that drop returned.
 //!
 //! A full disk loses nothing: sled keeps [`space::HEADROOM`] bytes allocated for
 //! itself, and when even that is gone, writes are held in memory (newest per key) and
 //! read back from there, then written in one transaction once the disk has room again
 //! (see [`pending`] and [`space`]).
 //!
-//! Every flush bumps a generation kept both in sled and in a file beside it; a store
+//! Every durable flush bumps a generation kept both in sled and in a file beside it; a store
 //! whose sled is behind that file went back in time (sled dropped a damaged tail) and
 //! is refused (see [`generation`]).
 
@@ -54,9 +58,13 @@ const META_SCHEMA: &str = "schema_version";
 /// sled's page cache: small, for a device with 256 MiB of RAM.
 const CACHE_BYTES: u64 = 4 * 1024 * 1024;
 
-/// How often the store's thread flushes what sled holds only in memory: a second keeps
-/// bursts of changes in one write without losing more than that on a power cut.
+/// How often the store's thread writes out what sled holds only in memory: a second
+/// keeps bursts of changes in one write, and leaves the kernel little to hold.
 const FLUSH_EVERY: Duration = Duration::from_secs(1);
+
+/// How long what the store's thread wrote out waits at most before the thread makes it
+/// durable itself: a journal commit that often at most, while writes go on.
+const SYNC_EVERY: Duration = Duration::from_secs(30);
 
 /// Below this, a store is never compacted at start: sled's own floor is a few MiB.
 pub const COMPACT_MIN_BYTES: u64 = 16 * 1024 * 1024;
@@ -128,6 +136,9 @@ struct Inner {
     /// The generation last flushed (see [`generation`]); held across a whole flush so
     /// that flushes write their generations in order.
     generation: Mutex<u64>,
+    /// The store's thread wrote sled's log out since the last durable flush: closing
+    /// the store makes that durable.
+    written_out: AtomicBool,
     /// Group commit: the flushes begun and ended, and the wait for one to end.
     group: Mutex<write::Group>,
     group_done: Condvar,
@@ -213,6 +224,7 @@ impl Store {
             holding: AtomicBool::new(false),
             space,
             generation: Mutex::new(flushed),
+            written_out: AtomicBool::new(false),
             group: Mutex::new(write::Group::default()),
             group_done: Condvar::new(),
             fresh,

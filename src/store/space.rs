@@ -67,6 +67,16 @@ impl Space {
         log.as_ref().map(f)
     }
 
+    /// Makes what sled wrote to its log durable, with the file's size and blocks.
+    pub fn sync_log(&self) -> std::io::Result<()> {
+        self.with_log(File::sync_data).unwrap_or_else(|| {
+            Err(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                format!("cannot open {}", self.dir.join(LOG_FILE).display()),
+            ))
+        })
+    }
+
     /// Bytes allocated past the end of sled's log file.
     pub fn tail(&self) -> u64 {
         self.with_log(|f| {

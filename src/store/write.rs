@@ -14,7 +14,7 @@ use sled::transaction::{ConflictableTransactionError, TransactionError, Transact
 use super::generation;
 use super::open::open_sled;
 use super::pending::{Op, Pending};
-use super::{space, Holding, Inner, Store, StoreError, FLUSH_EVERY};
+use super::{space, Holding, Inner, Store, StoreError, FLUSH_EVERY, SYNC_EVERY};
 
 impl Store {
     /// The one way anything is written. `ops` are changes (the callers left out what
@@ -56,6 +56,13 @@ impl Store {
     /// says since when).
     pub fn flush(&self) -> Result<(), StoreError> {
         self.inner.flush()
+    }
+
+    /// Hands every write so far to the kernel now, without a sync (see
+    /// [`Inner::write_out`]): a crash of this process loses none of it, and the
+    /// filesystem's next commit (ext4: within 5 s) makes it durable.
+    pub fn write_out(&self) -> Result<(), StoreError> {
+        self.inner.write_out()
     }
 
     /// Since when and why writes are held in memory (the disk is full), and how many.
@@ -119,12 +126,52 @@ impl Inner {
         }
     }
 
-    /// One flush: sled's, then the generation file.
+    /// What the store's thread writes each tick: sled's log, as far as the kernel
+    /// takes it (`sync_file_range`). The filesystem's next journal commit (ext4: within
+    /// 5 s) makes it durable, as it does any file written, at no cost of its own; a
+    /// power cut before that loses it, which [`Store::flush`] is for. No generation is
+    /// bumped: the last durable one stays a floor of what sled holds.
+    fn write_out(&self) -> Result<(), StoreError> {
+        if self.is_holding() {
+            return Ok(());
+        }
+        // In order with the durable flushes, which take the same lock.
+        let _order = self.generation.lock().unwrap_or_else(|p| p.into_inner());
+        let mark = self.pending().mark();
+        match self.with_db(flush_sled) {
+            Ok(()) => {
+                crate::metrics::STORE_FLUSHES.inc();
+                self.pending().durable_below(mark);
+                self.written_out.store(true, Ordering::Release);
+                Ok(())
+            }
+            Err(e) => self.flush_failed(e),
+        }
+    }
+
+    /// A flush that failed: sled's write errors hold what follows in memory (sled
+    /// refuses writes until it is opened again), anything else is the caller's.
+    fn flush_failed(&self, e: StoreError) -> Result<(), StoreError> {
+        match e {
+            StoreError::Db { source, .. } if matches!(source, sled::Error::Io(_)) => {
+                let reason = format!("sled could not flush: {source}");
+                let mut pending = self.pending();
+                self.start_holding(&mut pending, reason, true);
+                Ok(())
+            }
+            e => Err(e),
+        }
+    }
+
+    /// One durable flush: sled's, its log file synced, then the generation file.
     fn flush_once(&self) -> Result<(), StoreError> {
         if self.is_holding() {
             return Ok(());
         }
         let mut flushed = self.generation.lock().unwrap_or_else(|p| p.into_inner());
+        // Cleared first: a tick's write-out that lands after this flush's sync sets it
+        // again.
+        let written_out = self.written_out.swap(false, Ordering::AcqRel);
         let next = flushed.saturating_add(1);
         let mark = self.pending().mark();
         match self.with_db(|db| {
@@ -141,11 +188,17 @@ impl Inner {
                     key: generation::META_GENERATION.into(),
                     source,
                 })?;
-            db.flush().map(|_| ()).map_err(|source| StoreError::Db {
-                op: "flush",
+            flush_sled(db)?;
+            // sled syncs its log with `sync_file_range`: the data only. The log's new
+            // size and the blocks it took stay in the filesystem's journal until its
+            // next commit (ext4: up to 5 s later), and a power cut before that ends
+            // the log where the last commit left it. `fdatasync` commits them (and
+            // costs no commit when sled wrote within blocks the log had).
+            self.space.sync_log().map_err(|e| StoreError::Db {
+                op: "sync the log",
                 tree: "*",
                 key: String::new(),
-                source,
+                source: sled::Error::Io(e),
             })
         }) {
             Ok(()) => {
@@ -163,13 +216,10 @@ impl Inner {
                 }
                 Ok(())
             }
-            Err(StoreError::Db { source, .. }) if matches!(source, sled::Error::Io(_)) => {
-                let reason = format!("sled could not flush: {source}");
-                let mut pending = self.pending();
-                self.start_holding(&mut pending, reason, true);
-                Ok(())
+            Err(e) => {
+                self.written_out.fetch_or(written_out, Ordering::AcqRel);
+                self.flush_failed(e)
             }
-            Err(e) => Err(e),
         }
     }
 
@@ -181,7 +231,7 @@ impl Inner {
             return;
         }
         if !self.pending().is_empty() {
-            if let Err(e) = self.flush() {
+            if let Err(e) = self.write_out() {
                 log::error!("store: flush: {e}");
             }
         }
@@ -258,12 +308,22 @@ impl Inner {
     fn close(&self) {
         if self.is_holding() {
             self.resume();
-        } else if !self.pending().is_empty() {
+        } else if !self.pending().is_empty() || self.written_out.load(Ordering::Acquire) {
             if let Err(e) = self.flush() {
                 log::error!("store: flush at close: {e}");
             }
         }
     }
+}
+
+/// sled's flush: its log written out (`sync_file_range`).
+fn flush_sled(db: &sled::Db) -> Result<(), StoreError> {
+    db.flush().map(|_| ()).map_err(|source| StoreError::Db {
+        op: "flush",
+        tree: "*",
+        key: String::new(),
+        source,
+    })
 }
 
 /// Applies `ops` to sled as one transaction (a single op needs none).
@@ -359,8 +419,20 @@ impl Flusher {
             .spawn({
                 let (inner, stop) = (inner.clone(), stop.clone());
                 move || {
+                    // Since when something written out is not yet durable.
+                    let mut since = Instant::now();
                     while !stop.wait(FLUSH_EVERY) {
                         inner.tick();
+                        if !inner.written_out.load(Ordering::Acquire) {
+                            since = Instant::now();
+                        } else if since.elapsed() >= SYNC_EVERY {
+                            // Durable within this much whatever the filesystem's own
+                            // commit interval (a mount with `commit=600`, f2fs).
+                            if let Err(e) = inner.flush() {
+                                log::error!("store: flush: {e}");
+                            }
+                            since = Instant::now();
+                        }
                         // What this tick's flush replaced is freed by the next one.
                         crossbeam_epoch::pin().flush();
                     }

@@ -480,12 +480,18 @@ impl Worker {
         )
     }
 
-    /// Writes records and status that changed, as one transaction. It is flushed when a
-    /// container record changed or the pod ended: those are facts nothing can work out
-    /// again after a power cut (restart counts, exit codes, init containers done, a pod
-    /// that ran its course). A status alone (a probe's readiness, a condition) is
-    /// derived again from the records, so it waits for the store's own flush within a
-    /// second rather than wear the flash. Nothing is written when nothing changed.
+    /// Writes records and status that changed, as one transaction. It is flushed (a
+    /// journal commit on the flash) when it holds what a power cut must not take: a
+    /// container record of a pod that does not restart its containers whatever happens
+    /// (`Never`, `OnFailure`: a container that ran, and how it ended, decide whether it
+    /// runs again), or a pod that ran its course. A pod whose containers always restart
+    /// loses little to a cut: every container runs again after it, and its init
+    /// containers too (a fresh sandbox); its records are written out to the kernel at
+    /// once (an agent killed loses none) and become durable with the filesystem's next
+    /// commit (ext4: within 5 s), so a cut can take the restart counts of those last
+    /// seconds only. A status alone (a probe's readiness, a condition) is derived again
+    /// from the records, and waits for the store's own write-out within a second.
+    /// Nothing is written when nothing changed.
     async fn persist(&mut self) {
         let mut batch = crate::store::Batch::new();
         let mut records_changed = false;
@@ -530,19 +536,25 @@ impl Worker {
             }
         }
         let store = self.deps.store.clone();
-        let flush = records_changed || (changed && is_terminal(&state.status));
+        let always = self.restarts_always();
+        let flush = (records_changed && !always) || (changed && is_terminal(&state.status));
         let written = blocking(move || {
             let n = store.apply(batch)?;
-            // Durable only if not held in memory for a full disk.
-            let mut durable = false;
-            if flush && n > 0 {
-                store.flush()?;
-                durable = store.holding().is_none();
+            // Taken only if not held in memory for a full disk.
+            let mut taken = false;
+            if n > 0 {
+                if flush {
+                    store.flush()?;
+                } else if records_changed {
+                    // In the kernel's hands at once: an agent killed now loses none.
+                    store.write_out()?;
+                }
+                taken = store.holding().is_none();
             }
-            Ok::<(usize, bool), crate::store::StoreError>((n, durable))
+            Ok::<(usize, bool), crate::store::StoreError>((n, taken))
         })
         .await;
-        let durable = matches!(written, Ok((_, true)));
+        let taken = matches!(written, Ok((_, true)));
         if let Err(e) = written {
             // Kept in memory: the next change writes it all again.
             log::error!("pod {}: save records and status: {e}", self.name());
@@ -553,9 +565,9 @@ impl Worker {
             return;
         }
         self.saved.clone_from(&self.records);
-        if durable {
-            // The exits just flushed are the store's now: their shims need not sync
-            // their own records.
+        if taken {
+            // The exits just written are the store's now (flushed where a power cut
+            // must not take them): their shims need not sync their own records.
             for inst in self.records.values().filter_map(|r| r.current.as_ref()) {
                 if matches!(inst.state, InstanceState::Terminated(_)) {
                     self.deps.runtime.exit_recorded(&inst.id);
@@ -575,6 +587,16 @@ impl Worker {
         self.reported = true;
         self.deps.reporter.status(&self.pod, &state.status, false);
         self.state = Some(state);
+    }
+
+    /// Whether every container of the pod runs again after it ends, whatever happens
+    /// (`restartPolicy: Always`, the default).
+    fn restarts_always(&self) -> bool {
+        self.pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.restart_policy.as_deref())
+            .is_none_or(|p| p == "Always")
     }
 }
 

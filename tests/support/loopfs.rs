@@ -30,6 +30,11 @@ impl LoopFs {
     /// Makes a `mib` MiB ext4 image beside `mount` and mounts it there (the directory
     /// is created, and must be empty).
     pub fn mount(mount: &Path, mib: u64) -> Result<LoopFs, String> {
+        LoopFs::mount_with(mount, mib, "")
+    }
+
+    /// [`LoopFs::mount`] with ext4 mount `options` besides `loop` (`commit=600`).
+    pub fn mount_with(mount: &Path, mib: u64, options: &str) -> Result<LoopFs, String> {
         let image = mount.with_extension("img");
         let file = std::fs::File::create(&image).map_err(|e| format!("create image: {e}"))?;
         file.set_len(mib * 1024 * 1024)
@@ -47,15 +52,37 @@ impl LoopFs {
                 "lazy_itable_init=0,lazy_journal_init=0",
             ])
             .arg(&image))?;
-        std::fs::create_dir_all(mount).map_err(|e| format!("create mount point: {e}"))?;
-        run(Command::new("mount")
-            .args(["-o", "loop"])
-            .arg(&image)
-            .arg(mount))?;
-        Ok(LoopFs {
+        LoopFs::attach(image, mount, options)
+    }
+
+    fn attach(image: PathBuf, mount: &Path, options: &str) -> Result<LoopFs, String> {
+        let options = if options.is_empty() {
+            "loop".to_string()
+        } else {
+            format!("loop,{options}")
+        };
+        let fs = LoopFs {
             image,
             mount: mount.to_path_buf(),
-        })
+        };
+        std::fs::create_dir_all(mount).map_err(|e| format!("create mount point: {e}"))?;
+        // Dropped on failure too: the image goes with it.
+        run(Command::new("mount")
+            .args(["-o", &options])
+            .arg(&fs.image)
+            .arg(mount))?;
+        Ok(fs)
+    }
+
+    /// The disk as a power cut would leave it now, mounted at `mount`: what the kernel
+    /// has written to the loop device so far (its image file holds exactly that) and
+    /// nothing of what is only in memory: dirty pages, and journal transactions not
+    /// yet committed. ext4 replays the committed ones as it mounts the copy, as it
+    /// would at the next boot. The filesystem here stays mounted and untouched.
+    pub fn cut(&self, mount: &Path) -> Result<LoopFs, String> {
+        let image = mount.with_extension("img");
+        std::fs::copy(&self.image, &image).map_err(|e| format!("copy the image: {e}"))?;
+        LoopFs::attach(image, mount, "")
     }
 
     /// Bytes free there, as `df` shows them.
