@@ -10,6 +10,7 @@ mod support;
 #[path = "support/loopfs.rs"]
 mod loopfs;
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use holdfast::store::{Store, Tree};
@@ -40,26 +41,14 @@ fn what_a_flush_returned_for_survives_a_power_cut() {
     store.flush().expect("flush");
 
     // The power goes now: the store is never closed.
-    let after = fs
-        .cut(&tmp.0.join("after"))
-        .expect("the disk after the cut");
-    let back = open_after_cut(&after);
-    let tree: Tree<u32> = back.tree("exits").expect("tree");
-    assert_eq!(
-        tree.get("last").expect("get"),
-        Some(3),
-        "the last flushed write"
-    );
-    for i in 0..50u32 {
+    after_cut(&fs, &tmp.0.join("after"), |tree| {
         assert_eq!(
-            tree.get(&format!("c{i}")).expect("get"),
-            Some(200 + i),
-            "c{i}"
+            tree.get("last").expect("get"),
+            Some(3),
+            "the last flushed write"
         );
-    }
-    drop(tree);
-    drop(back);
-    drop(after);
+        assert_eq!(values(tree), (0..50).map(|i| 200 + i).collect::<Vec<_>>());
+    });
 
     // Writes the store's thread wrote out, unflushed: the filesystem has not committed
     // them, and a cut may take them, but never what was flushed before them, and the
@@ -68,62 +57,61 @@ fn what_a_flush_returned_for_survives_a_power_cut() {
     for i in 0..50u32 {
         exits.put(&format!("c{i}"), &(900 + i)).expect("put");
     }
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while fs.bytes_written().expect("device counters") == written {
-        assert!(
-            Instant::now() < deadline,
-            "the store's thread wrote nothing out in 10 s"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let after = fs
-        .cut(&tmp.0.join("after-write-out"))
-        .expect("the disk after the cut");
-    let back = open_after_cut(&after);
-    let tree: Tree<u32> = back.tree("exits").expect("tree");
-    assert_eq!(
-        tree.get("last").expect("get"),
-        Some(3),
-        "the last flushed write"
+    wait_until(
+        Duration::from_secs(10),
+        "the store's thread wrote nothing out",
+        || fs.bytes_written().expect("device counters") != written,
     );
-    let kept = (0..50u32)
-        .filter(|i| tree.get(&format!("c{i}")).expect("get") == Some(900 + i))
-        .count();
-    eprintln!("{kept} of 50 writes only written out survived the cut");
-    drop(tree);
-    drop(back);
-    drop(after);
+    after_cut(&fs, &tmp.0.join("after-write-out"), |tree| {
+        assert_eq!(
+            tree.get("last").expect("get"),
+            Some(3),
+            "the last flushed write"
+        );
+        let kept = values(tree).iter().filter(|&&v| v >= 900).count();
+        eprintln!("{kept} of 50 writes only written out survived the cut");
+    });
 
     // Left alone, the store's thread syncs what it wrote out within 30 s (it then
     // records a new generation in its file): from then on a cut takes none of it.
     let generation = dir.join(holdfast::store::generation::FILE);
     let before = std::fs::read(&generation).expect("read the generation file");
-    let deadline = Instant::now() + Duration::from_secs(45);
-    while std::fs::read(&generation).expect("read the generation file") == before {
-        assert!(
-            Instant::now() < deadline,
-            "the store's thread did not sync what it wrote out within 45 s"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let after = fs
-        .cut(&tmp.0.join("after-sync"))
-        .expect("the disk after the cut");
-    let back = open_after_cut(&after);
-    let tree: Tree<u32> = back.tree("exits").expect("tree");
-    for i in 0..50u32 {
-        assert_eq!(
-            tree.get(&format!("c{i}")).expect("get"),
-            Some(900 + i),
-            "c{i}"
-        );
-    }
-    drop(tree);
-    drop(back);
-    drop(after);
+    wait_until(
+        Duration::from_secs(45),
+        "the store's thread did not sync what it wrote out",
+        || std::fs::read(&generation).expect("read the generation file") != before,
+    );
+    after_cut(&fs, &tmp.0.join("after-sync"), |tree| {
+        assert_eq!(values(tree), (0..50).map(|i| 900 + i).collect::<Vec<_>>());
+    });
     drop(exits);
     drop(store);
     drop(fs);
+}
+
+/// Cuts the power on `fs` now (see [`LoopFs::cut`]), opens the store the cut left at
+/// `at` and hands its tree to `check`; unmounts the copy afterwards.
+fn after_cut(fs: &LoopFs, at: &Path, check: impl FnOnce(&Tree<u32>)) {
+    let after = fs.cut(at).expect("the disk after the cut");
+    let back = open_after_cut(&after);
+    let tree: Tree<u32> = back.tree("exits").expect("tree");
+    check(&tree);
+}
+
+/// `c0` to `c49` as the tree holds them (0 for one it does not).
+fn values(tree: &Tree<u32>) -> Vec<u32> {
+    (0..50)
+        .map(|i| tree.get(&format!("c{i}")).expect("get").unwrap_or(0))
+        .collect()
+}
+
+/// Polls `done` until it holds, failing with `what` after `within`.
+fn wait_until(within: Duration, what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !done() {
+        assert!(Instant::now() < deadline, "{what} within {within:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// The store on a disk a cut left, opened as the agent opens it at its start: it must
