@@ -338,10 +338,23 @@ fn a_reboot_while_offline_gives_a_pod_its_secret_and_configmap_env_from_the_stor
         running_in_cluster(api, "app")
     });
     let want = [format!("TOKEN={secret}"), "LOG_LEVEL=debug".to_string()];
-    // The container's own environment, as its process has it.
+    // The container's own environment, as its process has it. A container is told
+    // started once libcontainer has started it, a moment before its init execs the
+    // command (the kubelet's Running with runc is the same): until then the process is
+    // the runtime's own, with the runtime's environment.
     let check = |a: &Agent, p: &Value, when: &str| {
-        let raw = std::fs::read(format!("/proc/{}/environ", container_pid(a, p)))
-            .expect("the container's environment");
+        let pid = container_pid(a, p);
+        let runtime = std::fs::canonicalize(support::agent::BIN).ok();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::fs::read_link(format!("/proc/{pid}/exe")).ok() == runtime {
+            assert!(
+                Instant::now() < deadline,
+                "{when}: the container's init did not exec its command within 10 s"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let raw =
+            std::fs::read(format!("/proc/{pid}/environ")).expect("the container's environment");
         let env: Vec<String> = String::from_utf8_lossy(&raw)
             .split('\0')
             .map(str::to_string)
