@@ -58,9 +58,9 @@ impl Store {
         self.inner.flush()
     }
 
-    /// Hands every write so far to the kernel now, without a sync (see
-    /// [`Inner::write_out`]): a crash of this process loses none of it, and the
-    /// filesystem's next commit (ext4: within 5 s) makes it durable.
+    /// Hands every write so far to the kernel now, sled's log written out without a
+    /// sync: a crash of this process loses none of it, and the filesystem's next
+    /// commit (ext4: within 5 s) makes it durable.
     pub fn write_out(&self) -> Result<(), StoreError> {
         self.inner.write_out()
     }
