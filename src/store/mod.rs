@@ -15,9 +15,9 @@
 //! read back from there, then written in one transaction once the disk has room again
 //! (see [`pending`] and [`space`]).
 //!
-//! Every durable flush bumps a generation kept both in sled and in a file beside it; a store
-//! whose sled is behind that file went back in time (sled dropped a damaged tail) and
-//! is refused (see [`generation`]).
+//! Every durable flush bumps a generation kept both in sled and in a file beside it; a
+//! store whose sled is behind that file went back in time (sled dropped a damaged tail)
+//! and is refused (see [`generation`]).
 
 mod batch;
 pub mod compact;

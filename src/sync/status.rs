@@ -60,6 +60,14 @@ pub struct ProbeView {
     pub ready: bool,
 }
 
+/// The pod's `restartPolicy`, `Always` when it sets none (the API's default).
+pub fn restart_policy(pod: &Pod) -> &str {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.restart_policy.as_deref())
+        .unwrap_or("Always")
+}
+
 pub fn pod_status(
     pod: &Pod,
     records: &BTreeMap<String, ContainerRecord>,
@@ -70,8 +78,7 @@ pub fn pod_status(
     let policy = if i.terminal {
         "Never"
     } else {
-        spec.and_then(|s| s.restart_policy.as_deref())
-            .unwrap_or("Always")
+        restart_policy(pod)
     };
     let containers: &[Container] = spec.map(|s| s.containers.as_slice()).unwrap_or(&[]);
     let inits: &[Container] = spec

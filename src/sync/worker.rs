@@ -291,10 +291,7 @@ impl Worker {
             self.lost = true;
         }
         let spec = self.pod.spec.clone().unwrap_or_default();
-        let policy = spec
-            .restart_policy
-            .clone()
-            .unwrap_or_else(|| "Always".to_string());
+        let policy = status::restart_policy(&self.pod).to_string();
         let inits = spec.init_containers.clone().unwrap_or_default();
         if std::mem::take(&mut self.lost) {
             self.init_again(&inits).await;
@@ -592,11 +589,7 @@ impl Worker {
     /// Whether every container of the pod runs again after it ends, whatever happens
     /// (`restartPolicy: Always`, the default).
     fn restarts_always(&self) -> bool {
-        self.pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.restart_policy.as_deref())
-            .is_none_or(|p| p == "Always")
+        status::restart_policy(&self.pod) == "Always"
     }
 }
 
