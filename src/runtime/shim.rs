@@ -247,10 +247,12 @@ fn run(dir: &Path, mut ready: Ready) -> i32 {
     match create_and_start(&config) {
         Ok(running) => {
             ready.signal();
-            // What creating the container left in the heap (libcontainer's builder, the
-            // spec, the seccomp filter) goes back to the kernel before the long wait.
+            // The code creating the container ran is not run again by the wait: it is
+            // unmapped. What the creation left in the heap (libcontainer's builder, the
+            // spec, the seccomp filter, and the smaps text just read) goes back to the
+            // kernel before the long wait, and so do the stack pages it reached down to.
+            crate::malloc::release_clean_code();
             crate::malloc::trim();
-            // And so do the stack pages the creation reached down to.
             crate::malloc::release_unused_stack();
             supervise::run(running);
             0

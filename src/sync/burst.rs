@@ -1,5 +1,6 @@
 //! When a burst of pod starts and stops has ended, so that the memory it took goes back
-//! to the kernel: glibc keeps freed pages in its arenas until told to trim.
+//! to the kernel: glibc keeps freed pages in its arenas until told to trim, and the
+//! code the burst ran once stays mapped until unmapped.
 //!
 //! The loop notes each pod change and each worker event; once enough of them came and
 //! then none for a quiet period, [`Burst::settled`] completes and the loop trims once.
@@ -70,7 +71,9 @@ pub async fn trim(events: u32) {
     crate::malloc::release_unused_stack();
     let _ = tokio::task::spawn_blocking(move || {
         crate::store::collect_garbage();
-        crate::malloc::trim_and_log(&format!("{events} pod event(s)"))
+        let code = crate::malloc::release_clean_code();
+        log::debug!("code and read-only data unmapped: {} KiB", code / 1024);
+        crate::malloc::trim_and_log(&format!("{events} pod event(s)"));
     })
     .await;
 }
