@@ -720,8 +720,9 @@ fn running_and_start(knobs: &Knobs, s: &mut Session, report: &mut Report) {
             shim.extend(new_shim_starts(&s.root, &mut seen));
         }
         if counts.contains(&(i + 1)) {
-            // A short settle: status written, logs opened, the start's threads let go.
-            std::thread::sleep(Duration::from_secs(5));
+            // Settled as pods run for days: status written, logs opened, the start's
+            // threads let go and the agent's trim after the burst of starts done.
+            std::thread::sleep(knobs.settle);
             running_memory(s, i + 1, report);
         }
     }
