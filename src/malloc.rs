@@ -164,17 +164,12 @@ fn clean_file_mappings(smaps: &str, file: &std::path::Path) -> Vec<(usize, usize
     for line in smaps.lines() {
         let mut words = line.split_whitespace();
         let Some(first) = words.next() else { continue };
-        if let Some((low, high)) = first.split_once('-').and_then(|(l, h)| {
-            Some((
-                usize::from_str_radix(l, 16).ok()?,
-                usize::from_str_radix(h, 16).ok()?,
-            ))
-        }) {
+        if let Some(range) = address_range(first) {
             // A mapping's header: range, perms, offset, device, inode, path.
             let perms = words.next().unwrap_or("");
             let path = words.skip(3).collect::<Vec<_>>().join(" ");
             let clean = perms.starts_with('r') && !perms.contains('w');
-            current = (low < high && clean && path == file).then_some((low, high));
+            current = (clean && path == file).then_some(range);
         } else if first == "Anonymous:" {
             if let Some(range) = current.take() {
                 if words.next() == Some("0") {
@@ -190,8 +185,13 @@ fn clean_file_mappings(smaps: &str, file: &std::path::Path) -> Vec<(usize, usize
 fn main_stack() -> Option<(usize, usize)> {
     let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
     let line = maps.lines().find(|l| l.ends_with("[stack]"))?;
-    let range = line.split(' ').next()?;
-    let (low, high) = range.split_once('-')?;
+    address_range(line.split(' ').next()?)
+}
+
+/// A mapping's `low-high` address range of `/proc/<pid>/maps` or `smaps`, when it is one
+/// and not empty.
+fn address_range(field: &str) -> Option<(usize, usize)> {
+    let (low, high) = field.split_once('-')?;
     let low = usize::from_str_radix(low, 16).ok()?;
     let high = usize::from_str_radix(high, 16).ok()?;
     (low < high).then_some((low, high))
