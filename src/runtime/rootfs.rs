@@ -9,6 +9,8 @@
 //! setuid programs of an image (`su`, `ping`) work inside the container as they do
 //! under containerd.
 
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 
 use nix::mount::{MntFlags, MsFlags};
@@ -120,20 +122,39 @@ pub fn unmount_all_under(dir: &Path) -> Result<(), String> {
 }
 
 /// Mount points at or below `dir` in this process's mount namespace.
+///
+/// Read a line at a time through a small buffer: with a hundred pods the table runs to
+/// hundreds of KiB, and pod starts and stops read it several times each, at once on
+/// several threads. Only the mount points that match become allocations.
 pub fn mounts_under(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo")?;
-    Ok(info
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(|p| PathBuf::from(unescape(p)))
-        .filter(|p| p.starts_with(dir))
-        .collect())
+    let file = std::fs::File::open("/proc/self/mountinfo")?;
+    mounts_under_in(
+        std::io::BufReader::with_capacity(4096, file),
+        dir.as_os_str().as_bytes(),
+    )
+}
+
+fn mounts_under_in(mut table: impl std::io::BufRead, dir: &[u8]) -> std::io::Result<Vec<PathBuf>> {
+    let (mut line, mut point) = (Vec::new(), Vec::new());
+    let mut found = Vec::new();
+    loop {
+        line.clear();
+        if table.read_until(b'\n', &mut line)? == 0 {
+            return Ok(found);
+        }
+        let Some(field) = line.split(|b| *b == b' ').nth(4) else {
+            continue;
+        };
+        point.clear();
+        unescape_into(field.strip_suffix(b"\n").unwrap_or(field), &mut point);
+        if Path::new(OsStr::from_bytes(&point)).starts_with(Path::new(OsStr::from_bytes(dir))) {
+            found.push(PathBuf::from(OsString::from_vec(point.clone())));
+        }
+    }
 }
 
 /// mountinfo writes space, tab, newline and backslash as `\ooo`.
-fn unescape(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
+fn unescape_into(bytes: &[u8], out: &mut Vec<u8>) {
     let mut i = 0;
     while i < bytes.len() {
         if bytes[i] == b'\\'
@@ -142,17 +163,17 @@ fn unescape(s: &str) -> String {
                 .iter()
                 .all(|b| (b'0'..=b'7').contains(b))
         {
-            let v = (bytes[i + 1] - b'0') as u32 * 64
-                + (bytes[i + 2] - b'0') as u32 * 8
-                + (bytes[i + 3] - b'0') as u32;
-            out.push(v as u8);
+            let v = u32::from(bytes[i + 1] - b'0') * 64
+                + u32::from(bytes[i + 2] - b'0') * 8
+                + u32::from(bytes[i + 3] - b'0');
+            // Three octal digits reach 511; the kernel writes bytes only.
+            out.push(u8::try_from(v).unwrap_or(u8::MAX));
             i += 4;
         } else {
             out.push(bytes[i]);
             i += 1;
         }
     }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 #[cfg(test)]
@@ -161,10 +182,38 @@ mod tests {
 
     #[test]
     fn mountinfo_escapes() {
+        let unescape = |s: &str| {
+            let mut out = Vec::new();
+            unescape_into(s.as_bytes(), &mut out);
+            String::from_utf8(out).expect("utf-8")
+        };
         assert_eq!(unescape(r"/a\040b"), "/a b");
         assert_eq!(unescape(r"/plain"), "/plain");
         assert_eq!(unescape(r"/x\134"), "/x\\");
         assert_eq!(unescape(r"/end\04"), r"/end\04");
+    }
+
+    #[test]
+    fn mount_points_under_a_dir_from_the_table() {
+        let table = "\
+22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
+30 22 0:5 / /var/lib/hf/pods/a\\040b rw shared:2 - tmpfs tmpfs rw
+31 22 0:6 / /var/lib/hf/pods/a\\040b/vol rw shared:3 - tmpfs tmpfs rw
+32 22 0:7 / /var/lib/hf/podsX rw shared:4 - tmpfs tmpfs rw
+33 22 0:8 / /var/lib/hf/pods rw shared:5 - tmpfs tmpfs rw
+short line
+34 22 0:9 / /var/lib/hf/pods/last rw - tmpfs tmpfs rw";
+        let found = mounts_under_in(table.as_bytes(), b"/var/lib/hf/pods").expect("read");
+        let found: Vec<_> = found.iter().map(|p| p.to_str().expect("utf-8")).collect();
+        assert_eq!(
+            found,
+            [
+                "/var/lib/hf/pods/a b",
+                "/var/lib/hf/pods/a b/vol",
+                "/var/lib/hf/pods",
+                "/var/lib/hf/pods/last"
+            ]
+        );
     }
 
     #[test]
