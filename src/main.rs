@@ -94,12 +94,17 @@ const BLOCKING_THREADS: usize = 32;
 const BLOCKING_KEEP_ALIVE: std::time::Duration = std::time::Duration::from_secs(2);
 
 fn run(args: &[String]) -> Result<(), holdfast::Error> {
-    // Before any thread exists: the limits apply to arenas made after this call only.
+    // Before any thread exists: glibc's tunables apply from a program's start only, and
+    // the arena limits to arenas made after the call.
+    let tunables = holdfast::malloc::exec_with_tunables();
     holdfast::malloc::configure(holdfast::malloc::AGENT_ARENAS);
     let (config, warnings) = holdfast::config::load_run_args(args)?;
     init_logging(config.verbosity);
     for w in warnings {
         log::warn!("{w}");
+    }
+    if let Err(why) = tunables {
+        log::warn!("{why}");
     }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -33,6 +33,59 @@ pub fn configure(arenas: i32) {
     let _ = arenas;
 }
 
+/// glibc's tunables for holdfast's processes: no per-thread cache of freed small blocks.
+/// Each thread keeps up to 7 freed blocks of each of 64 sizes to itself, counted as in
+/// use, so `malloc_trim` cannot give back a page one of them lies on. After a burst of
+/// 100 pods those few hundred KiB were spread over 1.7 MiB of the agent's heap pages,
+/// two thirds of what the burst left; without the caches the arenas take the blocks
+/// back and the trim returns their pages. The cost, a lock per small allocation, does
+/// not show next to what a pod start does (`benches/footprint.rs`).
+pub const TUNABLES: &str = "glibc.malloc.tcache_count=0";
+
+/// What `GLIBC_TUNABLES` must become for [`TUNABLES`] to apply, given its value now;
+/// None when it holds them already or sets the cache itself (the user's choice wins).
+pub fn tunables_to_set(now: Option<&str>) -> Option<String> {
+    match now {
+        Some(v)
+            if v.split(':')
+                .any(|t| t.starts_with("glibc.malloc.tcache_count=")) =>
+        {
+            None
+        }
+        Some(v) if !v.is_empty() => Some(format!("{v}:{TUNABLES}")),
+        _ => Some(TUNABLES.to_owned()),
+    }
+}
+
+/// glibc reads its tunables once, as a program starts: so that they apply to the agent
+/// (and to the shims and helpers it starts, which inherit its environment), it runs its
+/// own executable again in place with `GLIBC_TUNABLES` set, before any thread exists.
+/// Returns without exec when they apply already or the C library is not glibc; returns
+/// the reason when the exec failed, and the process goes on with glibc's defaults.
+pub fn exec_with_tunables() -> Result<(), String> {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        use std::os::unix::process::CommandExt;
+        let now = std::env::var("GLIBC_TUNABLES").ok();
+        let Some(value) = tunables_to_set(now.as_deref()) else {
+            return Ok(());
+        };
+        let mut args = std::env::args_os();
+        let arg0 = args.next().unwrap_or_else(|| "holdfast".into());
+        let err = std::process::Command::new("/proc/self/exe")
+            .arg0(arg0)
+            .args(args)
+            .env("GLIBC_TUNABLES", value)
+            .exec();
+        Err(format!(
+            "run again with GLIBC_TUNABLES={TUNABLES} (so that freed memory goes back \
+             after a burst): {err}"
+        ))
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    Ok(())
+}
+
 /// Returns the free pages of every arena to the kernel (`malloc_trim(0)`): not only the
 /// top of each heap, but free pages in the middle too. It walks every arena under its
 /// lock, so call it after work, not in a hot path. Returns whether memory was released.
@@ -236,6 +289,21 @@ Anonymous:             0 kB
                 (0x55d0a0000000, 0x55d0a0100000),
                 (0x55d0a0100000, 0x55d0a0900000)
             ]
+        );
+    }
+
+    #[test]
+    fn tunables_join_what_the_environment_sets_and_yield_to_its_cache_setting() {
+        assert_eq!(tunables_to_set(None).as_deref(), Some(TUNABLES));
+        assert_eq!(tunables_to_set(Some("")).as_deref(), Some(TUNABLES));
+        assert_eq!(
+            tunables_to_set(Some("glibc.malloc.arena_max=1")),
+            Some(format!("glibc.malloc.arena_max=1:{TUNABLES}"))
+        );
+        assert_eq!(tunables_to_set(Some(TUNABLES)), None);
+        assert_eq!(
+            tunables_to_set(Some("glibc.malloc.arena_max=1:glibc.malloc.tcache_count=3")),
+            None
         );
     }
 

@@ -1,5 +1,7 @@
 //! End-to-end: a burst of static pods started and stopped together does not make the
 //! agent start a thread per pod, and the threads it did start go away after the burst.
+//! The agent and the shims run with glibc's per-thread caches off, which would hold the
+//! burst's freed blocks where the trim after it cannot reach them.
 
 mod support;
 
@@ -7,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use support::agent::{need_root, sh_pod, Agent};
+use support::agent::{container_pid, need_root, sh_pod, Agent};
 
 const PODS: usize = 60;
 
@@ -25,6 +27,22 @@ fn threads(pid: u32) -> Option<usize> {
         .and_then(|v| v.trim().parse().ok())
 }
 
+/// `GLIBC_TUNABLES` as process `pid` was started with.
+fn tunables(pid: u32) -> Option<String> {
+    let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    env.split(|b| *b == 0)
+        .find_map(|v| v.strip_prefix(b"GLIBC_TUNABLES="))
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+}
+
+fn parent(pid: i32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("PPid:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
 fn running(pod: &serde_json::Value) -> bool {
     pod["status"]["phase"] == "Running"
 }
@@ -37,6 +55,11 @@ fn a_burst_of_pods_runs_on_a_bounded_number_of_threads_that_go_away_after() {
     let mut a = Agent::new("threads");
     a.start();
     let pid = a.pid().expect("agent runs");
+    assert_eq!(
+        tunables(pid).as_deref(),
+        Some("glibc.malloc.tcache_count=0"),
+        "the agent runs with glibc's thread caches off"
+    );
     // Settled: start-up's blocking threads have gone.
     let mut fresh = usize::MAX;
     a.wait_until(
@@ -82,6 +105,19 @@ fn a_burst_of_pods_runs_on_a_bounded_number_of_threads_that_go_away_after() {
         );
     }
     let start_took = started.elapsed();
+    let pod = a.pod("burst-0").expect("pod burst-0");
+    let shim = parent(container_pid(&a, &pod, "c")).expect("the container's shim");
+    let cmdline = std::fs::read(format!("/proc/{shim}/cmdline")).unwrap_or_default();
+    assert!(
+        cmdline.split(|b| *b == 0).nth(1) == Some(b"shim".as_slice()),
+        "the container's parent {shim} is a shim: {:?}",
+        String::from_utf8_lossy(&cmdline)
+    );
+    assert_eq!(
+        tunables(shim).as_deref(),
+        Some("glibc.malloc.tcache_count=0"),
+        "a shim runs with glibc's thread caches off"
+    );
     for i in 0..PODS {
         a.remove_manifest(&format!("burst-{i}.yaml"));
     }
