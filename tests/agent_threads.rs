@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use support::agent::{container_pid, need_root, sh_pod, Agent};
+use support::agent::{container_pid, need_root, proc_status, sh_pod, Agent};
 
 const PODS: usize = 60;
 
@@ -20,11 +20,7 @@ const PODS: usize = 60;
 const PEAK_BOUND: usize = 50;
 
 fn threads(pid: u32) -> Option<usize> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Threads:"))
-        .and_then(|v| v.trim().parse().ok())
+    proc_status(pid, "Threads").and_then(|n| usize::try_from(n).ok())
 }
 
 /// `GLIBC_TUNABLES` as process `pid` was started with.
@@ -36,11 +32,7 @@ fn tunables(pid: u32) -> Option<String> {
 }
 
 fn parent(pid: i32) -> Option<u32> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("PPid:"))
-        .and_then(|v| v.trim().parse().ok())
+    proc_status(u32::try_from(pid).ok()?, "PPid").and_then(|n| u32::try_from(n).ok())
 }
 
 fn running(pod: &serde_json::Value) -> bool {

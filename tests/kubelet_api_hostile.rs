@@ -29,7 +29,7 @@ const HANDSHAKE: Duration = holdfast::server::HANDSHAKE_TIMEOUT;
 const HEADERS: Duration = holdfast::server::HEADER_READ_TIMEOUT;
 
 fn rss_kib(pid: u32) -> u64 {
-    agent::proc_status_kib(pid, "VmRSS").unwrap_or(0)
+    agent::proc_status(pid, "VmRSS").unwrap_or(0)
 }
 
 /// Room for thousands of sockets in this process (and the agent it starts).

@@ -396,7 +396,7 @@ impl Agent {
     /// The agent's peak resident memory (VmHWM), in KiB.
     pub fn peak_rss_kib(&self) -> u64 {
         let pid = self.pid().expect("agent runs");
-        proc_status_kib(pid, "VmHWM").expect("VmHWM in /proc/PID/status")
+        proc_status(pid, "VmHWM").expect("VmHWM in /proc/PID/status")
     }
 
     /// Stops the agent and removes everything (`holdfast reset`).
@@ -631,9 +631,9 @@ pub fn remove_cgroup_tree(dir: &std::path::Path) {
     }
 }
 
-/// A field of `/proc/<pid>/status` given in kB (`VmRSS`, `VmHWM`), in KiB; None when the
-/// process is gone.
-pub fn proc_status_kib(pid: u32, field: &str) -> Option<u64> {
+/// A number of `/proc/<pid>/status` (`Threads`, `PPid`; `VmRSS`, `VmHWM` in KiB, as
+/// the kernel gives them in kB); None when the process is gone.
+pub fn proc_status(pid: u32, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status
         .lines()
