@@ -5,6 +5,12 @@ use std::process::ExitCode;
 
 use holdfast::cli::{emit_line, note, stdout_closed, EXIT_BROKEN_PIPE};
 
+/// Large blocks in mappings of their own, so that they hold only the pages written and
+/// go back when freed (`holdfast::malloc::Allocator`).
+#[cfg(target_os = "linux")]
+#[global_allocator]
+static ALLOCATOR: holdfast::malloc::Allocator = holdfast::malloc::Allocator;
+
 const USAGE: &str = "usage: holdfast <command> [flags]
 
 commands:

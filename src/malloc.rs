@@ -6,6 +6,9 @@
 //! shims set fixed limits at start and hand free pages back after work with [`trim`].
 //! Other C libraries (musl) have none of these knobs: there the functions do nothing.
 
+mod large;
+pub use large::Allocator;
+
 /// Arenas for a process that runs a small async runtime and a few blocking threads:
 /// contention between more threads than this costs little next to a 64 MiB heap
 /// reservation and its fragmented pages per extra arena.
