@@ -36,39 +36,59 @@ pub fn configure(arenas: i32) {
     let _ = arenas;
 }
 
-/// glibc's tunables for holdfast's processes: no per-thread cache of freed small blocks.
-/// Each thread keeps up to 7 freed blocks of each of 64 sizes to itself, counted as in
-/// use, so `malloc_trim` cannot give back a page one of them lies on. After a burst of
-/// 100 pods those few hundred KiB were spread over 1.7 MiB of the agent's heap pages,
-/// two thirds of what the burst left; without the caches the arenas take the blocks
-/// back and the trim returns their pages. The cost, a lock per small allocation, does
-/// not show next to what a pod start does (`benches/footprint.rs`).
-pub const TUNABLES: &str = "glibc.malloc.tcache_count=0";
+/// glibc's tunables for holdfast's processes, each `name=value`, joined with `:`.
+///
+/// - No per-thread cache of freed small blocks. Each thread keeps up to 7 freed blocks
+///   of each of 64 sizes to itself, counted as in use, so `malloc_trim` cannot give
+///   back a page one of them lies on. After a burst of 100 pods those few hundred KiB
+///   were spread over 1.7 MiB of the agent's heap pages, two thirds of what the burst
+///   left; without the caches the arenas take the blocks back and the trim returns
+///   their pages. The cost, a lock per small allocation, does not show next to what a
+///   pod start does (`benches/footprint.rs`).
+/// - No cache of the stacks of threads that ended. glibc keeps up to 40 MiB of them for
+///   threads to come, each with the pages its thread touched still resident (16-24 KiB
+///   of a 2 MiB stack): after a burst, the blocking threads that served it and ended
+///   left some 20 of them, about 0.4 MiB. A thread started later maps a new stack.
+pub const TUNABLES: &str = "glibc.malloc.tcache_count=0:glibc.pthread.stack_cache_size=0";
 
 /// What `GLIBC_TUNABLES` must become for [`TUNABLES`] to apply, given its value now;
-/// None when it holds them already or sets the cache itself (the user's choice wins).
+/// None when nothing is to be added. A tunable the environment sets already keeps its
+/// value there (the user's choice wins); each of ours it lacks is joined to it.
 pub fn tunables_to_set(now: Option<&str>) -> Option<String> {
-    match now {
-        Some(v)
-            if v.split(':')
-                .any(|t| t.starts_with("glibc.malloc.tcache_count=")) =>
-        {
-            None
-        }
-        Some(v) if !v.is_empty() => Some(format!("{v}:{TUNABLES}")),
-        _ => Some(TUNABLES.to_owned()),
+    let now = now.unwrap_or("");
+    let set = |name: &str| now.split(':').any(|t| t.split('=').next() == Some(name));
+    let missing: Vec<&str> = TUNABLES
+        .split(':')
+        .filter(|t| !set(t.split('=').next().unwrap_or(t)))
+        .collect();
+    if missing.is_empty() {
+        return None;
     }
+    let missing = missing.join(":");
+    Some(if now.is_empty() {
+        missing
+    } else {
+        format!("{now}:{missing}")
+    })
 }
+
+/// Set in the environment of the process [`exec_with_tunables`] starts.
+const TUNED_MARK: &str = "HOLDFAST_GLIBC_TUNED";
 
 /// glibc reads its tunables once, as a program starts: so that they apply to the agent
 /// (and to the shims and helpers it starts, which inherit its environment), it runs its
 /// own executable again in place with `GLIBC_TUNABLES` set, before any thread exists.
-/// Returns without exec when they apply already or the C library is not glibc; returns
-/// the reason when the exec failed, and the process goes on with glibc's defaults.
+/// Returns without exec when they apply already, when this process is that exec already
+/// (a glibc that drops a tunable it does not know from the environment must not make it
+/// run itself again and again), or when the C library is not glibc; returns the reason
+/// when the exec failed, and the process goes on with glibc's defaults.
 pub fn exec_with_tunables() -> Result<(), String> {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
         use std::os::unix::process::CommandExt;
+        if std::env::var_os(TUNED_MARK).is_some() {
+            return Ok(());
+        }
         let now = std::env::var("GLIBC_TUNABLES").ok();
         let Some(value) = tunables_to_set(now.as_deref()) else {
             return Ok(());
@@ -79,6 +99,7 @@ pub fn exec_with_tunables() -> Result<(), String> {
             .arg0(arg0)
             .args(args)
             .env("GLIBC_TUNABLES", value)
+            .env(TUNED_MARK, "1")
             .exec();
         Err(format!(
             "run again with GLIBC_TUNABLES={TUNABLES} (so that freed memory goes back \
@@ -296,7 +317,7 @@ Anonymous:             0 kB
     }
 
     #[test]
-    fn tunables_join_what_the_environment_sets_and_yield_to_its_cache_setting() {
+    fn tunables_join_what_the_environment_sets_and_yield_to_its_own_settings() {
         assert_eq!(tunables_to_set(None).as_deref(), Some(TUNABLES));
         assert_eq!(tunables_to_set(Some("")).as_deref(), Some(TUNABLES));
         assert_eq!(
@@ -304,9 +325,22 @@ Anonymous:             0 kB
             Some(format!("glibc.malloc.arena_max=1:{TUNABLES}"))
         );
         assert_eq!(tunables_to_set(Some(TUNABLES)), None);
+        // The user's own setting of one of ours stays, and the others join it.
         assert_eq!(
-            tunables_to_set(Some("glibc.malloc.arena_max=1:glibc.malloc.tcache_count=3")),
+            tunables_to_set(Some("glibc.malloc.arena_max=1:glibc.malloc.tcache_count=3"))
+                .as_deref(),
+            Some("glibc.malloc.arena_max=1:glibc.malloc.tcache_count=3:glibc.pthread.stack_cache_size=0")
+        );
+        assert_eq!(
+            tunables_to_set(Some(
+                "glibc.pthread.stack_cache_size=4194304:glibc.malloc.tcache_count=3"
+            )),
             None
+        );
+        // A name that only starts like one of ours is another tunable.
+        assert_eq!(
+            tunables_to_set(Some("glibc.malloc.tcache_count_x=1")),
+            Some(format!("glibc.malloc.tcache_count_x=1:{TUNABLES}"))
         );
     }
 
