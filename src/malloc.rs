@@ -274,13 +274,24 @@ fn address_range(field: &str) -> Option<(usize, usize)> {
     (low < high).then_some((low, high))
 }
 
+/// The page size, read once (the allocator asks it for every large block); 4096 where
+/// it cannot be read.
 fn page_size() -> usize {
-    nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
-        .ok()
-        .flatten()
-        .and_then(|p| usize::try_from(p).ok())
-        .filter(|p| p.is_power_of_two())
-        .unwrap_or(4096)
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static PAGE: AtomicUsize = AtomicUsize::new(0);
+    match PAGE.load(Ordering::Relaxed) {
+        0 => {
+            let p = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+                .ok()
+                .flatten()
+                .and_then(|p| usize::try_from(p).ok())
+                .filter(|p| p.is_power_of_two())
+                .unwrap_or(4096);
+            PAGE.store(p, Ordering::Relaxed);
+            p
+        }
+        p => p,
+    }
 }
 
 #[cfg(test)]

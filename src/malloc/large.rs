@@ -11,9 +11,10 @@
 //! leaves no hole in the heap between blocks that live on.
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use nix::libc;
+
+use super::page_size as page;
 
 /// Blocks of this size and more get a mapping of their own: glibc's own default
 /// threshold, and the one [`super::configure`] fixes.
@@ -21,26 +22,6 @@ pub const LARGE: usize = 128 * 1024;
 
 /// glibc's malloc, with blocks of [`LARGE`] bytes and more in mappings of their own.
 pub struct Allocator;
-
-static PAGE: AtomicUsize = AtomicUsize::new(0);
-
-/// The page size, read once; mappings are whole pages.
-fn page() -> usize {
-    match PAGE.load(Ordering::Relaxed) {
-        0 => {
-            // SAFETY: sysconf reads a constant of the system and touches no memory.
-            #[allow(unsafe_code)]
-            let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-            let p = usize::try_from(p)
-                .ok()
-                .filter(|p| p.is_power_of_two())
-                .unwrap_or(4096);
-            PAGE.store(p, Ordering::Relaxed);
-            p
-        }
-        p => p,
-    }
-}
 
 /// `n` rounded up to whole pages; None past the address space.
 fn pages(n: usize) -> Option<usize> {
