@@ -2,6 +2,9 @@
 
 #![allow(dead_code)]
 
+#[path = "../tests/support/maps.rs"]
+mod maps;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -219,17 +222,10 @@ pub fn arenas(pid: u32) -> u64 {
     } else {
         1 << 20
     };
-    let s = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
-    let anon: Vec<(u64, u64)> = s
-        .lines()
-        .filter(|l| l.split_whitespace().nth(5).is_none())
-        .filter_map(|l| {
-            let (a, b) = l.split_whitespace().next()?.split_once('-')?;
-            Some((
-                u64::from_str_radix(a, 16).ok()?,
-                u64::from_str_radix(b, 16).ok()?,
-            ))
-        })
+    let anon: Vec<(u64, u64)> = maps::mappings(pid)
+        .into_iter()
+        .filter(|m| m.anonymous)
+        .map(|m| (m.start, m.end))
         .collect();
     let mut n = 0;
     for (i, &(start, end)) in anon.iter().enumerate() {

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use support::agent::{container_pid, need_root, proc_status, sh_pod, Agent};
+use support::maps::mappings;
 
 const PODS: usize = 60;
 
@@ -37,25 +38,13 @@ fn started_with_tunable(pid: u32, tunable: &str) -> bool {
 /// Thread stacks mapped in process `pid`: writable anonymous mappings of 1 MiB and more
 /// right above a guard page (glibc's layout; the main thread's `[stack]` is named).
 fn thread_stacks(pid: u32) -> usize {
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
     let mut guard_end = None;
     let mut stacks = 0;
-    for line in maps.lines() {
-        let mut f = line.split_whitespace();
-        let (Some(range), Some(perms)) = (f.next(), f.next()) else {
-            continue;
-        };
-        let anonymous = f.nth(3).is_none();
-        let Some((lo, hi)) = range.split_once('-') else {
-            continue;
-        };
-        let (Ok(lo), Ok(hi)) = (u64::from_str_radix(lo, 16), u64::from_str_radix(hi, 16)) else {
-            continue;
-        };
-        if perms == "rw-p" && anonymous && guard_end == Some(lo) && hi - lo >= 1 << 20 {
+    for m in mappings(pid) {
+        if m.perms == "rw-p" && m.anonymous && guard_end == Some(m.start) && m.len() >= 1 << 20 {
             stacks += 1;
         }
-        guard_end = (perms == "---p").then_some(hi);
+        guard_end = (m.perms == "---p").then_some(m.end);
     }
     stacks
 }

@@ -1,3 +1,4 @@
 pub mod agent;
 pub mod cni;
+pub mod maps;
 pub mod tempdir;
