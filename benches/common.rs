@@ -224,7 +224,7 @@ pub fn arenas(pid: u32) -> u64 {
     };
     let anon: Vec<(u64, u64)> = maps::mappings(pid)
         .into_iter()
-        .filter(|m| m.anonymous)
+        .filter(|m| m.anonymous())
         .map(|m| (m.start, m.end))
         .collect();
     let mut n = 0;

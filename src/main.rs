@@ -40,6 +40,14 @@ fn main() -> ExitCode {
         let code = holdfast::network::netns::holder_main(&args[2..]);
         return ExitCode::from(u8::try_from(code).unwrap_or(1));
     }
+    command(&args)
+}
+
+/// Everything but the shim and the namespace holder, out of line: `main`'s frame stays
+/// below the long waits of those two, one each per container and pod, and a frame
+/// sized for the agent and the CLI would keep its pages resident in every one of them.
+#[inline(never)]
+fn command(args: &[String]) -> ExitCode {
     let Some(cmd) = args.get(1).map(String::as_str) else {
         note(USAGE);
         return ExitCode::from(2);

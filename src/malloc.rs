@@ -153,10 +153,11 @@ pub fn trim_and_log(after: &str) {
     }
 }
 
-/// Stack below the caller's frame left mapped by [`release_unused_stack`]: room for the
-/// calls it makes and for a signal handler's frame, which would otherwise fault pages
-/// straight back in.
-const STACK_MARGIN: usize = 16 * 1024;
+/// Stack below the caller's page left mapped by [`release_unused_stack`]: room for the
+/// calls it makes (the `madvise` itself) without faulting a page straight back in. More
+/// would keep pages that a deep call touched once: a shim's wait, the deepest thing it
+/// does for the rest of its life, goes a few KiB below where it releases.
+const STACK_MARGIN: usize = 4 * 1024;
 
 /// Gives back the main thread's stack pages below the caller's frame. A deep call made
 /// once (creating a container, a burst's work on the agent's loop) leaves its pages

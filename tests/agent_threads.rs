@@ -41,7 +41,7 @@ fn thread_stacks(pid: u32) -> usize {
     let mut guard_end = None;
     let mut stacks = 0;
     for m in mappings(pid) {
-        if m.perms == "rw-p" && m.anonymous && guard_end == Some(m.start) && m.len() >= 1 << 20 {
+        if m.perms == "rw-p" && m.anonymous() && guard_end == Some(m.start) && m.len() >= 1 << 20 {
             stacks += 1;
         }
         guard_end = (m.perms == "---p").then_some(m.end);

@@ -2,6 +2,8 @@
 //! and cgroups; the image is one busybox layer built from the host's busybox-static.
 //! Every test cleans up its containers, mounts, cgroups and directories, even on failure.
 
+#[path = "support/maps.rs"]
+mod maps;
 mod runtime_support;
 
 use std::path::PathBuf;
@@ -208,6 +210,51 @@ fn helper_start_and_exit() {
     println!("started {id}");
     // Leave without the Drop guard: the container must outlive this process.
     std::mem::forget(env);
+}
+
+/// Resident pages of process `pid`'s main stack below the page its stack pointer is in,
+/// read while it is blocked in a system call; None while it runs or if it is gone.
+fn stack_pages_below_sp(pid: u32) -> Option<usize> {
+    // `nr arg1 ... arg6 sp pc` for a task blocked in a call, `running` otherwise.
+    let syscall = std::fs::read_to_string(format!("/proc/{pid}/syscall")).ok()?;
+    let fields: Vec<&str> = syscall.split_whitespace().collect();
+    if fields.len() < 9 {
+        return None;
+    }
+    let sp = u64::from_str_radix(fields[fields.len() - 2].trim_start_matches("0x"), 16).ok()?;
+    let stack = maps::mappings(pid)
+        .into_iter()
+        .find(|m| m.name == "[stack]")?;
+    let sp_page = sp & !(maps::page_size() - 1);
+    if !(stack.start..stack.end).contains(&sp_page) {
+        return None;
+    }
+    let pages = maps::resident(pid, stack.start, sp_page)?;
+    Some(pages.into_iter().filter(|&r| r).count())
+}
+
+/// The stack that creating a container reached down to (libcontainer's builder, the
+/// spec, the init's set-up) goes back before the shim waits on it: the shim of a running
+/// container keeps only the frames of its wait, for as long as the container runs.
+#[test]
+fn a_waiting_shim_keeps_no_stack_below_its_wait() {
+    let env = Env::new("stack");
+    let id = env.start("quiet", "exec sleep 1000", None).expect("start");
+    let shim =
+        live_pid(&env.rt.state_dir(&id).join("shim-pid.json"), "process").expect("shim alive");
+    let shim = u32::try_from(shim.as_raw()).expect("pid");
+    // It gives the pages back after it reports the container started: poll for that.
+    let mut below = None;
+    let released = wait_until(Duration::from_secs(10), || {
+        below = stack_pages_below_sp(shim);
+        below.is_some_and(|n| n <= 1)
+    });
+    assert!(
+        released,
+        "shim {shim}: {below:?} stack pages resident below the one it waits in"
+    );
+    env.rt.kill(&id, 9).expect("kill");
+    assert_eq!(env.wait_exit(&id).exit_code, 137);
 }
 
 #[test]

@@ -39,6 +39,8 @@ pub const MAX_CLIENTS: usize = 8;
 pub const CLIENT_BUFFER: usize = 256 * 1024;
 /// Input queued for the container's stdin.
 pub const STDIN_BUFFER: usize = 64 * 1024;
+/// What one read from a client may add to its input.
+const READ_CHUNK: usize = 16 * 1024;
 /// The largest frame a client may send; the agent cuts input into pieces this size.
 pub const MAX_INPUT: usize = 32 * 1024;
 /// How long an exited container's clients get to read their last output.
@@ -252,24 +254,24 @@ impl Attach {
     }
 
     fn read_client(&mut self, i: usize) {
-        let mut buf = [0u8; 16 * 1024];
         let mut frames = Vec::new();
         {
             let Some(c) = self.clients.get_mut(i) else {
                 return;
             };
-            loop {
-                match c.sock.read(&mut buf) {
+            // Read straight into the client's input: a buffer on the stack would be
+            // part of the shim's frames while it waits, its pages resident for good.
+            while c.input.len() < STDIN_BUFFER {
+                let had = c.input.len();
+                c.input.resize(had + READ_CHUNK.min(STDIN_BUFFER - had), 0);
+                let read = c.sock.read(&mut c.input[had..]);
+                c.input.truncate(had + *read.as_ref().unwrap_or(&0));
+                match read {
                     Ok(0) => {
                         c.gone = true;
                         break;
                     }
-                    Ok(n) => {
-                        c.input.extend_from_slice(&buf[..n]);
-                        if c.input.len() >= STDIN_BUFFER {
-                            break;
-                        }
-                    }
+                    Ok(_) => {}
                     Err(e) if e.kind() == ErrorKind::Interrupted => {}
                     Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                     Err(_) => {

@@ -33,6 +33,7 @@ use crate::error::chain;
 /// After the command exits, output still in flight is read for at most this long.
 const DRAIN: Duration = Duration::from_secs(1);
 
+#[inline(never)]
 pub fn main(state_root: &Path, id: &str, request: &str) -> i32 {
     if let Err(e) = catch_sigterm() {
         eprintln!("exec in {id}: catch SIGTERM: {e}");

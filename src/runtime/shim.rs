@@ -114,6 +114,7 @@ impl Ready {
 /// container's stdio on fds 0-2: written to fd 2, its lines (at debug, every step of
 /// the init) would land in the container's log or in an exec's stderr. The container's
 /// streams carry only what its command writes.
+#[inline(never)]
 fn init_logging() {
     // The seccomp and cgroup warnings come with every container and tell nothing new.
     let filter = "warn,libcontainer::process::init=error,libcgroups=error";
@@ -297,6 +298,9 @@ fn fail_early(dir: &Path, message: String, ready: &mut Ready) -> i32 {
 
 type Failure = (FailureKind, String);
 
+/// Out of line, like every step before the wait: the frames of libcontainer's builder
+/// and of the spec are gone from the stack by the time the shim waits on its container.
+#[inline(never)]
 fn create_and_start(config: &ShimConfig) -> Result<Running, Failure> {
     let create = |message: String| (FailureKind::Create, message);
     let upper = config.container_dir.join("upper");

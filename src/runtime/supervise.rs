@@ -113,7 +113,7 @@ pub fn run(running: Running) {
         None => PollTimeout::from(POLL_INTERVAL_MS),
     };
     let mut scratch = Scratch {
-        buf: vec![0u8; READ_BUFFER],
+        buf: Vec::new(),
         events: Vec::new(),
     };
     let status = loop {
@@ -211,7 +211,9 @@ struct Output {
 }
 
 /// What `pump` reuses from one call to the next, so that a running shim does not
-/// allocate per wakeup: the read buffer and the poll results.
+/// allocate per wakeup: the read buffer and the poll results. The buffer is made at the
+/// first output: zeroed at once, its pages would be resident in the shim of a container
+/// that never writes a line.
 struct Scratch {
     buf: Vec<u8>,
     events: Vec<PollFlags>,
@@ -282,6 +284,9 @@ fn pump(
     for p in pipes.iter_mut().filter(|p| p.open) {
         if !ready.next().unwrap_or(false) {
             continue;
+        }
+        if buf.is_empty() {
+            buf.resize(READ_BUFFER, 0);
         }
         match p.file.read(buf) {
             Ok(0) => p.open = false,
