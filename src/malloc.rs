@@ -159,21 +159,20 @@ pub fn trim_and_log(after: &str) {
 /// does for the rest of its life, goes a few KiB below where it releases.
 const STACK_MARGIN: usize = 4 * 1024;
 
-/// Gives back the main thread's stack pages below the caller's frame. A deep call made
-/// once (creating a container, a burst's work on the agent's loop) leaves its pages
-/// resident for the life of the process; nothing below the stack pointer is live, and
-/// pages touched again come back zeroed. Call it from the main thread, shallow in its
-/// stack; on any other thread it does nothing. Returns the bytes given back.
+/// Gives back the calling thread's stack pages below the caller's frame. A deep call
+/// made once (creating a container, a burst's work on the agent's loop, parsing a
+/// folder of manifests) leaves its pages resident for the life of the thread; nothing
+/// below the stack pointer is live, and pages touched again come back zeroed. Call it
+/// shallow in the thread's stack, after the deep work. Returns the bytes given back.
 #[inline(never)]
 pub fn release_unused_stack() -> usize {
     let marker = 0u8;
     let here = std::hint::black_box(std::ptr::addr_of!(marker)) as usize;
-    let Some((low, high)) = main_stack() else {
+    // The mapping a local of ours lies in is this thread's stack: `[stack]` for the main
+    // thread, the part of its own mapping above the guard page for another.
+    let Some((low, _)) = mapping_of(here) else {
         return 0;
     };
-    if !(low..high).contains(&here) {
-        return 0;
-    }
     let page = page_size();
     let top = (here & !(page - 1)).saturating_sub(STACK_MARGIN);
     if top <= low {
@@ -260,10 +259,11 @@ fn clean_file_mappings(smaps: &str, file: &std::path::Path) -> Vec<(usize, usize
 }
 
 /// The `[stack]` mapping of `/proc/self/maps` (the main thread's), start and end.
-fn main_stack() -> Option<(usize, usize)> {
+fn mapping_of(addr: usize) -> Option<(usize, usize)> {
     let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
-    let line = maps.lines().find(|l| l.ends_with("[stack]"))?;
-    address_range(line.split(' ').next()?)
+    maps.lines()
+        .filter_map(|l| address_range(l.split(' ').next()?))
+        .find(|(low, high)| (*low..*high).contains(&addr))
 }
 
 /// A mapping's `low-high` address range of `/proc/<pid>/maps` or `smaps`, when it is one
@@ -366,14 +366,44 @@ Anonymous:             0 kB
         assert!(release_clean_code() > 0);
     }
 
+    /// Calls itself `depth` times with a 4 KiB frame each, writing every frame.
+    #[inline(never)]
+    fn deep(depth: usize) -> u8 {
+        let mut frame = [0u8; 4096];
+        std::hint::black_box(&mut frame);
+        if depth == 0 {
+            return frame[0];
+        }
+        frame[100].wrapping_add(deep(depth - 1))
+    }
+
     #[test]
-    fn the_main_stack_is_found_and_other_threads_stacks_are_left_alone() {
-        let (low, high) = main_stack().expect("a [stack] mapping");
-        assert!(low < high);
-        // Tests run on threads of their own: their stacks are not the main one.
-        let marker = 0u8;
-        let here = std::ptr::addr_of!(marker) as usize;
-        assert!(!(low..high).contains(&here));
-        assert_eq!(release_unused_stack(), 0);
+    fn a_threads_stack_below_the_caller_goes_back() {
+        // A thread of its own, so that the depth reached is known.
+        let (released, resident) = std::thread::Builder::new()
+            .stack_size(1 << 20)
+            .spawn(|| {
+                std::hint::black_box(deep(32));
+                let released = release_unused_stack();
+                let marker = 0u8;
+                let here = std::hint::black_box(std::ptr::addr_of!(marker)) as usize;
+                let page = page_size();
+                // The 28 pages from 16 KiB to 128 KiB below this frame, which `deep` wrote.
+                let low = (here & !(page - 1)) - 128 * 1024;
+                let mut vec = vec![0u8; 112 * 1024 / page];
+                // SAFETY: mincore only reports on the range, which lies in this thread's
+                // stack mapping; vec has a byte per page.
+                #[allow(unsafe_code)]
+                let r = unsafe {
+                    nix::libc::mincore(low as *mut nix::libc::c_void, 112 * 1024, vec.as_mut_ptr())
+                };
+                assert_eq!(r, 0, "mincore: {}", std::io::Error::last_os_error());
+                (released, vec.iter().filter(|&&b| b & 1 != 0).count())
+            })
+            .expect("spawn")
+            .join()
+            .expect("join");
+        assert_eq!(resident, 0, "pages written by the deep call still resident");
+        assert!(released >= 128 * 1024, "released {released} bytes");
     }
 }

@@ -299,7 +299,11 @@ fn run(
         }
         if dirty {
             dirty = false;
-            if let Some(snapshot) = scan_once(&mut source, &mut state) {
+            let sent = scan_once(&mut source, &mut state);
+            // Parsing a folder of manifests goes tens of KiB deep; between scans this
+            // thread holds only the frames of its wait.
+            crate::malloc::release_unused_stack();
+            if let Some(snapshot) = sent {
                 if tx.blocking_send(snapshot).is_err() {
                     return;
                 }
