@@ -224,6 +224,9 @@ impl FileSource {
             let seen = *self.first_seen.entry(uid).or_insert(now);
             set_seen(pod, seen);
         }
+        // The table kept the room of the most pods the folder ever held; pods that went
+        // give theirs back (no work when nothing went).
+        self.first_seen.shrink_to_fit();
         self.last_good = by_file;
         Ok((pods, errors))
     }
@@ -400,5 +403,41 @@ fn drain(inotify: &Inotify, watch: &mut Option<WatchDescriptor>) -> bool {
                 changed = true;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::uplink::testpki::Scratch;
+
+    fn manifest(name: &str) -> String {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  containers:\n  - name: c\n    image: busybox\n"
+        )
+    }
+
+    /// A folder that held many pods and then one: what the source keeps between scans
+    /// holds room for the one.
+    #[test]
+    fn pods_that_went_give_their_room_back() {
+        let dir = Scratch::new("file-source-shrink");
+        for i in 0..64 {
+            dir.write(&format!("p{i}.yaml"), &manifest(&format!("p{i}")));
+        }
+        let mut source = FileSource::new(dir.path().to_path_buf(), "node".into());
+        let (pods, errors) = source.scan().expect("scan");
+        assert_eq!((pods.len(), errors.len()), (64, 0), "{errors:?}");
+        for i in 1..64 {
+            std::fs::remove_file(dir.path().join(format!("p{i}.yaml"))).expect("rm");
+        }
+        let (pods, errors) = source.scan().expect("scan");
+        assert_eq!((pods.len(), errors.len()), (1, 0), "{errors:?}");
+        assert_eq!(source.first_seen.len(), 1);
+        assert!(
+            source.first_seen.capacity() < 8,
+            "room for {} pods kept",
+            source.first_seen.capacity()
+        );
     }
 }

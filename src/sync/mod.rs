@@ -218,6 +218,7 @@ impl SyncLoop {
                 _ = crate::systemd::tick(&mut beat) => {}
                 // A burst of starts and stops is over: its memory goes back at once.
                 _ = self.burst.settled() => {
+                    self.shrink();
                     tokio::spawn(burst::trim(self.burst.reset()));
                 }
                 Some(done) = self.tasks.join_next(), if !self.tasks.is_empty() => {
@@ -294,6 +295,18 @@ impl SyncLoop {
                 terminating: terminate_first,
             },
         );
+    }
+
+    /// The loop's tables by pod keep the room the burst's pods took (a hash table never
+    /// shrinks by itself), made late and so high in the heap, where it holds pages that
+    /// the trim could otherwise return: each goes back to the size of what it holds.
+    fn shrink(&mut self) {
+        self.workers.shrink_to_fit();
+        self.owners.shrink_to_fit();
+        self.finished.shrink_to_fit();
+        self.readd.shrink_to_fit();
+        self.references.shrink_to_fit();
+        self.admitted.shrink_to_fit();
     }
 
     fn forget(&mut self, uid: &str) {

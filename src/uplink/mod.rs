@@ -27,7 +27,7 @@ pub mod tokens;
 pub mod watch;
 
 #[cfg(test)]
-mod testpki;
+pub(crate) mod testpki;
 
 pub use client::{Client, Patch, Watch};
 pub use error::ApiError;
