@@ -280,7 +280,11 @@ impl SyncLoop {
         } else {
             self.admit(&uid, &pod)
         };
-        let mut worker = Worker::new(self.deps.clone(), pod, self.registered_tx.clone());
+        let mut worker = Box::new(Worker::new(
+            self.deps.clone(),
+            pod,
+            self.registered_tx.clone(),
+        ));
         worker.terminate_first = terminate_first;
         worker.rejected = rejected;
         let done = uid.clone();
