@@ -3,9 +3,11 @@
 # no KVM: this machine kind has a /dev/kvm, but a guest under it printed nothing to its
 # console in 9 minutes) on a cgroup v2-only hierarchy and runs holdfast's scenarios in it.
 #
-#   tests/vm/run.sh aarch64|armv7|x86_64 [--shell]
+#   tests/vm/run.sh aarch64|armv7|x86_64 [--shell|--fetch]
 #
-# (--shell: the same guest with a shell on the console instead of the scenarios.)
+# (--shell: the same guest with a shell on the console instead of the scenarios;
+# --fetch: only the guest's packages into the cache, which needs no binary: CI fetches
+# them while the tests run.)
 #
 # - Kernel (the real package behind linux-image-arm64 / -armmp-lpae / -amd64), busybox,
 #   libc, iptables and the CNI plugins are Debian packages of the guest's architecture,
@@ -42,12 +44,13 @@ started=$SECONDS
 
 # --- holdfast and the image ----------------------------------------------------------
 bin="$target/$triple/release/holdfast"
-if [ ! -x "$bin" ]; then
+if [ "${2:-}" != --fetch ] && [ ! -x "$bin" ]; then
   log "building $bin"
   cargo fetch --quiet
   bash cross/release-build.sh build --quiet --release --bin holdfast --target "$triple"
 fi
-cargo build --quiet --example busybox_image
+# (While CI's tests run, cargo's lock on the target dir is theirs: --fetch needs no build.)
+[ "${2:-}" = --fetch ] || cargo build --quiet --example busybox_image
 
 # --- guest packages ------------------------------------------------------------------
 af() { bash cross/apt-foreign.sh "$@"; }
@@ -58,6 +61,10 @@ pkgs=("$kernel_pkg" busybox-static libc6 libgcc-s1 libseccomp2 containernetworki
       libnfnetlink0)
 mapfile -t debs < <(af "$deb" "${pkgs[@]}")
 [ ${#debs[@]} -eq ${#pkgs[@]} ] || { log "apt-foreign gave ${#debs[@]} of ${#pkgs[@]} packages"; exit 1; }
+if [ "${2:-}" = --fetch ]; then
+  log "${#debs[@]} packages cached in $((SECONDS - started)) s"
+  exit 0
+fi
 unpacked="$work/pkgs"
 rm -rf "$unpacked"; mkdir -p "$unpacked"
 # the kernel modules the guest loads (guest.sh) and those netfilter may ask for
