@@ -134,6 +134,21 @@ pub fn resident_bytes() -> Option<u64> {
     pages.checked_mul(u64::try_from(page_size()).ok()?)
 }
 
+/// The process's resident anonymous memory in bytes (`RssAnon` of `/proc/self/status`:
+/// heap, stacks and private mappings, no file pages); None where it cannot be read.
+pub fn anonymous_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("RssAnon:"))?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse()
+        .ok()?;
+    kib.checked_mul(1024)
+}
+
 /// [`trim`], logging (at debug) how much resident memory it gave back `after` some work.
 pub fn trim_and_log(after: &str) {
     let before = resident_bytes();
@@ -354,6 +369,19 @@ Anonymous:             0 kB
             tunables_to_set(Some("glibc.malloc.tcache_count_x=1")),
             Some(format!("glibc.malloc.tcache_count_x=1:{TUNABLES}"))
         );
+    }
+
+    #[test]
+    fn anonymous_memory_is_read_and_grows_with_what_is_written() {
+        let before = anonymous_bytes().expect("RssAnon");
+        assert!(before > 0);
+        // 8 MiB written in a mapping of its own (above the mmap threshold): resident
+        // and anonymous while it lives. Other tests' threads allocate meanwhile, so only
+        // a growth of most of it is asserted.
+        let block = std::hint::black_box(vec![1u8; 8 << 20]);
+        let during = anonymous_bytes().expect("RssAnon");
+        assert!(during >= before + (6 << 20), "{before} -> {during}");
+        drop(block);
     }
 
     #[test]

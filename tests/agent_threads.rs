@@ -2,7 +2,9 @@
 //! agent start a thread per pod, and the threads it did start go away after the burst.
 //! The agent and the shims run with glibc's per-thread caches off, which would hold the
 //! burst's freed blocks where the trim after it cannot reach them, and the stacks of the
-//! threads that ended go back rather than into glibc's cache.
+//! threads that ended go back rather than into glibc's cache. Once the burst is over
+//! the agent opens its store again (here after every burst, not only those that grew
+//! its memory): the store works on, and a restarted agent finds what it wrote.
 
 mod support;
 
@@ -63,6 +65,9 @@ fn a_burst_of_pods_runs_on_a_bounded_number_of_threads_that_go_away_after() {
         return;
     }
     let mut a = Agent::new("threads");
+    // Every trim opens the store again, whatever the burst left.
+    a.extra_env
+        .push(("HOLDFAST_TEST_REOPEN_GROWTH".into(), "0".into()));
     a.start();
     let pid = a.pid().expect("agent runs");
     assert!(
@@ -166,5 +171,39 @@ fn a_burst_of_pods_runs_on_a_bounded_number_of_threads_that_go_away_after() {
         },
     );
     eprintln!("after the burst: {now} threads, {stacks} thread stacks mapped");
+
+    // The store was opened again after the burst, and takes the next pod's records.
+    a.wait_until(
+        "the store to be opened again after the burst",
+        Duration::from_secs(60),
+        |a| a.agent_log().contains("store opened again after a burst"),
+    );
+    let after = sh_pod(
+        "after-burst",
+        "  terminationGracePeriodSeconds: 1\n",
+        "c",
+        "trap 'exit 0' TERM; while true; do sleep 1; done",
+        "",
+    );
+    a.write_manifest("after-burst.yaml", &after);
+    let pod = a.wait_pod("after-burst", "Running", Duration::from_secs(60), running);
+    let container = container_pid(&a, &pod, "c");
+    // A restarted agent reads it back from the store and adopts the running container
+    // rather than starting it again.
+    a.stop();
+    a.start();
+    let pod = a.wait_pod("after-burst", "Running", Duration::from_secs(60), running);
+    assert_eq!(
+        container_pid(&a, &pod, "c"),
+        container,
+        "the container started after the store was opened again was adopted"
+    );
+    assert!(
+        !a.agent_log().contains("open again after a burst:"),
+        "opening the store again failed:\n{}",
+        a.agent_log()
+    );
+    a.remove_manifest("after-burst.yaml");
+    a.wait_gone("after-burst", Duration::from_secs(60));
     a.stop();
 }

@@ -18,6 +18,11 @@
 //! Every durable flush bumps a generation kept both in sled and in a file beside it; a
 //! store whose sled is behind that file went back in time (sled dropped a damaged tail)
 //! and is refused (see [`generation`]).
+//!
+//! After a burst of writes that left the agent's memory well above where it stood, the
+//! agent closes sled and opens it again ([`Store::reopen`]): what sled holds in memory
+//! is then made anew in one short run instead of lying scattered through the heap the
+//! burst grew (`sync::burst` says when, and what it costs the flash).
 
 mod batch;
 pub mod compact;

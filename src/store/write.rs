@@ -65,6 +65,12 @@ impl Store {
         self.inner.write_out()
     }
 
+    /// Closes sled and opens it again, so that what it holds in memory is made anew
+    /// in one short run (after a burst of writes, see `Inner::reopen`).
+    pub fn reopen(&self) -> Result<(), StoreError> {
+        self.inner.reopen()
+    }
+
     /// Since when and why writes are held in memory (the disk is full), and how many.
     pub fn holding(&self) -> Option<(Holding, usize)> {
         if !self.is_holding() {
@@ -236,6 +242,38 @@ impl Inner {
             }
         }
         self.space.top_up();
+    }
+
+    /// Closes sled and opens it again on the same files. What sled holds in memory
+    /// (its tree nodes, page table entries and cache queues, the log buffer it fills)
+    /// was allocated while the writes that made it ran; after a burst those blocks lie
+    /// scattered through a heap the burst grew, each keeping its page resident. Opened
+    /// again once the burst is over, sled rebuilds them in one short run, and the
+    /// burst's pages can go back. Does nothing while writes are held in memory; a
+    /// failed open holds the writes that follow until sled opens (as a write error
+    /// does).
+    pub(super) fn reopen(&self) -> Result<(), StoreError> {
+        // In order with the flushes, which take the same lock; then pending, then db.
+        let _order = self.generation.lock().unwrap_or_else(|p| p.into_inner());
+        let mut pending = self.pending();
+        if pending.holding().is_some() {
+            return Ok(());
+        }
+        let mut db = self.db.write().unwrap_or_else(|p| p.into_inner());
+        // Dropping the last handle writes out what sled holds only in memory.
+        drop(db.take());
+        match open_sled(&self.path) {
+            Ok(fresh) => {
+                *db = Some(fresh);
+                Ok(())
+            }
+            Err(e) => {
+                drop(db);
+                let reason = format!("sled could not be opened again: {e}");
+                self.start_holding(&mut pending, reason, true);
+                Err(e)
+            }
+        }
     }
 
     /// Writes what is held, if the disk has room again for it and for the headroom.
@@ -529,6 +567,44 @@ mod tests {
         assert!(crate::metrics::STORE_BYTES_WRITTEN.get() >= bytes + "counted".len() as u64);
         store.flush().expect("flush");
         assert!(crate::metrics::STORE_FLUSHES.get() > flushes);
+    }
+
+    #[test]
+    fn a_store_opened_again_keeps_every_write_and_takes_those_made_meanwhile() {
+        let tmp = crate::testutil::TempDir::new("store-reopen");
+        let dir = tmp.0.join("db");
+        {
+            let store = Store::open(&dir).expect("open");
+            let t: Tree<u32> = store.tree("n").expect("tree");
+            // Written, never flushed: only in sled's memory and its log buffer.
+            for i in 0..200 {
+                t.put(&format!("k{i:03}"), &i).expect("put");
+            }
+            // Another thread writes and reads all along; it waits while sled is closed.
+            let writer = {
+                let t = t.clone();
+                std::thread::spawn(move || {
+                    for i in 200..400 {
+                        t.put(&format!("k{i:03}"), &i)
+                            .expect("put during the reopen");
+                        assert_eq!(t.get("k000").expect("get"), Some(0));
+                    }
+                })
+            };
+            store.reopen().expect("reopen");
+            store.reopen().expect("reopen again");
+            writer.join().expect("writer");
+            t.put("after", &1).expect("put after");
+            assert_eq!(t.keys().expect("keys").len(), 401);
+            assert_eq!(t.get("k399").expect("get"), Some(399));
+            store.flush().expect("flush");
+        }
+        // And from the files, as the next start reads them.
+        let store = Store::open(&dir).expect("open from disk");
+        let t: Tree<u32> = store.tree("n").expect("tree");
+        assert_eq!(t.keys().expect("keys").len(), 401);
+        assert_eq!(t.get("k123").expect("get"), Some(123));
+        assert_eq!(t.get("after").expect("get"), Some(1));
     }
 
     #[test]

@@ -219,7 +219,7 @@ impl SyncLoop {
                 // A burst of starts and stops is over: its memory goes back at once.
                 _ = self.burst.settled() => {
                     self.shrink();
-                    tokio::spawn(burst::trim(self.burst.reset()));
+                    tokio::spawn(burst::trim(self.burst.reset(), self.deps.store.clone()));
                 }
                 Some(done) = self.tasks.join_next(), if !self.tasks.is_empty() => {
                     self.burst.note();
