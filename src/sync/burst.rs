@@ -114,6 +114,11 @@ pub async fn trim(events: u32, store: Store) {
     crate::store::collect_garbage();
     crate::malloc::release_unused_stack();
     let _ = tokio::task::spawn_blocking(move || {
+        // What the store's thread would sync later, synced now: after the release of
+        // the code below, that sync would map sled's write path back.
+        if let Err(e) = store.make_durable() {
+            log::error!("store: flush after a burst: {e}");
+        }
         crate::store::collect_garbage();
         crate::malloc::trim();
         let Some(anon) = crate::malloc::anonymous_bytes() else {
