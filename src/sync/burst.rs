@@ -120,9 +120,8 @@ pub async fn trim(events: u32, store: Store) {
             log::error!("store: flush after a burst: {e}");
         }
         crate::store::collect_garbage();
-        crate::malloc::trim();
+        release_and_trim(events);
         let Some(anon) = crate::malloc::anonymous_bytes() else {
-            release_and_trim(events);
             return;
         };
         let baseline = BASELINE.load(Ordering::Relaxed);
@@ -130,12 +129,12 @@ pub async fn trim(events: u32, store: Store) {
             if baseline == 0 {
                 BASELINE.store(anon, Ordering::Relaxed);
             }
-            release_and_trim(events);
             return;
         }
         let t0 = std::time::Instant::now();
         let reopened = store.reopen();
         let took = t0.elapsed();
+        // sled's recovery ran code and freed what it read the files with: both go back.
         crate::store::collect_garbage();
         release_and_trim(events);
         let after = crate::malloc::anonymous_bytes().unwrap_or(anon);
