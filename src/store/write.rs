@@ -74,7 +74,7 @@ impl Store {
         if self.is_holding() {
             return Ok(());
         }
-        if self.pending().is_empty() && !self.inner.written_out.load(Ordering::Acquire) {
+        if !self.inner.needs_sync() {
             return Ok(());
         }
         self.inner.flush()
@@ -356,12 +356,18 @@ impl Inner {
         }
     }
 
+    /// Whether something was written that no durable flush covers yet: still only in
+    /// sled's memory, or written out to the kernel without a sync.
+    fn needs_sync(&self) -> bool {
+        !self.pending().is_empty() || self.written_out.load(Ordering::Acquire)
+    }
+
     /// What the store's next tick would have written, written by whoever closes the
     /// store once its thread has ended.
     fn close(&self) {
         if self.is_holding() {
             self.resume();
-        } else if !self.pending().is_empty() || self.written_out.load(Ordering::Acquire) {
+        } else if self.needs_sync() {
             if let Err(e) = self.flush() {
                 log::error!("store: flush at close: {e}");
             }
