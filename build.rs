@@ -26,6 +26,12 @@
 //! `.ARM.exidx` instead and is left as it is. A build script cannot see the panic
 //! strategy (cargo reports `unwind` to it), so a `cargo test --release` binary gets
 //! this too: there a panic aborts where it would have unwound.
+//!
+//! The same release binaries place the functions the idle agent runs before the rest of
+//! the code (`cross/hot-text.ld`, written by `cross/hot-text.sh`): the kernel maps up to
+//! 64 KiB of the file around each page of code faulted in, and with those functions
+//! spread over all of `.text` that mapped most of it again after every trim. armv7 is
+//! left as it is here too.
 
 use std::env;
 use std::path::{Path, PathBuf};
@@ -33,7 +39,7 @@ use std::process::Command;
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
-    no_unwind_tables();
+    release_link_scripts();
     println!("cargo:rerun-if-changed=cross/apt-foreign.sh");
     println!("cargo:rerun-if-env-changed=LIBSECCOMP_LIB_PATH");
     if env::var_os("CARGO_FEATURE_SECCOMP").is_none()
@@ -88,8 +94,9 @@ fn fetch(deb_arch: &str, into: &Path) {
     }
 }
 
-/// See the module doc: the release binary's link drops the unwind tables.
-fn no_unwind_tables() {
+/// See the module doc: the release binary's link drops the unwind tables and places the
+/// idle agent's code together.
+fn release_link_scripts() {
     println!("cargo:rerun-if-changed=cross/no-unwind-tables.ld");
     let release = env::var("PROFILE").is_ok_and(|p| p == "release");
     // By cfg, not by triple: Yocto names its own targets (aarch64-poky-linux-gnu).
@@ -104,4 +111,8 @@ fn no_unwind_tables() {
         .join("cross/no-unwind-tables.ld");
     println!("cargo:rustc-link-arg-bins=-Wl,--no-eh-frame-hdr");
     println!("cargo:rustc-link-arg-bins=-Wl,-T,{}", script.display());
+    // See the module doc: the code the idle agent runs, together.
+    let hot = script.with_file_name("hot-text.ld");
+    println!("cargo:rerun-if-changed=cross/hot-text.ld");
+    println!("cargo:rustc-link-arg-bins=-Wl,-T,{}", hot.display());
 }

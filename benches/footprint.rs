@@ -25,6 +25,8 @@
 //! - `FOOTPRINT_BURSTS` (1): bursts in a row, to tell memory kept per pod from a
 //!   high-water mark.
 //! - `FOOTPRINT_SKIP=sizes,burst,running,start,writes`: leave those parts out.
+//! - `FOOTPRINT_CODE_PAGES=DIR`: the agent's mapped code pages, fresh and after each
+//!   burst, into DIR (`cross/hot-text.sh` reads them).
 
 mod common;
 
@@ -577,6 +579,7 @@ fn fresh_and_burst(knobs: &Knobs, s: &mut Session, report: &mut Report) {
     std::thread::sleep(knobs.settle);
     let pid = s.pid();
     let fresh_rollup = rollup(pid);
+    save_code_pages(pid, "fresh");
     let (fresh, fresh_anon) = (fresh_rollup.pss, fresh_rollup.pss_anon);
     let fresh_threads = common::threads(pid);
     let fresh_arenas = common::arenas(pid);
@@ -634,6 +637,7 @@ fn fresh_and_burst(knobs: &Knobs, s: &mut Session, report: &mut Report) {
         // Idle again: the same settle as the fresh figure, so the two compare.
         std::thread::sleep(knobs.settle);
         after_rollup = rollup(pid);
+        save_code_pages(pid, &format!("after-burst-{round}"));
         anon_after_each.push(kib_to_mib(after_rollup.pss_anon));
     }
     stop.store(true, Ordering::Relaxed);
@@ -690,6 +694,49 @@ fn fresh_and_burst(knobs: &Knobs, s: &mut Session, report: &mut Report) {
                "anon_mappings_after": common::anon_mappings(pid, 12),
                "up_s": up.as_secs_f64(), "down_s": down.as_secs_f64()}),
     );
+}
+
+/// With `FOOTPRINT_CODE_PAGES=DIR` (set by `cross/hot-text.sh`): the pages of the
+/// agent's code that are mapped at this point, one hex address per line, into
+/// `DIR/<what>.pages`. Read from `/proc/<pid>/pagemap` (root), for the host's 4 KiB pages.
+fn save_code_pages(pid: u32, what: &str) {
+    use std::io::{Read, Seek, SeekFrom};
+    const PAGE: u64 = 4096;
+    let Some(dir) = std::env::var_os("FOOTPRINT_CODE_PAGES") else {
+        return;
+    };
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).expect("the agent's exe");
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).expect("the agent's maps");
+    let mut pagemap =
+        std::fs::File::open(format!("/proc/{pid}/pagemap")).expect("the agent's pagemap");
+    let mut out = String::new();
+    for line in maps.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() < 6 || f[1] != "r-xp" || Path::new(f[5]) != exe {
+            continue;
+        }
+        let range = f[0].split_once('-').and_then(|(lo, hi)| {
+            Some((
+                u64::from_str_radix(lo, 16).ok()?,
+                u64::from_str_radix(hi, 16).ok()?,
+            ))
+        });
+        let Some((lo, hi)) = range.filter(|(lo, hi)| lo < hi) else {
+            continue;
+        };
+        let mut entries = vec![0u8; ((hi - lo) / PAGE * 8) as usize];
+        pagemap
+            .seek(SeekFrom::Start(lo / PAGE * 8))
+            .expect("pagemap");
+        pagemap.read_exact(&mut entries).expect("pagemap");
+        for (i, e) in entries.chunks_exact(8).enumerate() {
+            // Bit 63: the page is present.
+            if e[7] & 0x80 != 0 {
+                out.push_str(&format!("{:x}\n", lo + i as u64 * PAGE));
+            }
+        }
+    }
+    std::fs::write(Path::new(&dir).join(format!("{what}.pages")), out).expect("pages file");
 }
 
 // ---------------------------------------------------------------------------------------
