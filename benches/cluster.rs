@@ -14,10 +14,7 @@
 
 mod common;
 
-#[path = "../tests/support/agent.rs"]
-mod agent;
-#[path = "../tests/support/apiserver/mod.rs"]
-mod apiserver;
+use support::{agent, apiserver};
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};

@@ -2,8 +2,7 @@
 
 #![allow(dead_code)]
 
-#[path = "../tests/support/maps.rs"]
-mod maps;
+use support::maps;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

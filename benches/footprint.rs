@@ -30,10 +30,7 @@
 
 mod common;
 
-#[path = "../tests/support/loopfs.rs"]
-mod loopfs;
-#[path = "../tests/support/oci.rs"]
-mod oci;
+use support::{loopfs, oci};
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};

@@ -11,8 +11,7 @@
 
 mod common;
 
-#[path = "../tests/support/oci.rs"]
-mod oci;
+use support::oci;
 
 use std::path::Path;
 use std::process::Command;

@@ -10,12 +10,7 @@
 //!
 //! Prints a table and writes `target/bench/pull.json`.
 
-#[path = "../tests/support/oci.rs"]
-mod oci;
-#[path = "../tests/support/pki.rs"]
-mod pki;
-#[path = "../tests/support/registry.rs"]
-mod registry;
+use support::{oci, pki, registry};
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

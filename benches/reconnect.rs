@@ -17,8 +17,7 @@
 
 mod common;
 
-#[path = "../tests/support/apiserver/mod.rs"]
-mod apiserver;
+use support::apiserver;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -11,14 +11,7 @@
 //!
 //! Prints a table and writes `target/bench/server.json`.
 
-#[path = "../tests/support/agent.rs"]
-mod agent;
-#[path = "../tests/support/kubelet_api.rs"]
-mod kubelet_api;
-#[path = "../tests/support/pki.rs"]
-mod pki;
-#[path = "../tests/support/spdy_client.rs"]
-mod spdy_client;
+use support::{agent, kubelet_api, spdy_client};
 
 use std::process::Command;
 use std::time::{Duration, Instant};

@@ -9,8 +9,7 @@
 
 mod common;
 
-#[path = "../tests/support/oci.rs"]
-mod oci;
+use support::oci;
 
 use common::{memory, shim_memory, stats, time_runtime, wait, Agent, Shims};
 use std::time::{Duration, Instant};

@@ -4,8 +4,7 @@
 //!
 //! `cargo run --example busybox_image -- OUT.tar [REF] [--arch GOARCH[/VARIANT] --busybox PATH]`
 
-#[path = "../tests/support/oci.rs"]
-mod oci;
+use support::oci;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

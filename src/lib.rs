@@ -69,10 +69,9 @@ pub mod volume;
 pub mod yaml;
 
 mod error;
-#[cfg(test)]
-#[path = "../tests/support/tempdir.rs"]
-mod testutil;
 pub use error::{chain as error_chain, Error};
+#[cfg(test)]
+use support::tempdir as testutil;
 
 /// The version reported by `holdfast version` and in node info.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -2,8 +2,6 @@
 //! ends it (phase Failed, reason DeadlineExceeded, its containers stopped with its grace
 //! period), on time, across an agent restart, and its neighbours run on.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
 use k8s_openapi::jiff::{SignedDuration, Timestamp};

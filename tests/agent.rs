@@ -1,8 +1,6 @@
 //! End-to-end: `holdfast run` on real libcontainer containers, as root, checked the way
 //! a user checks them (`holdfast pods`, log files, processes).
 
-mod support;
-
 use std::time::{Duration, Instant};
 
 use support::agent::{condition, container, container_pid, need_root, pid_alive, Agent};

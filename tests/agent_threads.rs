@@ -6,8 +6,6 @@
 //! the agent opens its store again (here after every burst, not only those that grew
 //! its memory): the store works on, and a restarted agent finds what it wrote.
 
-mod support;
-
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -4,8 +4,7 @@
 //! for byte, and the shape of object bodies (server-generated uids, resourceVersions and
 //! timestamps by form).
 
-#[path = "support/apiserver/mod.rs"]
-mod apiserver;
+use support::apiserver;
 
 use std::time::Duration;
 

@@ -3,8 +3,6 @@
 //! host the agent would take over this test's own cgroup: the VM test (tests/vm, cgroup
 //! v2 only, the agent started in a unit's cgroup as systemd does) covers that side.
 
-mod support;
-
 use std::path::Path;
 use std::time::Duration;
 

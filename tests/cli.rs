@@ -1,15 +1,16 @@
 //! The `holdfast` command line as a user meets it: subcommands, their output and exit
 //! codes, and clear errors for bad flags and config files.
 
-mod support;
-
 use std::process::{Command, Output};
 
-use support::agent::{need_root, oci, BIN};
+use support::agent::{bin, need_root, oci};
 use support::tempdir::TempDir;
 
 fn holdfast(args: &[&str]) -> Output {
-    Command::new(BIN).args(args).output().expect("run holdfast")
+    Command::new(bin())
+        .args(args)
+        .output()
+        .expect("run holdfast")
 }
 
 fn text(o: &Output) -> String {
@@ -198,7 +199,7 @@ fn output_to_a_closed_pipe_ends_quietly() {
 fn into_closed_pipe(args: &[&str]) -> Output {
     let (read, write) = nix::unistd::pipe().expect("pipe");
     drop(read);
-    Command::new(BIN)
+    Command::new(bin())
         .args(args)
         .stdout(std::process::Stdio::from(write))
         .output()

@@ -5,10 +5,7 @@
 //! nothing with a 1970 time may reach the cluster, times taken before the jump arrive
 //! corrected, the lease is renewed with the new time, and no retry storm follows.
 
-mod support;
-
-#[path = "support/apiserver/mod.rs"]
-mod apiserver;
+use support::apiserver;
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};

@@ -14,10 +14,7 @@
 //! and a second CA and an expired certificate made at will
 //! (`a_kubeconfig_that_cannot_work_leaves_the_pods_running`).
 
-mod support;
-
-#[path = "support/apiserver/mod.rs"]
-mod apiserver;
+use support::apiserver;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -535,7 +532,7 @@ fn status_shows_the_uplink_go_down_and_come_back() {
             && s["uplink"]["nextRetry"].is_string()
             && s["uplink"]["since"].is_string()
     });
-    let text = std::process::Command::new(support::agent::BIN)
+    let text = std::process::Command::new(support::agent::bin())
         .args(["status", "--root-dir"])
         .arg(&a.root)
         .output()

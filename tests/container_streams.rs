@@ -4,12 +4,7 @@
 //! PATH still runs `sh` with containerd's default one. Real containers (as root), exec
 //! through the kubelet API with Python's websocket-client.
 
-#[path = "support/agent.rs"]
-mod agent;
-#[path = "support/kubelet_api.rs"]
-mod kubelet_api;
-#[path = "support/pki.rs"]
-mod pki;
+use support::{agent, kubelet_api};
 
 use std::time::Duration;
 

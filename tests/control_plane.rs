@@ -3,10 +3,7 @@
 //! `holdfast run --kubeconfig` as a node, real containers, and everything checked the
 //! way a user sees it, through the real kubectl.
 
-mod support;
-
-#[path = "support/control_plane/mod.rs"]
-mod control_plane;
+use support::control_plane;
 
 use std::time::{Duration, Instant};
 

@@ -2,10 +2,7 @@
 //! waits for a ConfigMap made after it, and a Deployment rolled out, scaled and deleted,
 //! its pods coming and going on the holdfast node.
 
-mod support;
-
-#[path = "support/control_plane/mod.rs"]
-mod control_plane;
+use support::control_plane;
 
 use std::collections::BTreeMap;
 use std::time::Instant;

@@ -3,8 +3,6 @@
 //! container that exits, each failed try leaves nothing behind, and a healthy pod
 //! beside it runs on undisturbed.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
 use serde_json::Value;

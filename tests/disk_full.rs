@@ -3,17 +3,7 @@
 //! running, DiskPressure reaches the cluster, the store loses nothing and is intact,
 //! and writes resume once space frees. As root.
 
-mod support;
-
-#[path = "support/apiserver/mod.rs"]
-mod apiserver;
-#[path = "support/loopfs.rs"]
-mod loopfs;
-#[path = "support/proxy.rs"]
-mod proxy;
-
-#[path = "support/offline.rs"]
-mod site;
+use support::{apiserver, loopfs, offline as site};
 
 use std::time::{Duration, Instant};
 

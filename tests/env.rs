@@ -2,10 +2,7 @@
 //! --kubeconfig` against the kube-apiserver double, real containers that print their
 //! environment to their log, ConfigMaps and Secrets put at the double.
 
-mod support;
-
-#[path = "support/apiserver/mod.rs"]
-mod apiserver;
+use support::apiserver;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

@@ -7,13 +7,7 @@
 //! test's own, the leftovers of a finished pod are reclaimed first, and only then is
 //! the pod that fills the disk evicted.
 
-mod support;
-
-#[path = "support/apiserver/mod.rs"]
-mod apiserver;
-
-#[path = "support/loopfs.rs"]
-mod loopfs;
+use support::{apiserver, loopfs};
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -4,12 +4,7 @@
 //! network files, `/dev/shm` and cgroups). Real containers (as root), logs through the
 //! kubelet API.
 
-#[path = "support/agent.rs"]
-mod agent;
-#[path = "support/kubelet_api.rs"]
-mod kubelet_api;
-#[path = "support/pki.rs"]
-mod pki;
+use support::{agent, kubelet_api};
 
 use std::time::Duration;
 

@@ -4,10 +4,7 @@
 //! included, divided by the pods. A measurement, not a check: it prints the figure
 //! (run with `--ignored --nocapture`, as root).
 
-mod support;
-
-#[path = "support/loopfs.rs"]
-mod loopfs;
+use support::loopfs;
 
 use std::time::Duration;
 

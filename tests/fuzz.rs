@@ -7,14 +7,7 @@
 //!
 //! `cargo test --test fuzz -- --ignored write_seed_corpus` rebuilds the generated seeds.
 
-#[path = "support/fuzz.rs"]
-mod fuzz;
-#[path = "support/oci.rs"]
-mod oci;
-#[path = "support/pki.rs"]
-mod pki;
-#[path = "support/tempdir.rs"]
-mod tempdir;
+use support::{fuzz, oci, pki, tempdir};
 
 use std::fs;
 use std::io::Write;

@@ -4,12 +4,7 @@
 //! A renamed or misspelled series fails here, not on an empty panel. Real containers
 //! (as root) for the exported names; the dashboard's shape needs no root.
 
-#[path = "support/agent.rs"]
-mod agent;
-#[path = "support/kubelet_api.rs"]
-mod kubelet_api;
-#[path = "support/pki.rs"]
-mod pki;
+use support::{agent, kubelet_api};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;

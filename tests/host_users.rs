@@ -3,12 +3,7 @@
 //! `setpriv`, as an unprivileged user of the gateway would try it. Also the logs of a
 //! pod whose names are the longest the API allows.
 
-#[path = "support/agent.rs"]
-mod agent;
-#[path = "support/kubelet_api.rs"]
-mod kubelet_api;
-#[path = "support/pki.rs"]
-mod pki;
+use support::{agent, kubelet_api};
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;

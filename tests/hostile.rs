@@ -4,12 +4,7 @@
 //! fails saying why, and once its manifest is removed nothing of it is left: no
 //! container, cgroup, mount or shim process. Real containers (as root).
 
-#[path = "support/agent.rs"]
-mod agent;
-#[path = "support/kubelet_api.rs"]
-mod kubelet_api;
-#[path = "support/pki.rs"]
-mod pki;
+use support::{agent, kubelet_api, pki};
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

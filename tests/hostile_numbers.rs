@@ -3,8 +3,6 @@
 //! command line or subPath that repeats a variable) stop nothing but the pod that wrote
 //! them. The agent stays up, and the other pods run on.
 
-mod support;
-
 use std::time::Duration;
 
 use serde_json::Value;

@@ -4,12 +4,7 @@
 //! its age; a blob two images share is counted once; when the unused images cannot free
 //! enough it says so in the kubelet's words.
 
-#[path = "support/loopfs.rs"]
-mod loopfs;
-#[path = "support/oci.rs"]
-mod oci;
-#[path = "support/tempdir.rs"]
-mod tempdir;
+use support::{loopfs, oci, tempdir};
 
 use std::time::Duration;
 

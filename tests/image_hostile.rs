@@ -3,14 +3,7 @@
 //! import onto a full disk says the disk is full, and healthy imports work afterwards;
 //! a pull of a layer larger than the free space stops before writing it.
 
-#[path = "support/loopfs.rs"]
-mod loopfs;
-#[path = "support/oci.rs"]
-mod oci;
-#[path = "support/pki.rs"]
-mod pki;
-#[path = "support/registry.rs"]
-mod registry;
+use support::{loopfs, oci, pki, registry};
 
 use std::fs::{self, File};
 use std::io::{self, Read, Write};

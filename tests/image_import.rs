@@ -1,8 +1,7 @@
 //! Importing real archives into a real image store (sled file, content dir) as root:
 //! busybox as an OCI layout, a docker-save tar, hostile layers, bad digests, removal.
 
-#[path = "support/oci.rs"]
-mod oci;
+use support::oci;
 
 use std::fs;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};

@@ -4,10 +4,7 @@
 //! Output is checked byte for byte: stdout and stderr each hold exactly what the
 //! command wrote, and the exit code is the command's.
 
-mod support;
-
-#[path = "support/control_plane/mod.rs"]
-mod control_plane;
+use support::control_plane;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

@@ -3,12 +3,7 @@
 //! client CA check refuses for reasons other than their issuer (no v3 extensions,
 //! expired). Runs as root (the agent is real).
 
-#[path = "support/agent.rs"]
-mod agent;
-#[path = "support/kubelet_api.rs"]
-mod kubelet_api;
-#[path = "support/pki.rs"]
-mod pki;
+use support::{agent, kubelet_api};
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Ipv4Addr, SocketAddrV4, TcpStream};

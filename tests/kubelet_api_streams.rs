@@ -2,14 +2,7 @@
 //! real clients: Python's websocket-client and a SPDY/3.1 client built here from the
 //! protocol's spec. Real containers (as root).
 
-#[path = "support/agent.rs"]
-mod agent;
-#[path = "support/kubelet_api.rs"]
-mod kubelet_api;
-#[path = "support/pki.rs"]
-mod pki;
-#[path = "support/spdy_client.rs"]
-mod spdy_client;
+use support::{agent, kubelet_api, spdy_client};
 
 use std::time::{Duration, Instant};
 

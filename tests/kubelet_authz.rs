@@ -10,12 +10,7 @@
 //! Prints the latency authorization adds (first request against cached) and the
 //! cache hit ratio of the run, read from `/metrics`.
 
-mod support;
-
-#[path = "support/control_plane/mod.rs"]
-mod control_plane;
-#[path = "support/proxy.rs"]
-mod proxy;
+use support::{control_plane, proxy};
 
 use std::path::Path;
 use std::process::Command;

@@ -2,8 +2,6 @@
 //! sidecars (init containers with `restartPolicy: Always`) and the postStart and
 //! preStop hooks, on real containers, checked as `kubectl get pod -o yaml` shows them.
 
-mod support;
-
 use std::path::Path;
 use std::time::Duration;
 

@@ -4,10 +4,7 @@
 //! new Node's UID, and a mirror pod force-deleted in the API is made again, by a running
 //! agent and by one restarted after the deletion.
 
-mod support;
-
-#[path = "support/control_plane/mod.rs"]
-mod control_plane;
+use support::control_plane;
 
 use std::time::{Duration, Instant};
 

@@ -9,15 +9,7 @@
 //! before is reset, as it would be after an outage longer than every client and
 //! server timeout.
 
-mod support;
-
-#[path = "support/apiserver/mod.rs"]
-mod apiserver;
-#[path = "support/proxy.rs"]
-mod proxy;
-
-#[path = "support/offline.rs"]
-mod site;
+use support::{apiserver, offline as site, proxy};
 
 use site::*;
 use std::collections::BTreeMap;
@@ -344,7 +336,7 @@ fn a_reboot_while_offline_gives_a_pod_its_secret_and_configmap_env_from_the_stor
     // the runtime's own, with the runtime's environment.
     let check = |a: &Agent, p: &Value, when: &str| {
         let pid = container_pid(a, p);
-        let runtime = std::fs::canonicalize(support::agent::BIN).ok();
+        let runtime = std::fs::canonicalize(support::agent::bin()).ok();
         let deadline = Instant::now() + Duration::from_secs(10);
         while std::fs::read_link(format!("/proc/{pid}/exe")).ok() == runtime {
             assert!(
@@ -637,4 +629,168 @@ fn a_restarted_agent_resumes_its_watch_from_the_stored_resource_version() {
     let steady = s.a.pod("steady").expect("steady");
     assert_eq!(container_id(&steady), steady_id, "steady was restarted");
     s.finish();
+}
+
+/// The proxy itself: what the tests above rely on it to do.
+mod uplink_proxy {
+    use std::io::{ErrorKind, Read, Write};
+    use std::net::{SocketAddr, TcpListener, TcpStream};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use support::proxy::{Mode, Proxy};
+
+    const POLL: Duration = Duration::from_millis(20);
+
+    /// An echo server on 127.0.0.1 whose threads end when the listener's owner drops it.
+    struct Echo {
+        addr: SocketAddr,
+        stop: Arc<AtomicBool>,
+    }
+
+    impl Echo {
+        fn start() -> Echo {
+            let listener = TcpListener::bind("127.0.0.1:0").expect("bind echo");
+            let addr = listener.local_addr().expect("echo address");
+            let stop = Arc::new(AtomicBool::new(false));
+            let s = stop.clone();
+            std::thread::spawn(move || {
+                for conn in listener.incoming() {
+                    if s.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    let Ok(mut c) = conn else { continue };
+                    let s = s.clone();
+                    std::thread::spawn(move || {
+                        let _ = c.set_read_timeout(Some(POLL));
+                        let mut buf = [0u8; 1024];
+                        while !s.load(Ordering::SeqCst) {
+                            match c.read(&mut buf) {
+                                Ok(0) => return,
+                                Ok(n) => {
+                                    if c.write_all(&buf[..n]).is_err() {
+                                        return;
+                                    }
+                                }
+                                Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+                                Err(e) if e.kind() == ErrorKind::TimedOut => {}
+                                Err(_) => return,
+                            }
+                        }
+                    });
+                }
+            });
+            Echo { addr, stop }
+        }
+    }
+
+    impl Drop for Echo {
+        fn drop(&mut self) {
+            self.stop.store(true, Ordering::SeqCst);
+            let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
+        }
+    }
+
+    fn client(proxy: &Proxy) -> TcpStream {
+        let c = TcpStream::connect(proxy.addr()).expect("connect to the proxy");
+        c.set_read_timeout(Some(Duration::from_millis(300)))
+            .expect("read timeout");
+        c
+    }
+
+    /// What comes back within the read timeout: Ok(bytes), or the error kind.
+    fn echo(c: &mut TcpStream, msg: &[u8]) -> Result<Vec<u8>, ErrorKind> {
+        c.write_all(msg).map_err(|e| e.kind())?;
+        let mut got = Vec::new();
+        let mut buf = [0u8; 64];
+        while got.len() < msg.len() {
+            match c.read(&mut buf) {
+                Ok(0) => return Err(ErrorKind::UnexpectedEof),
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+                Err(e) => return Err(e.kind()),
+            }
+        }
+        Ok(got)
+    }
+
+    fn is_timeout(k: ErrorKind) -> bool {
+        matches!(k, ErrorKind::WouldBlock | ErrorKind::TimedOut)
+    }
+
+    #[test]
+    fn proxy_passes_holds_and_resumes() {
+        let upstream = Echo::start();
+        let proxy = Proxy::start(upstream.addr);
+        let mut c = client(&proxy);
+        assert_eq!(echo(&mut c, b"hello"), Ok(b"hello".to_vec()));
+        assert_eq!(proxy.connections(), 1);
+
+        // Blackhole: the open connection stalls and a new one is accepted and held.
+        proxy.set_mode(Mode::Blackhole);
+        let stalled = echo(&mut c, b"during");
+        assert!(
+            stalled.as_ref().is_err_and(|k| is_timeout(*k)),
+            "{stalled:?}"
+        );
+        let mut held = client(&proxy);
+        let r = echo(&mut held, b"new");
+        assert!(r.as_ref().is_err_and(|k| is_timeout(*k)), "{r:?}");
+        assert_eq!(proxy.connections(), 2);
+        assert_eq!(proxy.open_connections(), 2);
+
+        // Back to Pass: both go on where they stopped, nothing lost.
+        proxy.set_mode(Mode::Pass);
+        let mut buf = [0u8; 16];
+        let n = c.read(&mut buf).expect("stalled bytes arrive");
+        assert_eq!(&buf[..n], b"during");
+        let n = held.read(&mut buf).expect("held connection forwards");
+        assert_eq!(&buf[..n], b"new");
+        assert_eq!(echo(&mut c, b"after"), Ok(b"after".to_vec()));
+    }
+
+    #[test]
+    fn proxy_resets_open_and_new_connections() {
+        let upstream = Echo::start();
+        let proxy = Proxy::start(upstream.addr);
+        let mut c = client(&proxy);
+        assert_eq!(echo(&mut c, b"x"), Ok(b"x".to_vec()));
+        proxy.set_mode(Mode::Blackhole);
+        let mut held = client(&proxy);
+
+        proxy.set_mode(Mode::Reset);
+        assert_eq!(proxy.open_connections(), 0);
+        let mut buf = [0u8; 4];
+        let r = c.read(&mut buf).map_err(|e| e.kind());
+        assert_eq!(r, Err(ErrorKind::ConnectionReset));
+        let r = held.read(&mut buf).map_err(|e| e.kind());
+        assert_eq!(r, Err(ErrorKind::ConnectionReset));
+
+        // A new connection is reset as soon as it is accepted.
+        let mut fresh = client(&proxy);
+        let r = fresh.read(&mut buf).map_err(|e| e.kind());
+        assert_eq!(r, Err(ErrorKind::ConnectionReset));
+        assert_eq!(proxy.connections(), 3);
+
+        proxy.set_mode(Mode::Pass);
+        let mut again = client(&proxy);
+        assert_eq!(echo(&mut again, b"ok"), Ok(b"ok".to_vec()));
+    }
+
+    #[test]
+    fn proxy_threads_end_when_dropped() {
+        let upstream = Echo::start();
+        let proxy = Proxy::start(upstream.addr);
+        let mut c = client(&proxy);
+        assert_eq!(echo(&mut c, b"x"), Ok(b"x".to_vec()));
+        proxy.set_mode(Mode::Blackhole);
+        let _held = client(&proxy);
+        let threads = proxy.threads();
+        drop(proxy);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !threads.ended() && Instant::now() < deadline {
+            std::thread::sleep(POLL);
+        }
+        assert!(threads.ended(), "proxy threads still run");
+    }
 }

@@ -5,16 +5,13 @@
 //! holdfast reads without a warning), the board profiles, the manifest folder and a
 //! state dir only root can enter. The tarball holds the same files. As root (dpkg).
 
-mod support;
-
-#[path = "support/systemd.rs"]
-mod systemd;
+use support::systemd;
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::process::{Command, Output};
 
-use support::agent::{need_root, BIN};
+use support::agent::{bin, need_root};
 use support::tempdir::TempDir;
 
 const TRIPLE: &str = "x86_64-unknown-linux-gnu";
@@ -44,7 +41,7 @@ fn build(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
     run(Command::new("strip")
         .arg("-o")
         .arg(release.join("holdfast"))
-        .arg(BIN));
+        .arg(bin()));
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
     let out = dir.join("deb");
     run(Command::new("bash")

@@ -8,12 +8,7 @@
 //! in the cluster meanwhile (taint-based eviction), and the gateway stops it once the
 //! link is back.
 
-mod support;
-
-#[path = "support/control_plane/mod.rs"]
-mod control_plane;
-#[path = "support/proxy.rs"]
-mod proxy;
+use support::{control_plane, proxy};
 
 use std::time::{Duration, Instant};
 

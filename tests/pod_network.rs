@@ -4,8 +4,6 @@
 //! `/etc/hosts` follow the pod's DNS settings, and neither a removed pod nor an agent
 //! killed at a bad moment leaks a lease, a rule or a namespace.
 
-mod support;
-
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};

@@ -2,10 +2,7 @@
 //! message, then sent whole (PUT of `/status`) so the API converges. Against the
 //! kube-apiserver double: only the double can refuse one chosen request on demand.
 
-mod support;
-
-#[path = "support/apiserver/mod.rs"]
-mod apiserver;
+use support::apiserver;
 
 use std::time::Duration;
 

@@ -2,10 +2,7 @@
 //! NodeRestriction, kube-controller-manager): what `kubectl` shows of a pod holdfast
 //! runs in a namespace made a moment before, with its own network.
 
-mod support;
-
-#[path = "support/control_plane/mod.rs"]
-mod control_plane;
+use support::control_plane;
 
 use std::time::Duration;
 

@@ -2,14 +2,12 @@
 //! SIGKILL at random moments while static pods come and go, and its store is replaced
 //! by garbage under a running pod. Nothing wanted is lost, nothing runs twice.
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use support::agent::{container, container_pid, need_root, pid_alive, Agent, BIN};
+use support::agent::{bin, container, container_pid, need_root, pid_alive, Agent};
 
 const MIN: Duration = Duration::from_secs(60);
 
@@ -164,7 +162,7 @@ fn a_store_of_garbage_is_moved_aside_and_running_containers_are_adopted() {
         .filter(|e| e.file_name().to_string_lossy().starts_with("db.broken-"))
         .collect();
     assert_eq!(aside.len(), 1, "the old store is kept beside the new one");
-    let out = Command::new(BIN)
+    let out = Command::new(bin())
         .args(["pods", "--root-dir"])
         .arg(&a.root)
         .output()

@@ -4,8 +4,6 @@
 //! read control files on a hostPath volume the test owns, so the test decides when a
 //! probe passes.
 
-mod support;
-
 use std::path::Path;
 use std::time::Duration;
 

@@ -5,14 +5,7 @@
 //! with its progress, `image prune`, and a cluster pod whose pull secret comes through
 //! the kube-apiserver double, with the kubelet's events and no credential in the log.
 
-mod support;
-
-#[path = "support/apiserver/mod.rs"]
-mod apiserver;
-// The double's copy of the test PKI, which the registry support uses as `crate::pki`.
-use apiserver::pki;
-#[path = "support/registry.rs"]
-mod registry;
+use support::{apiserver, pki, registry};
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -24,7 +17,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::ByteString;
 use registry::{Auth, Registry};
 use serde_json::Value;
-use support::agent::{container, need_root, oci, Agent, BIN};
+use support::agent::{bin, container, need_root, oci, Agent};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -258,7 +251,7 @@ fn image_pull_goes_through_the_running_agent_and_prune_keeps_what_pods_use() {
     };
     assert_eq!(metric("holdfast_image_pull_duration_seconds_count"), 0.0);
     let pull = |r: &str| {
-        Command::new(BIN)
+        Command::new(bin())
             .args(["image", "pull", r, "--root-dir"])
             .arg(&a.root)
             .output()
@@ -286,7 +279,7 @@ fn image_pull_goes_through_the_running_agent_and_prune_keeps_what_pods_use() {
 
     a.write_manifest("uses-app.yaml", &pod_yaml("uses-app", &app, "IfNotPresent"));
     a.wait_pod("uses-app", "running", WAIT, running);
-    let out = Command::new(BIN)
+    let out = Command::new(bin())
         .args(["image", "prune", "--root-dir"])
         .arg(&a.root)
         .output()
@@ -296,7 +289,7 @@ fn image_pull_goes_through_the_running_agent_and_prune_keeps_what_pods_use() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let ls = Command::new(BIN)
+    let ls = Command::new(bin())
         .args(["image", "ls", "--root-dir"])
         .arg(&a.root)
         .output()

@@ -8,16 +8,7 @@
 //! entries for the other platforms (of linux/amd64, linux/arm64, linux/arm/v7) are small
 //! images whose one file, `/etc/platform`, names their platform.
 
-#[path = "support/oci.rs"]
-mod oci;
-#[path = "support/pki.rs"]
-mod pki;
-#[path = "support/proxy.rs"]
-mod proxy;
-#[path = "support/registry.rs"]
-mod registry;
-#[path = "support/tempdir.rs"]
-mod tempdir;
+use support::{oci, pki, proxy, registry, tempdir};
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

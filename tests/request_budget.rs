@@ -4,10 +4,7 @@
 //! 6 a minute being the floor; and `holdfast_api_requests_total` agrees with the audit
 //! log's count.
 
-mod support;
-
-#[path = "support/control_plane/mod.rs"]
-mod control_plane;
+use support::control_plane;
 
 use std::collections::HashSet;
 use std::path::Path;

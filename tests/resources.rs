@@ -3,10 +3,7 @@
 //! its containers run in it; pods that do not fit in the node's allocatable are
 //! rejected with the kubelet's reasons and messages.
 
-mod support;
-
-#[path = "support/apiserver/mod.rs"]
-mod apiserver;
+use support::apiserver;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -2,8 +2,7 @@
 //! and cgroups; the image is one busybox layer built from the host's busybox-static.
 //! Every test cleans up its containers, mounts, cgroups and directories, even on failure.
 
-#[path = "support/maps.rs"]
-mod maps;
+use support::maps;
 mod runtime_support;
 
 use std::path::PathBuf;

@@ -6,8 +6,6 @@
 //! capabilities, run filtered too. `unshare -U` tells a filter from none: a user
 //! namespace needs no capability, so only the filter refuses it.
 
-mod support;
-
 use std::time::Duration;
 
 use support::agent::{condition, line, need_root, Agent};

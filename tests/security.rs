@@ -3,8 +3,6 @@
 //! root, the owner of its volume), and what it may not ask for is refused with the
 //! kubelet's reasons and messages.
 
-mod support;
-
 use std::time::Duration;
 
 use serde_json::Value;

@@ -5,10 +5,7 @@
 //! serves the cluster's certificate without a restart and `kubectl logs` and `exec`
 //! work; a restart serves the kept certificate at once, asking for no new one. As root.
 
-mod support;
-
-#[path = "support/control_plane/mod.rs"]
-mod control_plane;
+use support::control_plane;
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, TcpStream};

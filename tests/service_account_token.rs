@@ -6,10 +6,7 @@
 //! pod whose token cannot be minted waits with the kubelet's FailedMount event and
 //! starts once it can.
 
-mod support;
-
-#[path = "support/control_plane/mod.rs"]
-mod control_plane;
+use support::control_plane;
 
 use std::process::{Command, Stdio};
 use std::time::Duration;

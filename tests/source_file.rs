@@ -7,8 +7,7 @@ use holdfast::source::{read_manifests, spawn_file_source, SourceSnapshot, CONFIG
 use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::mpsc;
 
-#[path = "support/tempdir.rs"]
-mod tempdir;
+use support::tempdir;
 use tempdir::TempDir;
 
 const NODE: &str = "gw-1";

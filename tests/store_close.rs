@@ -2,8 +2,7 @@
 //! its directory again (another process may own it by then, or a test removes it).
 //! Threads are counted by name, so the tests in this file run one at a time.
 
-#[path = "support/tempdir.rs"]
-mod tempdir;
+use support::tempdir;
 
 use std::fs::OpenOptions;
 use std::os::unix::fs::OpenOptionsExt;

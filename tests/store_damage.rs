@@ -4,14 +4,12 @@
 //! and not believed; a panic inside sled at open moves the store aside instead of
 //! taking the agent down.
 
-mod support;
-
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use support::agent::{container, container_pid, need_root, pid_alive, Agent, BIN};
+use support::agent::{bin, container, container_pid, need_root, pid_alive, Agent};
 
 const MIN: Duration = Duration::from_secs(60);
 
@@ -48,7 +46,7 @@ fn broken_stores(root: &Path) -> Vec<PathBuf> {
 }
 
 fn holdfast(args: &[&str], root: &Path) -> std::process::Output {
-    Command::new(BIN)
+    Command::new(bin())
         .args(args)
         .arg("--root-dir")
         .arg(root)

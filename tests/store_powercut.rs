@@ -5,10 +5,7 @@
 //! mounted (the journal replayed) and opened as the agent would open it at the next boot.
 //! Takes about 30 s: the last part waits for the store's thread to sync by itself.
 
-mod support;
-
-#[path = "support/loopfs.rs"]
-mod loopfs;
+use support::loopfs;
 
 use std::path::Path;
 use std::time::{Duration, Instant};

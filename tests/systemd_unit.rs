@@ -3,10 +3,7 @@
 //! would: `READY=1` once it serves, `WATCHDOG=1` within every `WATCHDOG_USEC`,
 //! `STOPPING=1` on SIGTERM, and no child of the agent inherits `NOTIFY_SOCKET`.
 
-mod support;
-
-#[path = "support/systemd.rs"]
-mod systemd;
+use support::systemd;
 
 use std::io;
 use std::os::linux::net::SocketAddrExt;
@@ -14,7 +11,7 @@ use std::os::unix::net::{SocketAddr, UnixDatagram};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use support::agent::{container_pid, need_root, sh_pod, Agent, BIN};
+use support::agent::{bin, container_pid, need_root, sh_pod, Agent};
 use support::tempdir::TempDir;
 
 const MIN: Duration = Duration::from_secs(60);
@@ -230,7 +227,7 @@ fn abstract_socket_and_a_watchdog_meant_for_another_process() {
     systemd.read(Duration::from_secs(1), |_| false);
     assert_eq!(
         arrivals(&systemd.got, "WATCHDOG=1"),
-        vec![],
+        Vec::<Instant>::new(),
         "{:?}",
         systemd.messages()
     );
@@ -280,7 +277,7 @@ fn unit_for_verify(dir: &Path) -> std::path::PathBuf {
         "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n",
     )
     .expect("config");
-    systemd::unit_at(dir, &text, Path::new(BIN), &config)
+    systemd::unit_at(dir, &text, bin(), &config)
 }
 
 #[test]

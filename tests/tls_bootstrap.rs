@@ -6,10 +6,7 @@
 //! controller, its certificate is rotated while a pod runs, and a node whose certificate
 //! expired offline with a dead token says so in `holdfast status` and keeps its pods.
 
-mod support;
-
-#[path = "support/control_plane/mod.rs"]
-mod control_plane;
+use support::control_plane;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};

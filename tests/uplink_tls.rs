@@ -2,10 +2,7 @@
 //! certificates, tokens, tls-server-name), and against a scripted plain-HTTP peer for
 //! what the double does not do on purpose (oversized bodies, broken watches).
 
-#[path = "support/apiserver/mod.rs"]
-mod apiserver;
-#[path = "support/tempdir.rs"]
-mod tempdir;
+use support::{apiserver, tempdir};
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};

@@ -4,10 +4,7 @@
 //! and emptyDir, hostPath, subPath and readOnly of a static pod; what the pod leaves
 //! goes with it.
 
-mod support;
-
-#[path = "support/apiserver/mod.rs"]
-mod apiserver;
+use support::apiserver;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

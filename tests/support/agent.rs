@@ -11,10 +11,26 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-#[path = "oci.rs"]
-pub mod oci;
+pub use crate::oci;
 
-pub const BIN: &str = env!("CARGO_BIN_EXE_holdfast");
+/// The `holdfast` binary under test: `HOLDFAST_BIN` if set (another build, such as an
+/// older commit's), else the one cargo built beside the running test or bench (cargo
+/// builds a package's binaries for its integration tests and benches).
+pub fn bin() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let bin = std::env::var_os("HOLDFAST_BIN")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| crate::profile_dir().join("holdfast"));
+        assert!(
+            bin.is_file(),
+            "no holdfast binary at {}: build it (`cargo build`, which `cargo test` and \
+             `cargo bench` do) or point HOLDFAST_BIN at one",
+            bin.display()
+        );
+        bin
+    })
+}
 
 /// Skips the calling test (with a printed reason) when not root: containers need it.
 pub fn need_root() -> bool {
@@ -32,7 +48,7 @@ fn busybox_tar() -> &'static Path {
     TAR.get_or_init(|| {
         // Under target/ (removed by `cargo clean`), rebuilt once per test run, swapped in
         // whole so a concurrent reader never sees half of it.
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR"));
+        let dir = crate::target_tmpdir();
         std::fs::create_dir_all(dir).expect("target tmp dir");
         let tar = dir.join("busybox-demo.tar");
         let tmp = dir.join(format!(".busybox-demo.tar.{}", std::process::id()));
@@ -145,7 +161,7 @@ impl Agent {
             .append(true)
             .open(&self.log)
             .expect("agent log");
-        let child = Command::new(BIN)
+        let child = Command::new(bin())
             .arg("run")
             .arg("--config")
             .arg(self.dir.join("config.yaml"))
@@ -224,7 +240,7 @@ impl Agent {
     }
 
     fn try_pods(&self) -> Option<Vec<Value>> {
-        let out = Command::new(BIN)
+        let out = Command::new(bin())
             .args(["pods", "-o", "json", "--root-dir"])
             .arg(&self.root)
             .output()
@@ -243,7 +259,7 @@ impl Agent {
     /// What `holdfast status --json` prints (uplink, outbox, store size, pods).
     #[allow(dead_code)]
     pub fn status(&self) -> Value {
-        let out = Command::new(BIN)
+        let out = Command::new(bin())
             .args(["status", "--json", "--root-dir"])
             .arg(&self.root)
             .output()
@@ -258,7 +274,7 @@ impl Agent {
 
     /// The table `holdfast pods` prints.
     pub fn pods_table(&self) -> String {
-        let out = Command::new(BIN)
+        let out = Command::new(bin())
             .args(["pods", "--root-dir"])
             .arg(&self.root)
             .output()
@@ -402,7 +418,7 @@ impl Agent {
     /// Stops the agent and removes everything (`holdfast reset`).
     pub fn reset(&mut self) {
         self.kill9();
-        let out = Command::new(BIN)
+        let out = Command::new(bin())
             .args(["reset", "--root-dir"])
             .arg(&self.root)
             .arg("--cgroup-root")
@@ -439,7 +455,7 @@ pub fn cgroup_dirs(path: &str) -> Vec<PathBuf> {
 impl Drop for Agent {
     fn drop(&mut self) {
         self.kill9();
-        let _ = Command::new(BIN)
+        let _ = Command::new(bin())
             .args(["reset", "--root-dir"])
             .arg(&self.root)
             .arg("--cgroup-root")

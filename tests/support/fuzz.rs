@@ -177,7 +177,7 @@ fn seed_for(name: &str) -> u64 {
 }
 
 pub fn repo_path(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
+    crate::repo_root().join(rel)
 }
 
 /// The files of a directory, sorted by name; empty when it does not exist.

@@ -87,9 +87,15 @@ impl LoopFs {
 
     /// Bytes free there, as `df` shows them.
     pub fn free(&self) -> u64 {
-        holdfast::node::facts::statfs(&self.mount)
-            .map(|s| s.available)
-            .unwrap_or(0)
+        let Ok(st) = nix::sys::statvfs::statvfs(&self.mount) else {
+            return 0;
+        };
+        // statvfs counts blocks of the fragment size (the block size where that is 0).
+        let fragment = match widen(st.fragment_size()) {
+            0 => widen(st.block_size()),
+            f => f,
+        };
+        widen(st.blocks_available()).saturating_mul(fragment)
     }
 
     /// Fills the filesystem: writes `name` until no block is left. Returns its path.
@@ -171,4 +177,9 @@ impl LoopFs {
         let after = self.bytes_written()?;
         Ok((after.saturating_sub(before), out))
     }
+}
+
+/// statvfs counts are 32 bits wide on some targets and 64 on others.
+fn widen<T: Into<u64>>(n: T) -> u64 {
+    n.into()
 }

@@ -2,8 +2,7 @@
 //! and `docker save` tars from in-memory layers, including layers with hostile entry
 //! names that well-behaved tar writers refuse to produce.
 //!
-//! Included by path (`#[path = "support/oci.rs"] mod oci;`), so it uses only std, tar,
-//! flate2, ruzstd, sha2 and serde_json.
+//! It uses only std, tar, flate2, ruzstd, sha2 and serde_json.
 #![allow(dead_code)]
 
 use std::fs;

@@ -6,26 +6,26 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+pub use crate::agent::pid_alive;
+use crate::agent::{container, Agent};
 use crate::apiserver::{ApiServerDouble, Identity, KubeconfigOptions, Options};
 use crate::proxy::{Mode, Proxy};
-pub(crate) use crate::support::agent::pid_alive;
-use crate::support::agent::{container, Agent};
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use k8s_openapi::jiff::Timestamp;
 use serde_json::Value;
 
-pub(crate) const NODE: &str = "edge-node-1";
-pub(crate) const WAIT: Duration = Duration::from_secs(60);
+pub const NODE: &str = "edge-node-1";
+pub const WAIT: Duration = Duration::from_secs(60);
 /// How long the link stays down once the outage's events have happened: several node
 /// status periods (1 s), lease renewals and crash-loop back-offs of the test config.
-pub(crate) const OUTAGE: Duration = Duration::from_secs(4);
+pub const OUTAGE: Duration = Duration::from_secs(4);
 
 /// Runs forever; exits 3 once `/tmp/crash` appears in its own root (a new container
 /// after a restart has a fresh `/tmp`, so it runs on).
-pub(crate) const CRASH_ON_SIGNAL: &str = "while [ ! -e /tmp/crash ]; do sleep 0.1; done; exit 3";
-pub(crate) const RUN_FOREVER: &str = "exec sleep 100000";
+pub const CRASH_ON_SIGNAL: &str = "while [ ! -e /tmp/crash ]; do sleep 0.1; done; exit 3";
+pub const RUN_FOREVER: &str = "exec sleep 100000";
 
-pub(crate) fn double() -> ApiServerDouble {
+pub fn double() -> ApiServerDouble {
     crate::apiserver::start(Options {
         bookmark_interval: Duration::from_secs(1),
         ..Options::default()
@@ -34,7 +34,7 @@ pub(crate) fn double() -> ApiServerDouble {
 
 /// An agent that is node `NODE`, reaching the double only through `proxy`, with short
 /// node intervals.
-pub(crate) fn agent(name: &str, api: &ApiServerDouble, proxy: &Proxy) -> Agent {
+pub fn agent(name: &str, api: &ApiServerDouble, proxy: &Proxy) -> Agent {
     let mut a = Agent::new(name);
     a.node_name = NODE.into();
     a.write_config("nodeStatusUpdateFrequency: 1s\nnodeStatusReportFrequency: 3s\n");
@@ -51,11 +51,11 @@ pub(crate) fn agent(name: &str, api: &ApiServerDouble, proxy: &Proxy) -> Agent {
 }
 
 /// A pod bound to `NODE` running `script` in one container `main`.
-pub(crate) fn bound_pod(name: &str, script: &str) -> Pod {
+pub fn bound_pod(name: &str, script: &str) -> Pod {
     crate::apiserver::bound_pod(NODE, name, &["sh", "-c", script], 1)
 }
 
-pub(crate) fn static_pod_yaml(name: &str, script: &str) -> String {
+pub fn static_pod_yaml(name: &str, script: &str) -> String {
     format!(
         "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  hostNetwork: true\n  \
          terminationGracePeriodSeconds: 1\n  containers:\n    - name: main\n      \
@@ -64,7 +64,7 @@ pub(crate) fn static_pod_yaml(name: &str, script: &str) -> String {
     )
 }
 
-pub(crate) fn fail(what: &str, api: &ApiServerDouble, a: &Agent) -> ! {
+pub fn fail(what: &str, api: &ApiServerDouble, a: &Agent) -> ! {
     panic!(
         "timed out waiting for {what}\n--- last requests (newest first) ---\n{}\n\
          --- pods ---\n{}\n--- agent log ---\n{}",
@@ -74,7 +74,7 @@ pub(crate) fn fail(what: &str, api: &ApiServerDouble, a: &Agent) -> ! {
     )
 }
 
-pub(crate) fn wait(
+pub fn wait(
     api: &ApiServerDouble,
     a: &Agent,
     what: &str,
@@ -86,7 +86,7 @@ pub(crate) fn wait(
 }
 
 /// The one container's status as the cluster has it.
-pub(crate) fn cluster_container(api: &ApiServerDouble, name: &str) -> Option<ContainerStatus> {
+pub fn cluster_container(api: &ApiServerDouble, name: &str) -> Option<ContainerStatus> {
     api.get_pod("default", name)?
         .status?
         .container_statuses?
@@ -95,7 +95,7 @@ pub(crate) fn cluster_container(api: &ApiServerDouble, name: &str) -> Option<Con
 }
 
 /// The pod runs in the cluster's eyes: phase Running, its container running and ready.
-pub(crate) fn running_in_cluster(api: &ApiServerDouble, name: &str) -> bool {
+pub fn running_in_cluster(api: &ApiServerDouble, name: &str) -> bool {
     let phase = api
         .get_pod("default", name)
         .and_then(|p| p.status)
@@ -106,35 +106,35 @@ pub(crate) fn running_in_cluster(api: &ApiServerDouble, name: &str) -> bool {
 }
 
 /// The pod's container runs locally (`holdfast pods`).
-pub(crate) fn running_here(p: &Value) -> bool {
+pub fn running_here(p: &Value) -> bool {
     container(p, "main")["state"]["running"].is_object()
 }
 
-pub(crate) fn container_id(p: &Value) -> String {
+pub fn container_id(p: &Value) -> String {
     container(p, "main")["containerID"]
         .as_str()
         .unwrap_or_default()
         .to_string()
 }
 
-pub(crate) fn restart_count(p: &Value) -> i64 {
+pub fn restart_count(p: &Value) -> i64 {
     container(p, "main")["restartCount"].as_i64().unwrap_or(-1)
 }
 
 /// The pid of a pod's container `main`, from the runtime's record of it.
-pub(crate) fn container_pid(a: &Agent, p: &Value) -> i32 {
-    crate::support::agent::container_pid(a, p, "main")
+pub fn container_pid(a: &Agent, p: &Value) -> i32 {
+    crate::agent::container_pid(a, p, "main")
 }
 
 /// When a crash happened, as the test saw it: between the signal and the exit seen.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Window {
-    pub(crate) from: Timestamp,
-    pub(crate) to: Timestamp,
+pub struct Window {
+    pub from: Timestamp,
+    pub to: Timestamp,
 }
 
 /// Makes the pod's container (running `CRASH_ON_SIGNAL`) exit 3; returns when it did.
-pub(crate) fn crash(a: &Agent, p: &Value) -> Window {
+pub fn crash(a: &Agent, p: &Value) -> Window {
     let pid = container_pid(a, p);
     let from = Timestamp::now();
     std::fs::write(format!("/proc/{pid}/root/tmp/crash"), b"").expect("signal the container");
@@ -146,7 +146,7 @@ pub(crate) fn crash(a: &Agent, p: &Value) -> Window {
 }
 
 /// Requests that reached the double from index `from` of its log on: `method` on `path`.
-pub(crate) fn count(api: &ApiServerDouble, from: usize, method: &str, path: &str) -> usize {
+pub fn count(api: &ApiServerDouble, from: usize, method: &str, path: &str) -> usize {
     api.request_log()
         .iter()
         .skip(from)
@@ -154,12 +154,12 @@ pub(crate) fn count(api: &ApiServerDouble, from: usize, method: &str, path: &str
         .count()
 }
 
-pub(crate) fn status_path(name: &str) -> String {
+pub fn status_path(name: &str) -> String {
     format!("/api/v1/namespaces/default/pods/{name}/status")
 }
 
 /// LISTs (not watches) of the node's pods so far.
-pub(crate) fn pod_lists(api: &ApiServerDouble) -> usize {
+pub fn pod_lists(api: &ApiServerDouble) -> usize {
     api.request_log()
         .iter()
         .filter(|l| {
@@ -170,7 +170,7 @@ pub(crate) fn pod_lists(api: &ApiServerDouble) -> usize {
 
 /// Waits until the node's Lease has been renewed `n` more times: the uplink is up and
 /// has had time for everything it does on reconnect.
-pub(crate) fn wait_lease_renewals(api: &ApiServerDouble, a: &Agent, n: usize) {
+pub fn wait_lease_renewals(api: &ApiServerDouble, a: &Agent, n: usize) {
     let renew = |api: &ApiServerDouble| {
         api.get_lease(NODE)
             .and_then(|l| l.spec)
@@ -185,13 +185,13 @@ pub(crate) fn wait_lease_renewals(api: &ApiServerDouble, a: &Agent, n: usize) {
     }
 }
 
-pub(crate) fn time(t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time) -> Timestamp {
+pub fn time(t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time) -> Timestamp {
     t.0
 }
 
 /// A time the agent reported, checked against when the test saw the thing happen.
 /// Kubernetes times have whole seconds: the reported second is within the window's.
-pub(crate) fn assert_within(what: &str, reported: Timestamp, seen: Window) {
+pub fn assert_within(what: &str, reported: Timestamp, seen: Window) {
     let r = reported.as_second();
     assert!(
         r >= seen.from.as_second() && r <= seen.to.as_second(),
@@ -201,11 +201,10 @@ pub(crate) fn assert_within(what: &str, reported: Timestamp, seen: Window) {
     );
 }
 
-#[allow(unused_imports)]
-pub(crate) use crate::support::agent::power_cut;
+pub use crate::agent::power_cut;
 
 /// Names of the pods `holdfast pods` shows.
-pub(crate) fn local_pods(a: &Agent) -> BTreeSet<String> {
+pub fn local_pods(a: &Agent) -> BTreeSet<String> {
     a.pods()
         .iter()
         .filter_map(|p| p["pod"]["metadata"]["name"].as_str().map(str::to_string))
@@ -213,14 +212,14 @@ pub(crate) fn local_pods(a: &Agent) -> BTreeSet<String> {
 }
 
 /// The test's world: the double, the link, the agent (dropped first: killed and reset).
-pub(crate) struct Site {
-    pub(crate) a: Agent,
-    pub(crate) link: Proxy,
-    pub(crate) api: ApiServerDouble,
+pub struct Site {
+    pub a: Agent,
+    pub link: Proxy,
+    pub api: ApiServerDouble,
 }
 
 impl Site {
-    pub(crate) fn new(name: &str) -> Site {
+    pub fn new(name: &str) -> Site {
         let api = double();
         let link = Proxy::start(api.addr());
         let a = agent(name, &api, &link);
@@ -228,7 +227,7 @@ impl Site {
     }
 
     /// Creates bound pods and waits until the cluster sees each of them running.
-    pub(crate) fn run_bound(&self, pods: &[(&str, &str)]) {
+    pub fn run_bound(&self, pods: &[(&str, &str)]) {
         for (name, script) in pods {
             self.api.create_pod(bound_pod(name, script));
         }
@@ -240,13 +239,13 @@ impl Site {
     }
 
     /// Cuts the link; returns the double's log length, from which nothing more arrives.
-    pub(crate) fn cut(&self) -> usize {
+    pub fn cut(&self) -> usize {
         self.link.set_mode(Mode::Blackhole);
         self.api.request_log().len()
     }
 
     /// Asserts that nothing reached the double since `from` (the link is really down).
-    pub(crate) fn assert_silent(&self, from: usize) {
+    pub fn assert_silent(&self, from: usize) {
         let log = self.api.request_log();
         assert_eq!(
             log.len(),
@@ -256,7 +255,7 @@ impl Site {
         );
     }
 
-    pub(crate) fn finish(mut self) {
+    pub fn finish(mut self) {
         self.a.stop();
         self.a.reset();
         self.a.assert_clean();
@@ -267,16 +266,16 @@ impl Site {
 /// exit code and time of the last crash (before `up_at`: the reconnect, or the agent's
 /// return), the running container's start (after that crash, before the test saw it
 /// run) and its ID.
-pub(crate) struct Crashed<'a> {
-    pub(crate) name: &'a str,
-    pub(crate) restarts: i32,
-    pub(crate) crashed_at: Window,
-    pub(crate) running_by: Timestamp,
-    pub(crate) up_at: Timestamp,
-    pub(crate) here: &'a Value,
+pub struct Crashed<'a> {
+    pub name: &'a str,
+    pub restarts: i32,
+    pub crashed_at: Window,
+    pub running_by: Timestamp,
+    pub up_at: Timestamp,
+    pub here: &'a Value,
 }
 
-pub(crate) fn assert_reported(api: &ApiServerDouble, c: &Crashed) {
+pub fn assert_reported(api: &ApiServerDouble, c: &Crashed) {
     let name = c.name;
     let cs = cluster_container(api, name).unwrap_or_else(|| panic!("{name}: no status"));
     assert_eq!(cs.restart_count, c.restarts, "{name}: restartCount");

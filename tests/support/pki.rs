@@ -4,9 +4,6 @@
 //!
 //! The `Pki` remembers every client certificate it issued (DER -> subject), which is how
 //! the apiserver double maps a presented certificate to a user without parsing X.509.
-//!
-//! Include with `#[path = "support/pki.rs"] mod pki;` (the apiserver double brings its
-//! own copy as `apiserver::pki`).
 
 #![allow(dead_code)]
 

@@ -15,8 +15,6 @@
 //!
 //! `cut_after(n)` resets the first connection that carries more than `n` bytes from the
 //! upstream, after exactly `n` of them: a download cut off midway.
-//!
-//! Include with `#[path = "support/proxy.rs"] mod proxy;`.
 
 #![allow(dead_code)]
 
@@ -24,7 +22,7 @@ use std::collections::HashSet;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -73,6 +71,16 @@ impl Shared {
     }
 }
 
+/// What [`Proxy::threads`] gives: whether every thread the proxy started has ended
+/// (each holds the proxy's shared state until it returns).
+pub struct Threads(Weak<Shared>);
+
+impl Threads {
+    pub fn ended(&self) -> bool {
+        self.0.strong_count() == 0
+    }
+}
+
 /// The running proxy. Dropping it stops accepting and ends every connection.
 pub struct Proxy {
     shared: Arc<Shared>,
@@ -118,6 +126,11 @@ impl Proxy {
 
     pub fn mode(&self) -> Mode {
         self.shared.mode()
+    }
+
+    /// A watch on the proxy's threads that outlives the proxy.
+    pub fn threads(&self) -> Threads {
+        Threads(Arc::downgrade(&self.shared))
     }
 
     /// Switches the mode. `Reset` returns once every connection open before the call
@@ -311,163 +324,5 @@ fn pump(shared: &Shared, from: &TcpStream, to: &TcpStream, dead: &AtomicBool, do
             }
         }
         drop(mode);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// An echo server on 127.0.0.1 whose threads end when the listener's owner drops it.
-    struct Echo {
-        addr: SocketAddr,
-        stop: Arc<AtomicBool>,
-    }
-
-    impl Echo {
-        fn start() -> Echo {
-            let listener = TcpListener::bind("127.0.0.1:0").expect("bind echo");
-            let addr = listener.local_addr().expect("echo address");
-            let stop = Arc::new(AtomicBool::new(false));
-            let s = stop.clone();
-            std::thread::spawn(move || {
-                for conn in listener.incoming() {
-                    if s.load(Ordering::SeqCst) {
-                        return;
-                    }
-                    let Ok(mut c) = conn else { continue };
-                    let s = s.clone();
-                    std::thread::spawn(move || {
-                        let _ = c.set_read_timeout(Some(POLL));
-                        let mut buf = [0u8; 1024];
-                        while !s.load(Ordering::SeqCst) {
-                            match c.read(&mut buf) {
-                                Ok(0) => return,
-                                Ok(n) => {
-                                    if c.write_all(&buf[..n]).is_err() {
-                                        return;
-                                    }
-                                }
-                                Err(e) if e.kind() == ErrorKind::WouldBlock => {}
-                                Err(e) if e.kind() == ErrorKind::TimedOut => {}
-                                Err(_) => return,
-                            }
-                        }
-                    });
-                }
-            });
-            Echo { addr, stop }
-        }
-    }
-
-    impl Drop for Echo {
-        fn drop(&mut self) {
-            self.stop.store(true, Ordering::SeqCst);
-            let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
-        }
-    }
-
-    fn client(proxy: &Proxy) -> TcpStream {
-        let c = TcpStream::connect(proxy.addr()).expect("connect to the proxy");
-        c.set_read_timeout(Some(Duration::from_millis(300)))
-            .expect("read timeout");
-        c
-    }
-
-    /// What comes back within the read timeout: Ok(bytes), or the error kind.
-    fn echo(c: &mut TcpStream, msg: &[u8]) -> Result<Vec<u8>, ErrorKind> {
-        c.write_all(msg).map_err(|e| e.kind())?;
-        let mut got = Vec::new();
-        let mut buf = [0u8; 64];
-        while got.len() < msg.len() {
-            match c.read(&mut buf) {
-                Ok(0) => return Err(ErrorKind::UnexpectedEof),
-                Ok(n) => got.extend_from_slice(&buf[..n]),
-                Err(e) => return Err(e.kind()),
-            }
-        }
-        Ok(got)
-    }
-
-    fn is_timeout(k: ErrorKind) -> bool {
-        matches!(k, ErrorKind::WouldBlock | ErrorKind::TimedOut)
-    }
-
-    #[test]
-    fn proxy_passes_holds_and_resumes() {
-        let upstream = Echo::start();
-        let proxy = Proxy::start(upstream.addr);
-        let mut c = client(&proxy);
-        assert_eq!(echo(&mut c, b"hello"), Ok(b"hello".to_vec()));
-        assert_eq!(proxy.connections(), 1);
-
-        // Blackhole: the open connection stalls and a new one is accepted and held.
-        proxy.set_mode(Mode::Blackhole);
-        let stalled = echo(&mut c, b"during");
-        assert!(
-            stalled.as_ref().is_err_and(|k| is_timeout(*k)),
-            "{stalled:?}"
-        );
-        let mut held = client(&proxy);
-        let r = echo(&mut held, b"new");
-        assert!(r.as_ref().is_err_and(|k| is_timeout(*k)), "{r:?}");
-        assert_eq!(proxy.connections(), 2);
-        assert_eq!(proxy.open_connections(), 2);
-
-        // Back to Pass: both go on where they stopped, nothing lost.
-        proxy.set_mode(Mode::Pass);
-        let mut buf = [0u8; 16];
-        let n = c.read(&mut buf).expect("stalled bytes arrive");
-        assert_eq!(&buf[..n], b"during");
-        let n = held.read(&mut buf).expect("held connection forwards");
-        assert_eq!(&buf[..n], b"new");
-        assert_eq!(echo(&mut c, b"after"), Ok(b"after".to_vec()));
-    }
-
-    #[test]
-    fn proxy_resets_open_and_new_connections() {
-        let upstream = Echo::start();
-        let proxy = Proxy::start(upstream.addr);
-        let mut c = client(&proxy);
-        assert_eq!(echo(&mut c, b"x"), Ok(b"x".to_vec()));
-        proxy.set_mode(Mode::Blackhole);
-        let mut held = client(&proxy);
-
-        proxy.set_mode(Mode::Reset);
-        assert_eq!(proxy.open_connections(), 0);
-        let mut buf = [0u8; 4];
-        let r = c.read(&mut buf).map_err(|e| e.kind());
-        assert_eq!(r, Err(ErrorKind::ConnectionReset));
-        let r = held.read(&mut buf).map_err(|e| e.kind());
-        assert_eq!(r, Err(ErrorKind::ConnectionReset));
-
-        // A new connection is reset as soon as it is accepted.
-        let mut fresh = client(&proxy);
-        let r = fresh.read(&mut buf).map_err(|e| e.kind());
-        assert_eq!(r, Err(ErrorKind::ConnectionReset));
-        assert_eq!(proxy.connections(), 3);
-
-        proxy.set_mode(Mode::Pass);
-        let mut again = client(&proxy);
-        assert_eq!(echo(&mut again, b"ok"), Ok(b"ok".to_vec()));
-    }
-
-    #[test]
-    fn proxy_threads_end_when_dropped() {
-        let upstream = Echo::start();
-        let proxy = Proxy::start(upstream.addr);
-        let mut c = client(&proxy);
-        assert_eq!(echo(&mut c, b"x"), Ok(b"x".to_vec()));
-        proxy.set_mode(Mode::Blackhole);
-        let _held = client(&proxy);
-        let shared = proxy.shared.clone();
-        drop(proxy);
-        // Every connection thread removes itself from the open set as it ends.
-        let gone = |s: &Arc<Shared>| lock(&s.open).is_empty() && Arc::strong_count(s) == 1;
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while !gone(&shared) && Instant::now() < deadline {
-            std::thread::sleep(POLL);
-        }
-        assert!(gone(&shared), "proxy threads still run");
     }
 }

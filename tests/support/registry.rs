@@ -4,8 +4,6 @@
 //! token service of the test's own that signs ES256 JWTs with a key whose certificate
 //! is the registry's root bundle (`x5c` header). Images are pushed with `skopeo`.
 //! The registry process is killed and its directory removed on drop, even on failure.
-//!
-//! Include with `#[path = "support/registry.rs"] mod registry;` beside `pki` and `oci`.
 
 #![allow(dead_code)]
 

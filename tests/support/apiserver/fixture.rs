@@ -35,7 +35,7 @@ impl Fixture {
 }
 
 pub fn dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/kube-apiserver")
+    crate::repo_root().join("tests/fixtures/kube-apiserver")
 }
 
 fn split_head(text: &[u8]) -> (Vec<String>, Vec<u8>) {

@@ -8,13 +8,10 @@
 //!
 //! Tests drive it in-process (no HTTP): seed and inspect objects as admin, inject faults,
 //! cut watches, compact, and read the request log.
-//!
-//! Include with `#[path = "support/apiserver/mod.rs"] mod apiserver;`.
 
 #![allow(dead_code, unused_imports)]
 
-#[path = "../pki.rs"]
-pub mod pki;
+pub use crate::pki;
 
 mod api;
 mod auth;

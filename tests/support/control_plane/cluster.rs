@@ -8,8 +8,8 @@ use serde_json::{json, Value};
 
 use super::link::NodeAddress;
 use super::ControlPlane;
-use crate::support::agent::Agent;
-use crate::support::cni::TestNetwork;
+use crate::agent::Agent;
+use crate::cni::TestNetwork;
 
 pub const WAIT: Duration = Duration::from_secs(90);
 

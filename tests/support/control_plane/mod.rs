@@ -9,9 +9,6 @@
 //! It gives an admin kubeconfig and [`ControlPlane::kubectl`] running the real kubectl
 //! with it, a node kubeconfig (`system:node:<name>`) and kubelet serving certificate for
 //! an [`Agent`] ([`ControlPlane::join`]), and JSON getters and waits.
-//!
-//! Include with `mod support;` and
-//! `#[path = "support/control_plane/mod.rs"] mod control_plane;`.
 
 #![allow(dead_code)]
 
@@ -19,8 +16,7 @@ mod certs;
 pub mod cluster;
 mod kubectl;
 pub mod link;
-#[path = "../pki.rs"]
-pub mod pki;
+pub use crate::pki;
 mod process;
 
 use std::path::{Path, PathBuf};
@@ -28,7 +24,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use crate::support::agent::{free_port, Agent};
+use crate::agent::{free_port, Agent};
 use certs::{Certs, SERVICE_CIDR};
 use process::Process;
 
@@ -96,7 +92,7 @@ pub fn assets() -> &'static Path {
         if let Some(dir) = std::env::var_os("KUBEBUILDER_ASSETS").filter(|d| !d.is_empty()) {
             return PathBuf::from(dir);
         }
-        let setup = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/envtest/setup.sh");
+        let setup = crate::repo_root().join("../shared/envtest/setup.sh");
         let out = Command::new("bash")
             .arg(&setup)
             .output()

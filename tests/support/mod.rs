@@ -1,4 +1,0 @@
-pub mod agent;
-pub mod cni;
-pub mod maps;
-pub mod tempdir;
