@@ -695,42 +695,21 @@ fn fresh_and_burst(knobs: &Knobs, s: &mut Session, report: &mut Report) {
 
 /// With `FOOTPRINT_CODE_PAGES=DIR` (set by `cross/hot-text.sh`): the pages of the
 /// agent's code that are mapped at this point, one hex address per line, into
-/// `DIR/<what>.pages`. Read from `/proc/<pid>/pagemap` (root), for the host's 4 KiB pages.
+/// `DIR/<what>.pages` (from `/proc/<pid>/pagemap`, root).
 fn save_code_pages(pid: u32, what: &str) {
-    use std::io::{Read, Seek, SeekFrom};
-    const PAGE: u64 = 4096;
     let Some(dir) = std::env::var_os("FOOTPRINT_CODE_PAGES") else {
         return;
     };
     let exe = std::fs::read_link(format!("/proc/{pid}/exe")).expect("the agent's exe");
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).expect("the agent's maps");
-    let mut pagemap =
-        std::fs::File::open(format!("/proc/{pid}/pagemap")).expect("the agent's pagemap");
+    let page = support::maps::page_size();
     let mut out = String::new();
-    for line in maps.lines() {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        if f.len() < 6 || f[1] != "r-xp" || Path::new(f[5]) != exe {
+    for m in support::maps::mappings(pid) {
+        if m.perms != "r-xp" || Path::new(&m.name) != exe {
             continue;
         }
-        let range = f[0].split_once('-').and_then(|(lo, hi)| {
-            Some((
-                u64::from_str_radix(lo, 16).ok()?,
-                u64::from_str_radix(hi, 16).ok()?,
-            ))
-        });
-        let Some((lo, hi)) = range.filter(|(lo, hi)| lo < hi) else {
-            continue;
-        };
-        let mut entries = vec![0u8; ((hi - lo) / PAGE * 8) as usize];
-        pagemap
-            .seek(SeekFrom::Start(lo / PAGE * 8))
-            .expect("pagemap");
-        pagemap.read_exact(&mut entries).expect("pagemap");
-        for (i, e) in entries.chunks_exact(8).enumerate() {
-            // Bit 63: the page is present.
-            if e[7] & 0x80 != 0 {
-                out.push_str(&format!("{:x}\n", lo + i as u64 * PAGE));
-            }
+        let resident = support::maps::resident(pid, m.start, m.end).expect("the agent's pagemap");
+        for (i, _) in resident.iter().enumerate().filter(|(_, r)| **r) {
+            out.push_str(&format!("{:x}\n", m.start + i as u64 * page));
         }
     }
     std::fs::write(Path::new(&dir).join(format!("{what}.pages")), out).expect("pages file");
