@@ -121,43 +121,24 @@ pub async fn container_logs(deps: &Arc<super::ApiDeps>, path: &str, q: &Query) -
         Ok(s) => s,
         Err(r) => return r,
     };
-    if let Err(r) = pods::container(&state, container) {
-        return r;
-    }
-    let restarts = pods::restart_count(&state, container).unwrap_or(0);
-    let index = if opts.previous {
-        if pods::container_id(&state, container, true).is_none() || restarts == 0 {
-            return error(
-                StatusCode::BAD_REQUEST,
-                &format!(
-                    "previous terminated container \"{container}\" in pod \"{pod}\" not found"
-                ),
-            );
-        }
-        restarts - 1
-    } else {
-        if let Some(reason) = pods::waiting_reason(&state, container) {
-            return error(
-                StatusCode::BAD_REQUEST,
-                &format!(
-                    "container \"{container}\" in pod \"{pod}\" is waiting to start: {reason}"
-                ),
-            );
-        }
-        restarts
+    let found = match pods::container(&state, container) {
+        Ok(c) => c,
+        Err(r) => return r,
     };
-    let live = pods::log_dir(deps, &state)
-        .join(container)
-        .join(format!("{index}.log"));
+    let live = match log_file(deps, &state, &found, pod, &opts) {
+        Ok(l) => l,
+        Err(r) => return r,
+    };
     // The follower ends with the instance it reads; a previous one has ended.
     let watched = if opts.follow && !opts.previous {
-        pods::container_id(&state, container, false)
+        found.id(false)
     } else {
         None
     };
     // What cannot be read is an error, never an empty log: the kubelet's "failed to
     // open log file" (a 400, as every log failure it answers).
-    let running = pods::container_id(&state, container, false)
+    let running = found
+        .id(false)
         .filter(|_| !opts.previous)
         .filter(|id| container_runs(&deps.runtime, id));
     if let Err(e) = readable(&live, opts.follow && running.is_some(), running.is_some()).await {
@@ -200,6 +181,44 @@ pub async fn container_logs(deps: &Arc<super::ApiDeps>, path: &str, q: &Query) -
         hyper::header::HeaderValue::from_static("text/plain"),
     );
     r
+}
+
+/// The log file `opts` asks for: the current instance's, or with `previous` the one
+/// before it; else the kubelet's 400 for a container with no such instance.
+#[allow(clippy::result_large_err)] // the error is the response, built once per request
+fn log_file(
+    deps: &super::ApiDeps,
+    state: &crate::sync::PodState,
+    found: &pods::PodContainer<'_>,
+    pod: &str,
+    opts: &LogOptions,
+) -> Result<PathBuf, Resp> {
+    let container = &found.spec.name;
+    let restarts = found.restart_count().unwrap_or(0);
+    let index = if opts.previous {
+        if found.id(true).is_none() || restarts == 0 {
+            return Err(error(
+                StatusCode::BAD_REQUEST,
+                &format!(
+                    "previous terminated container \"{container}\" in pod \"{pod}\" not found"
+                ),
+            ));
+        }
+        restarts - 1
+    } else {
+        if let Some(reason) = found.waiting_reason() {
+            return Err(error(
+                StatusCode::BAD_REQUEST,
+                &format!(
+                    "container \"{container}\" in pod \"{pod}\" is waiting to start: {reason}"
+                ),
+            ));
+        }
+        restarts
+    };
+    Ok(pods::log_dir(deps, state)
+        .join(container)
+        .join(format!("{index}.log")))
 }
 
 /// How long a container that just started may take to open its log: its shim records

@@ -30,10 +30,11 @@ pub async fn run(deps: &ApiDeps, path: &str, q: &Query) -> Resp {
         Ok(s) => s,
         Err(r) => return r,
     };
-    if let Err(r) = pods::container(&state, container) {
-        return r;
-    }
-    let id = match pods::running_container(&state, pod, container) {
+    let found = match pods::container(&state, container) {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    let id = match found.running_id(pod) {
         Ok(id) => id,
         Err(r) => return *r,
     };

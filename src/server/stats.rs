@@ -215,7 +215,7 @@ fn collect(deps: &ApiDeps, states: &[PodState]) -> (Summary, bool) {
             let Some(running) = cs.state.as_ref().and_then(|st| st.running.as_ref()) else {
                 continue;
             };
-            let Some(id) = pods::container_id(s, &cs.name, false) else {
+            let Some(id) = pods::instance_id(cs, false) else {
                 continue;
             };
             let path = deps.runtime.cgroups_path(&id);
@@ -424,7 +424,7 @@ pub fn running_ids(s: &PodState) -> Vec<(String, ContainerId)> {
         .iter()
         .flatten()
         .filter(|c| c.state.as_ref().is_some_and(|st| st.running.is_some()))
-        .filter_map(|c| Some((c.name.clone(), pods::container_id(s, &c.name, false)?)))
+        .filter_map(|c| Some((c.name.clone(), pods::instance_id(c, false)?)))
         .collect()
 }
 

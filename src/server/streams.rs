@@ -97,17 +97,17 @@ pub async fn handle(
         Ok(s) => s,
         Err(r) => return r,
     };
-    let spec = match pods::container(&state, container) {
+    let found = match pods::container(&state, container) {
         Ok(c) => c,
         Err(r) => return r,
     };
     if kind == Kind::Attach {
         // Whether the container has a terminal was settled when it started; the
         // kubelet, too, takes it from the spec and not from the request.
-        opts.tty = spec.tty.unwrap_or(false);
+        opts.tty = found.spec.tty.unwrap_or(false);
         opts.stderr &= !opts.tty;
     }
-    let id = match pods::running_container(&state, pod, container) {
+    let id = match found.running_id(pod) {
         Ok(id) => id,
         Err(r) => return *r,
     };

@@ -83,7 +83,7 @@ pub async fn handle(req: Request<Incoming>, path: &str, q: &Query, deps: Arc<Api
         containers: spec
             .iter()
             .flat_map(|s| s.containers.iter())
-            .filter_map(|c| pods::container_id(&state, &c.name, false))
+            .filter_map(|c| pods::container(&state, &c.name).ok()?.id(false))
             .collect(),
     };
     let Ok(permit) = deps.streams.clone().try_acquire_owned() else {
