@@ -1,6 +1,8 @@
 //! node: facts about the device itself: its address, CPUs, memory, storage, kernel and
-//! identity, read from /proc, /sys and /etc. Reads only; never writes to the device.
+//! identity, read from /proc, /sys and /etc; what a directory holds of the disk ([`du`]).
+//! Reads only; never writes to the device.
 
+pub mod du;
 pub mod facts;
 
 use std::net::IpAddr;

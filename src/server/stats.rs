@@ -321,37 +321,9 @@ fn fs_stats(path: &Path, now: Timestamp, used: Option<u64>) -> Option<FsStats> {
 }
 
 /// Bytes used under `dir` (allocated blocks, as `du` counts), not following links or
-/// crossing into mounts.
+/// crossing into mounts; bounded (see `node::du`).
 pub fn du(dir: &Path) -> u64 {
-    use std::os::unix::fs::MetadataExt;
-    let Ok(top) = std::fs::symlink_metadata(dir) else {
-        return 0;
-    };
-    let dev = top.dev();
-    let mut total = top.blocks() * 512;
-    let mut stack = vec![dir.to_owned()];
-    // Bounded: a rootfs with millions of files is not walked forever.
-    let mut budget = 100_000u32;
-    while let Some(d) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in entries.flatten() {
-            budget = budget.saturating_sub(1);
-            if budget == 0 {
-                return total;
-            }
-            let Ok(md) = e.metadata() else { continue };
-            if md.dev() != dev {
-                continue;
-            }
-            total += md.blocks() * 512;
-            if md.is_dir() {
-                stack.push(e.path());
-            }
-        }
-    }
-    total
+    crate::node::du::usage(dir).bytes
 }
 
 fn boot_time() -> Option<Timestamp> {
