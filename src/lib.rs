@@ -22,8 +22,10 @@
 //! - [`control`]: the local control socket `pods` and `image` use while an agent runs.
 //! - [`network`]: a pod's namespaces (held without a pause container), its CNI
 //!   attachment and addresses, its `/etc/hosts` and `/etc/resolv.conf`.
-//! - [`eviction`]: node-pressure eviction by `evictionHard`, reclaim before it.
-//! - [`node`]: facts about the device: address, CPUs, memory, storage, identity.
+//! - [`eviction`]: node-pressure eviction by `evictionHard`, reclaim before it; pods over
+//!   their local storage limits.
+//! - [`node`]: facts about the device: address, CPUs, memory, storage (and what a
+//!   directory holds of it), identity.
 //! - [`uplink`]: the kube-apiserver: client (kubeconfig, TLS), Node and Lease, pod status
 //!   and final deletes, mirror pods, events, ConfigMaps and Secrets.
 //! - [`time`]: wall-clock time as Kubernetes reports it; times taken before the clock

@@ -4,17 +4,25 @@
 //! containers of ended pods, then unused images through a seam the image store
 //! fills); if a threshold is still met it ranks the active pods ([`rank`]) and asks
 //! the sync loop to evict one — phase Failed, reason Evicted, the kubelet's message —
-//! then waits for it to be gone before it looks again. It also tells admission when
-//! the node is under memory pressure (BestEffort pods are refused meanwhile).
+//! then waits for it to be gone before it looks again. Before any of that, on every
+//! look, a pod over its own local storage limits is evicted ([`local_storage`]). It
+//! also tells admission when the node is under memory pressure (BestEffort pods are
+//! refused meanwhile).
+//!
+//! Critical pods are never evicted ([`rank::is_critical`]): static pods, known by the
+//! `kubernetes.io/config.source` annotation that the pod sources set themselves (the
+//! apiserver source overwrites whatever a cluster pod brought), mirror pods, and pods
+//! of system-critical priority.
 //!
 //! Reads cgroupfs, the store and the filesystem; never stops a container itself (the
 //! pod's worker does). Runs on a thread of its own: everything it does blocks.
 
+pub mod local_storage;
 pub mod rank;
 pub mod reclaim;
 pub mod signals;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -26,7 +34,7 @@ use crate::config::Config;
 use crate::resources::requests::pod_resources;
 use crate::resources::Qos;
 use crate::sync::record::InstanceState;
-use crate::sync::Deps;
+use crate::sync::{Deps, Eviction, PodState};
 use crate::uplink::node_status::{NodeInput, Threshold, DEFAULT_EVICTION_HARD};
 use rank::Candidate;
 use reclaim::ImageGc;
@@ -36,9 +44,6 @@ use signals::{Met, Resource};
 /// `podCleanupTimeout`).
 const CLEANUP_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// A pod to evict: `(uid, message)`.
-pub type Eviction = (String, String);
-
 struct Manager {
     deps: Arc<Deps>,
     period: Duration,
@@ -47,6 +52,8 @@ struct Manager {
     images: Box<dyn ImageGc>,
     /// "No pod may be evicted" was said for this pressure episode.
     said_stuck: bool,
+    /// Critical pods said to be over their storage limits (said once each).
+    said_critical: HashSet<String>,
 }
 
 /// Starts the eviction manager; the sync loop evicts what comes out of the returned
@@ -79,6 +86,7 @@ pub fn start(
         raw,
         images,
         said_stuck: false,
+        said_critical: HashSet::new(),
     };
     let spawned = std::thread::Builder::new()
         .name("eviction".into())
@@ -96,6 +104,25 @@ impl Manager {
             if tx.is_closed() {
                 return;
             }
+            // As the kubelet: pods over their own limits go before node pressure counts.
+            let over = self.local_storage();
+            if !over.is_empty() {
+                let uids: Vec<String> = over.iter().map(|e| e.uid.clone()).collect();
+                for eviction in over {
+                    log::warn!(
+                        "eviction: pod {} is over its local storage limits: {}",
+                        eviction.uid,
+                        eviction.message
+                    );
+                    if tx.blocking_send(eviction).is_err() {
+                        return;
+                    }
+                }
+                for uid in &uids {
+                    self.wait_gone(uid);
+                }
+                continue;
+            }
             let Some((met, victim)) = self.decide() else {
                 continue;
             };
@@ -107,11 +134,78 @@ impl Manager {
                 met.threshold,
                 victim.uid
             );
-            if tx.blocking_send((victim.uid.clone(), message)).is_err() {
+            let eviction = Eviction {
+                uid: victim.uid.clone(),
+                message,
+                disruption: true,
+            };
+            if tx.blocking_send(eviction).is_err() {
                 return;
             }
             self.wait_gone(&victim.uid);
         }
+    }
+
+    /// The pods over their own local storage limits, with the kubelet's messages; a
+    /// critical pod over them is said once and left running.
+    fn local_storage(&mut self) -> Vec<Eviction> {
+        let Ok(states) = self.deps.podstates.entries() else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        let mut over_critical = HashSet::new();
+        for (uid, state) in states {
+            if ended(&state) || !local_storage::limited(&state.pod) {
+                continue;
+            }
+            let dirs = local_storage::PodDirs {
+                root_dir: &self.deps.root_dir,
+                pod_dir: self.deps.sandboxes.pod_dir(&uid),
+                log_dir: logs_dir(&self.deps.root_dir, &state.pod, &uid),
+                containers: self.container_ids(&uid, false),
+            };
+            let usage = local_storage::measure(&state.pod, &dirs);
+            if !usage.complete {
+                log::debug!("eviction: pod {uid}: too many files to count them all");
+            }
+            let Some(message) = local_storage::exceeded(&state.pod, &usage) else {
+                continue;
+            };
+            if rank::is_critical(&state.pod) {
+                if !self.said_critical.contains(&uid) {
+                    log::warn!(
+                        "eviction: pod {uid} is over its local storage limits, but is \
+                         critical (static, mirror or system-critical) and is not evicted: \
+                         {message}"
+                    );
+                }
+                over_critical.insert(uid);
+                continue;
+            }
+            out.push(Eviction {
+                uid,
+                message,
+                disruption: false,
+            });
+        }
+        self.said_critical = over_critical;
+        out
+    }
+
+    /// The pod's containers with an instance, `(name, id)`; only running ones if
+    /// `running`.
+    fn container_ids(&self, uid: &str, running: bool) -> Vec<(String, String)> {
+        self.deps
+            .containers
+            .scan_prefix(&format!("{uid}/"))
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|(_, rec)| {
+                let cur = rec.current?;
+                (!running || matches!(cur.state, InstanceState::Running { .. }))
+                    .then(|| (rec.name.clone(), cur.id.0.clone()))
+            })
+            .collect()
     }
 
     fn observe(&self) -> Vec<Met> {
@@ -197,23 +291,12 @@ impl Manager {
         let s = &self.deps.sandboxes;
         let mut out = Vec::new();
         for (uid, state) in states {
-            if matches!(state.status.phase.as_deref(), Some("Succeeded" | "Failed")) {
+            if ended(&state) {
                 continue;
             }
             let pod = state.pod;
             let pod_path = s.cgroups.pod_path(&uid, Qos::of(&pod));
-            let running: Vec<(String, String)> = self
-                .deps
-                .containers
-                .scan_prefix(&format!("{uid}/"))
-                .unwrap_or_default()
-                .into_iter()
-                .filter_map(|(_, rec)| {
-                    let cur = rec.current?;
-                    matches!(cur.state, InstanceState::Running { .. })
-                        .then(|| (rec.name.clone(), cur.id.0.clone()))
-                })
-                .collect();
+            let running = self.container_ids(&uid, true);
             let (usage, request, containers) = match resource {
                 Resource::Memory => {
                     let usage = s.cgroups.working_set(&pod_path);
@@ -280,6 +363,10 @@ impl Manager {
     }
 }
 
+fn ended(state: &PodState) -> bool {
+    matches!(state.status.phase.as_deref(), Some("Succeeded" | "Failed"))
+}
+
 fn logs_dir(root: &Path, pod: &k8s_openapi::api::core::v1::Pod, uid: &str) -> PathBuf {
     crate::runtime::pod_log_dir(
         root,
@@ -308,29 +395,11 @@ fn ephemeral_request(pod: &k8s_openapi::api::core::v1::Pod) -> u64 {
 /// Bytes (or inodes) used under `dir`, on its own filesystem only: a tmpfs or any
 /// other mount below it is not disk.
 fn disk_usage(dir: &Path, resource: Resource) -> u64 {
-    use std::os::unix::fs::MetadataExt;
-    let Ok(top) = std::fs::symlink_metadata(dir) else {
-        return 0;
-    };
-    let dev = top.dev();
-    let mut total = 0u64;
-    let mut stack = vec![dir.to_owned()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-            let Ok(m) = e.metadata() else { continue };
-            if m.dev() != dev {
-                continue;
-            }
-            total += match resource {
-                Resource::Inodes => 1,
-                _ => m.blocks() * 512,
-            };
-            if m.is_dir() {
-                stack.push(e.path());
-            }
-        }
+    let u = crate::node::du::usage(dir);
+    match resource {
+        Resource::Inodes => u.inodes,
+        _ => u.bytes,
     }
-    total
 }
 
 #[cfg(test)]

@@ -36,7 +36,7 @@ use crate::store::{Store, StoreError, Tree};
 use crate::uplink::objects::{references, ObjectCache, ObjectKey, ObjectKind, References};
 
 pub use record::ContainerRecord;
-pub use worker::PodState;
+pub use worker::{Eviction, PodState};
 use worker::{Worker, WorkerMsg};
 
 /// Queue depth of one worker's mailbox: updates coalesce in the worker's own state, so
@@ -108,8 +108,8 @@ pub struct SyncLoop {
     objects_changed: Option<mpsc::Receiver<ObjectKey>>,
     /// Pods admitted and not yet gone: their QoS class and requests, by UID.
     admitted: HashMap<String, (crate::resources::Qos, crate::resources::requests::Amounts)>,
-    /// Pods the eviction manager chose: `(uid, message)`.
-    evictions: Option<mpsc::Receiver<(String, String)>>,
+    /// Pods the eviction manager chose.
+    evictions: Option<mpsc::Receiver<Eviction>>,
     /// Told of every completed pass: systemd's readiness and watchdog.
     notify: crate::systemd::Notify,
     /// Pod starts and stops since memory was last given back.
@@ -145,7 +145,7 @@ impl SyncLoop {
     }
 
     /// Evicts the pods the eviction manager names on `evictions`.
-    pub fn with_evictions(mut self, evictions: mpsc::Receiver<(String, String)>) -> Self {
+    pub fn with_evictions(mut self, evictions: mpsc::Receiver<Eviction>) -> Self {
         self.evictions = Some(evictions);
         self
     }
@@ -209,9 +209,9 @@ impl SyncLoop {
                 }
                 Some(()) = resyncs.recv() => self.broadcast_resync().await,
                 Some(key) = next_change(&mut objects_changed) => self.resync_referencing(&key),
-                Some((uid, message)) = next_change(&mut evictions) => {
-                    if let Some(h) = self.workers.get(&uid).filter(|h| !h.terminating) {
-                        let _ = h.tx.send(WorkerMsg::Evict(message)).await;
+                Some(eviction) = next_change(&mut evictions) => {
+                    if let Some(h) = self.workers.get(&eviction.uid).filter(|h| !h.terminating) {
+                        let _ = h.tx.send(WorkerMsg::Evict(eviction)).await;
                     }
                 }
                 _ = tick.tick() => self.broadcast_resync().await,

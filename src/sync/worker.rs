@@ -44,8 +44,18 @@ pub enum WorkerMsg {
     Resync,
     /// The pod is no longer wanted: stop it gracefully, then forget it.
     Terminate,
-    /// The eviction manager chose this pod: kill it now and end it with this message.
-    Evict(String),
+    /// The eviction manager chose this pod: kill it now and end it as it says.
+    Evict(Eviction),
+}
+
+/// A pod the eviction manager chose, and what its status is to say.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Eviction {
+    pub uid: String,
+    pub message: String,
+    /// Whether the status carries the DisruptionTarget condition: the kubelet sets it
+    /// when node pressure evicts a pod, not when a pod outgrew its own storage limits.
+    pub disruption: bool,
 }
 
 /// What the store keeps of a pod the agent runs (tree `podstates`, key = UID): the spec
@@ -230,8 +240,8 @@ impl Worker {
                     log::debug!("pod {}: container {id} exited", self.name())
                 }
                 Some(WorkerMsg::Resync) => {}
-                Some(WorkerMsg::Evict(message)) => {
-                    Box::pin(self.evict(message)).await;
+                Some(WorkerMsg::Evict(eviction)) => {
+                    Box::pin(self.evict(eviction)).await;
                     continue;
                 }
             }

@@ -154,6 +154,20 @@ pub fn volumes_dir(pod_dir: &Path) -> PathBuf {
     pod_dir.join(VOLUMES)
 }
 
+/// The directory of the pod's emptyDir volume `name`, None for a name that is not one
+/// directory entry.
+pub fn empty_dir_path(pod_dir: &Path, name: &str) -> Option<PathBuf> {
+    valid_name(name).then(|| {
+        volumes_dir(pod_dir)
+            .join("kubernetes.io~empty-dir")
+            .join(name)
+    })
+}
+
+fn valid_name(name: &str) -> bool {
+    !(name.is_empty() || name.contains('/') || name.starts_with('.'))
+}
+
 /// Sets up (or brings up to date) every volume of `pod` under `pod_dir`: the first
 /// time, after an agent restart (what is there is kept), and on every resync, when a
 /// changed ConfigMap, Secret or label lands in its volumes.
@@ -165,7 +179,7 @@ pub fn setup(pod: &Pod, pod_dir: &Path, sources: &Sources<'_>) -> Result<PodVolu
     };
     for v in spec.volumes.iter().flatten() {
         let name = v.name.as_str();
-        if name.is_empty() || name.contains('/') || name.starts_with('.') {
+        if !valid_name(name) {
             return Err(VolumeError::Unsupported {
                 volume: name.to_owned(),
                 reason: "invalid volume name".into(),

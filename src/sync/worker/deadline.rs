@@ -110,6 +110,7 @@ impl Worker {
             reason: REASON.into(),
             message: MESSAGE.into(),
             rejected: false,
+            disruption: false,
         });
         self.persist().await;
         self.stop_containers(self.grace_period()).await;

@@ -30,14 +30,16 @@ pub struct Ended {
     pub message: String,
     /// Rejected at admission: nothing of it ever ran.
     pub rejected: bool,
+    /// A disruption, which the kubelet marks with the DisruptionTarget condition: an
+    /// eviction under node pressure is; one for the pod's own storage limits, or a pod
+    /// past its active deadline (`generateAPIPodStatus` sets only phase, reason and
+    /// message), is not.
+    pub disruption: bool,
 }
 
 impl Ended {
-    /// Whether the end is a disruption, which the kubelet marks with the
-    /// DisruptionTarget condition: an eviction is; a pod past its active deadline
-    /// (`generateAPIPodStatus` sets only phase, reason and message) is not.
     pub fn disrupts(&self) -> bool {
-        !self.rejected && self.reason == "Evicted"
+        !self.rejected && self.disruption
     }
 
     /// What a stored status says, if the agent ended the pod (only it sets a pod-level
@@ -47,10 +49,16 @@ impl Ended {
             return None;
         }
         let reason = status.reason.clone()?;
+        let disruption = status
+            .conditions
+            .iter()
+            .flatten()
+            .any(|c| c.type_ == "DisruptionTarget" && c.status == "True");
         Some(Ended {
             reason,
             message: status.message.clone().unwrap_or_default(),
             rejected: status.container_statuses.as_ref().is_none_or(Vec::is_empty),
+            disruption,
         })
     }
 }
@@ -213,10 +221,11 @@ impl Worker {
 
     /// Ends the pod as the kubelet's eviction manager does: its containers killed at
     /// once, phase Failed, reason Evicted, the manager's message, the Evicted event.
-    pub(super) async fn evict(&mut self, message: String) {
+    pub(super) async fn evict(&mut self, eviction: super::Eviction) {
         if self.ended.is_some() {
             return;
         }
+        let message = eviction.message;
         log::warn!("pod {}: evicted: {message}", self.name());
         self.deps.reporter.event(
             &self.pod,
@@ -229,6 +238,7 @@ impl Worker {
             reason: "Evicted".into(),
             message,
             rejected: false,
+            disruption: eviction.disruption,
         });
         self.stop_for_good().await;
         // As the kubelet does for a terminated pod: what it held goes (its volumes, a
@@ -251,6 +261,7 @@ impl Worker {
             reason,
             message: format!("Pod was rejected: {message}"),
             rejected: true,
+            disruption: false,
         });
     }
 
@@ -322,10 +333,21 @@ mod tests {
             container_statuses: Some(vec![Default::default()]),
             ..PodStatus::default()
         };
+        // Over its own storage limits: no DisruptionTarget condition.
         assert!(!Ended::from_status(&evicted).expect("ended").rejected);
+        assert!(!Ended::from_status(&evicted).expect("ended").disrupts());
+        let evicted = PodStatus {
+            conditions: Some(vec![PodCondition {
+                type_: "DisruptionTarget".into(),
+                status: "True".into(),
+                ..PodCondition::default()
+            }]),
+            ..evicted
+        };
         assert!(Ended::from_status(&evicted).expect("ended").disrupts());
         let past_deadline = PodStatus {
             reason: Some("DeadlineExceeded".into()),
+            conditions: None,
             ..evicted
         };
         let ended = Ended::from_status(&past_deadline).expect("ended");
