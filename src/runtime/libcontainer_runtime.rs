@@ -85,7 +85,7 @@ impl LibcontainerRuntime {
             None => std::env::current_exe().map_err(io_err("find own executable".to_owned()))?,
         };
         let cgroup_root = format!("/{}", cgroup_root.trim_matches('/'));
-        let rt = LibcontainerRuntime {
+        let mut rt = LibcontainerRuntime {
             root,
             cgroup_root,
             shim_binary,
@@ -103,6 +103,9 @@ impl LibcontainerRuntime {
             Ok(None) => {}
             Err(e) => return Err(io_err(format!("secure {}", rt.root.display()))(e)),
         }
+        // Compared with mountinfo below, which lists resolved paths.
+        rt.root = std::fs::canonicalize(&rt.root)
+            .map_err(io_err(format!("resolve {}", rt.root.display())))?;
         let boot = rt.boot_dir();
         match super::root_dir::boot_tmpfs(&boot) {
             Ok(None) => {}
@@ -586,11 +589,8 @@ impl Runtime for LibcontainerRuntime {
             Err(e) => {
                 // Nothing runs yet: the directories and the bind mount are all there is.
                 for d in [&dir, &disk] {
-                    match rootfs::unmount_all_under(d) {
-                        Ok(()) => {
-                            let _ = std::fs::remove_dir_all(d);
-                        }
-                        Err(m) => log::warn!("container {}: {m}", req.id),
+                    if let Err(m) = super::remove_unmounted(d) {
+                        log::warn!("container {}: {m}", req.id);
                     }
                 }
                 return Err(e);
@@ -695,23 +695,12 @@ impl Runtime for LibcontainerRuntime {
             message,
         })?;
         for dir in [&dir, &disk] {
-            if !dir.exists() {
-                continue;
-            }
-            rootfs::unmount_all_under(dir).map_err(|message| RuntimeError::Create {
+            // Unmounted first, and never removed through a mount: that would delete
+            // the image, or a volume's host files, through it.
+            super::remove_unmounted(dir).map_err(|e| RuntimeError::Create {
                 id: id.0.clone(),
-                message,
+                message: e.to_string(),
             })?;
-            // remove_dir_all would walk into a mount and delete the image through it.
-            let left = rootfs::mounts_under(dir)
-                .map_err(io_err("read /proc/self/mountinfo".to_owned()))?;
-            if !left.is_empty() {
-                return Err(RuntimeError::Create {
-                    id: id.0.clone(),
-                    message: format!("still mounted: {left:?}"),
-                });
-            }
-            std::fs::remove_dir_all(dir).map_err(io_err(format!("remove {}", dir.display())))?;
         }
         let _ = std::fs::remove_file(self.exits_dir().join(&id.0));
         let _ = std::fs::remove_file(self.root.join("exits").join(&id.0));

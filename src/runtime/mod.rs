@@ -62,6 +62,7 @@ mod exits;
 mod libcontainer_runtime;
 mod logs;
 mod records;
+mod remove;
 mod reset;
 pub mod root_dir;
 mod rootfs;
@@ -77,8 +78,9 @@ mod user;
 pub use command::{expand, expanded_len, MAX_ARG_STRLEN};
 pub use libcontainer_runtime::{LibcontainerRuntime, DEFAULT_LOG_MAX_FILES, DEFAULT_LOG_MAX_SIZE};
 pub use logs::{pod_log_dir, rotated_files as rotated_log_files};
+pub use remove::{remove_unmounted, RemoveError};
 pub use reset::remove_all;
-pub use rootfs::{bind_nosuid_nodev, mounts_under, unmount_all_under};
+pub use rootfs::{bind_nosuid_nodev, is_mount_point, mounts_under, resolved, unmount_all_under};
 pub use sandbox::{BindMount, NamespaceKind, PodSandbox};
 pub use shim::shim_main;
 

@@ -79,11 +79,7 @@ pub fn mount(layers: &[PathBuf], upper: &Path, work: &Path, target: &Path) -> Re
 /// `private`, mounts made below it later do not propagate to other mount namespaces.
 /// Nothing is done when `dir` is a mount point already (an agent restarted over it).
 pub fn bind_nosuid_nodev(dir: &Path, private: bool) -> Result<(), String> {
-    let mounted = mounts_under(dir)
-        .map_err(|e| format!("read mountinfo: {e}"))?
-        .iter()
-        .any(|m| m == dir);
-    if mounted {
+    if is_mount_point(dir).map_err(|e| format!("read mountinfo: {e}"))? {
         return Ok(());
     }
     let none: Option<&str> = None;
@@ -121,17 +117,58 @@ pub fn unmount_all_under(dir: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// Mount points at or below `dir` in this process's mount namespace.
+/// Mount points at or below `dir` in this process's mount namespace, as the kernel
+/// names them: absolute, symlinks resolved (see [`resolved`]).
 ///
 /// Read a line at a time through a small buffer: with a hundred pods the table runs to
 /// hundreds of KiB, and pod starts and stops read it several times each, at once on
 /// several threads. Only the mount points that match become allocations.
 pub fn mounts_under(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let dir = resolved(dir)?;
     let file = std::fs::File::open("/proc/self/mountinfo")?;
     mounts_under_in(
         std::io::BufReader::with_capacity(4096, file),
         dir.as_os_str().as_bytes(),
     )
+}
+
+/// Whether `dir` itself is a mount point.
+pub fn is_mount_point(dir: &Path) -> std::io::Result<bool> {
+    let dir = resolved(dir)?;
+    Ok(mounts_under(&dir)?.contains(&dir))
+}
+
+/// `path` as mountinfo names it: absolute, every symlink resolved. The kernel lists
+/// resolved paths, so a root dir reached through a symlink (`/var/lib/holdfast ->
+/// /data/holdfast`) or given relative matches none of its own mounts unless resolved
+/// first. What of it does not exist yet is kept as given (it can hold no mount).
+pub fn resolved(path: &Path) -> std::io::Result<PathBuf> {
+    let abs = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        std::env::current_dir()?.join(path)
+    };
+    let mut missing = Vec::new();
+    let mut cur = abs.as_path();
+    loop {
+        match std::fs::canonicalize(cur) {
+            Ok(mut found) => {
+                found.extend(missing.iter().rev());
+                return Ok(found);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                match (cur.parent(), cur.file_name()) {
+                    (Some(parent), Some(name)) => {
+                        missing.push(name.to_owned());
+                        cur = parent;
+                    }
+                    // `..` after a missing component: nothing to resolve it against.
+                    _ => return Err(e),
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 fn mounts_under_in(mut table: impl std::io::BufRead, dir: &[u8]) -> std::io::Result<Vec<PathBuf>> {
@@ -214,6 +251,19 @@ short line
                 "/var/lib/hf/pods/last"
             ]
         );
+    }
+
+    #[test]
+    fn paths_are_resolved_as_mountinfo_names_them() {
+        let tmp = crate::testutil::TempDir::new("rootfs-resolved");
+        let real = tmp.0.canonicalize().expect("tmp").join("data");
+        std::fs::create_dir_all(real.join("pods")).expect("mkdir");
+        std::os::unix::fs::symlink(&real, tmp.0.join("link")).expect("symlink");
+        assert_eq!(
+            resolved(&tmp.0.join("link/pods/missing/deeper")).expect("resolve"),
+            real.join("pods/missing/deeper")
+        );
+        assert_eq!(resolved(&tmp.0.join("link/.")).expect("resolve"), real);
     }
 
     #[test]

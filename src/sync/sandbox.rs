@@ -246,13 +246,12 @@ impl Sandboxes {
     /// for a pod an older holdfast set up, while that mount lasts).
     fn shm(&self, dir: &Path) -> Result<PathBuf, SetupError> {
         let mounted = |shm: &Path| -> Result<bool, SetupError> {
-            Ok(crate::runtime::mounts_under(shm)
-                .map_err(|source| VolumeError::Io {
+            Ok(
+                crate::runtime::is_mount_point(shm).map_err(|source| VolumeError::Io {
                     context: "read /proc/self/mountinfo".into(),
                     source,
-                })?
-                .iter()
-                .any(|m| m == shm))
+                })?,
+            )
         };
         let legacy = dir.join("shm");
         if mounted(&legacy)? {
@@ -308,16 +307,8 @@ impl Sandboxes {
         }
         if first.is_none() {
             for d in [&dir, &boot] {
-                if let Err(source) = std::fs::remove_dir_all(d) {
-                    if source.kind() != std::io::ErrorKind::NotFound {
-                        first.get_or_insert(
-                            VolumeError::Io {
-                                context: format!("remove {}", d.display()),
-                                source,
-                            }
-                            .into(),
-                        );
-                    }
+                if let Err(e) = crate::runtime::remove_unmounted(d) {
+                    first.get_or_insert(VolumeError::from(e).into());
                 }
             }
         }

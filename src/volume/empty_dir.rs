@@ -86,11 +86,7 @@ fn memory_size(
 /// A tmpfs at `dir`, mounted unless it is already.
 pub fn memory(dir: &Path, size: Option<u64>) -> Result<(), VolumeError> {
     std::fs::create_dir_all(dir).map_err(io(format!("create {}", dir.display())))?;
-    let mounted = crate::runtime::mounts_under(dir)
-        .map_err(io("read /proc/self/mountinfo".into()))?
-        .iter()
-        .any(|m| m == dir);
-    if mounted {
+    if crate::runtime::is_mount_point(dir).map_err(io("read /proc/self/mountinfo".into()))? {
         return Ok(());
     }
     let options = size.map(|s| format!("size={s}"));

@@ -86,6 +86,10 @@ pub enum VolumeError {
         #[source]
         source: std::io::Error,
     },
+    /// A volume's or a staged subPath's dir that could not go without reaching
+    /// through a mount.
+    #[error(transparent)]
+    Remove(#[from] crate::runtime::RemoveError),
 }
 
 impl VolumeError {
@@ -363,36 +367,13 @@ fn sub_path_expr(
 }
 
 /// Unmounts and removes every volume of the pod under `pod_dir`, and its staged
-/// subPaths. A hostPath is never under it, so nothing of the host is touched.
+/// subPaths. What a hostPath or a subPath shows is a mount below them: unmounted
+/// first, and never removed through (see [`crate::runtime::remove_unmounted`]).
 pub fn teardown(pod_dir: &Path) -> Result<(), VolumeError> {
     for base in [pod_dir.join(SUBPATHS), volumes_dir(pod_dir)] {
-        remove_unmounted(base)?;
+        crate::runtime::remove_unmounted(&base)?;
     }
     Ok(())
-}
-
-fn remove_unmounted(base: PathBuf) -> Result<(), VolumeError> {
-    if !base.exists() {
-        return Ok(());
-    }
-    crate::runtime::unmount_all_under(&base).map_err(|reason| VolumeError::Payload {
-        dir: base.clone(),
-        reason,
-    })?;
-    let left = crate::runtime::mounts_under(&base).map_err(|source| VolumeError::Io {
-        context: "read /proc/self/mountinfo".into(),
-        source,
-    })?;
-    if !left.is_empty() {
-        return Err(VolumeError::Payload {
-            dir: base,
-            reason: format!("still mounted: {left:?}"),
-        });
-    }
-    std::fs::remove_dir_all(&base).map_err(|source| VolumeError::Io {
-        context: format!("remove {}", base.display()),
-        source,
-    })
 }
 
 #[cfg(test)]
