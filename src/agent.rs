@@ -41,6 +41,12 @@ pub async fn run(mut config: Config, shutdown: impl Future<Output = ()>) -> Resu
             })
         }
     }
+    // A config not made by `config::load` (tests, embedders) may name it otherwise.
+    let root = std::fs::canonicalize(&root).map_err(|source| Error::Io {
+        context: format!("resolve {}", root.display()),
+        source,
+    })?;
+    config.root_dir = root.clone();
     for dir in [root.join("images"), root.join("logs")] {
         crate::runtime::root_dir::create_private(&dir).map_err(|source| Error::Io {
             context: format!("create {}", dir.display()),

@@ -17,8 +17,22 @@ use crate::Error;
 
 const DEFAULT_ROOT: &str = "/var/lib/holdfast";
 
-/// Splits `--root-dir DIR` / `--root-dir=DIR` from the other arguments.
+/// Splits `--root-dir DIR` / `--root-dir=DIR` from the other arguments. The root comes
+/// back resolved, as the agent holds it (see [`crate::runtime::root_dir::resolve`]):
+/// `reset` compares it with the mount table. One not there stays as given.
 fn root_dir(args: &[String]) -> Result<(PathBuf, Vec<String>), Error> {
+    let (root, rest) = root_dir_as_given(args)?;
+    match std::fs::canonicalize(&root) {
+        Ok(resolved) => Ok((resolved, rest)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok((root, rest)),
+        Err(source) => Err(Error::Io {
+            context: format!("resolve root dir {}", root.display()),
+            source,
+        }),
+    }
+}
+
+fn root_dir_as_given(args: &[String]) -> Result<(PathBuf, Vec<String>), Error> {
     let mut root = PathBuf::from(DEFAULT_ROOT);
     let mut rest = Vec::new();
     let mut it = args.iter();
@@ -436,12 +450,8 @@ pub fn reset(args: &[String]) -> Result<(), Error> {
     };
     for entry in std::fs::read_dir(&root).map_err(io(&root))? {
         let path = entry.map_err(io(&root))?.path();
-        let removed = if path.is_dir() && !path.is_symlink() {
-            std::fs::remove_dir_all(&path)
-        } else {
-            std::fs::remove_file(&path)
-        };
-        removed.map_err(io(&path))?;
+        // Whatever is still mounted below goes first; nothing is removed through a mount.
+        crate::runtime::remove_unmounted(&path).map_err(|e| Error::Cli(format!("reset: {e}")))?;
     }
     match std::fs::remove_dir(&root) {
         Ok(()) => Ok(()),

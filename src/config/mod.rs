@@ -202,14 +202,21 @@ pub fn load_run_args(args: &[String]) -> Result<(Config, Vec<String>), ConfigErr
 }
 
 /// Merges the flags, the config file they name and the defaults, and settles the node
-/// name. Returns the warnings to log.
+/// name. The root dir is made if missing and resolved (see
+/// [`crate::runtime::root_dir::resolve`]). Returns the warnings to log.
 pub fn load(flags: &RunFlags) -> Result<(Config, Vec<String>), ConfigError> {
     let (file, mut warnings) = match &flags.config {
         Some(path) => read_config_file(path)?,
         None => (FileConfig::default(), Vec::new()),
     };
     let file = with_board(flags, file, &mut warnings)?;
-    let config = merge(flags, &file, machine_hostname)?;
+    let mut config = merge(flags, &file, machine_hostname)?;
+    config.root_dir = crate::runtime::root_dir::resolve(&config.root_dir).map_err(|source| {
+        ConfigError::RootDir {
+            path: config.root_dir.clone(),
+            source,
+        }
+    })?;
     Ok((config, warnings))
 }
 
@@ -402,6 +409,13 @@ pub enum ConfigError {
     },
     #[error("{0}")]
     Usage(String),
+    /// The root dir cannot be made, or resolved to the path the kernel names it by.
+    #[error("root dir {}", path.display())]
+    RootDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 #[cfg(test)]

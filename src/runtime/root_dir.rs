@@ -15,6 +15,15 @@ pub fn create_private(dir: &Path) -> std::io::Result<()> {
         .create(dir)
 }
 
+/// `root` made (0700, with its missing parents) if missing, and resolved: absolute,
+/// every symlink followed. The kernel's mount table names resolved paths only, so the
+/// agent holds its root dir so (a symlink to a data partition, `--root-dir ./state`),
+/// and every path below it compares with the mounts it made there.
+pub fn resolve(root: &Path) -> std::io::Result<std::path::PathBuf> {
+    create_private(root)?;
+    std::fs::canonicalize(root)
+}
+
 /// Creates the root dir 0700, or takes away what group and others may do with an
 /// existing one (a root left 0755 by an older holdfast, or made by hand). Returns the
 /// mode it had when it was changed, so that the caller can say so.
@@ -84,5 +93,17 @@ mod tests {
         std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755)).expect("chmod");
         assert_eq!(secure(&root).expect("secure"), Some(0o755));
         assert_eq!(mode(&root), 0o700);
+    }
+
+    #[test]
+    fn a_root_through_a_symlink_resolves_to_its_target() {
+        let tmp = crate::testutil::TempDir::new("root-dir-resolve");
+        let data = tmp.0.canonicalize().expect("tmp").join("data");
+        std::fs::create_dir_all(&data).expect("mkdir");
+        std::os::unix::fs::symlink(&data, tmp.0.join("link")).expect("symlink");
+        let root = resolve(&tmp.0.join("link/holdfast")).expect("resolve");
+        assert_eq!(root, data.join("holdfast"));
+        let mode = std::fs::metadata(&root).expect("stat").permissions().mode() & 0o7777;
+        assert_eq!(mode, 0o700);
     }
 }
