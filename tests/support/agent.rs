@@ -81,6 +81,11 @@ pub struct Agent {
     /// The kubelet API's `address`: 127.0.0.1 unless a test gives the agent an address
     /// of its own (the apiserver's node proxy refuses loopback node addresses).
     pub address: String,
+    /// How the agent and the CLI are told the root dir, when not as `root`: a relative
+    /// path, resolved against `cwd` (both set by a test of such a layout).
+    pub root_arg: Option<PathBuf>,
+    /// The working directory of the agent and of the CLI commands run on its root.
+    pub cwd: Option<PathBuf>,
     child: Option<Child>,
 }
 
@@ -115,6 +120,8 @@ impl Agent {
             port: free_port(),
             healthz_port: free_port(),
             address: "127.0.0.1".into(),
+            root_arg: None,
+            cwd: None,
             child: None,
         };
         agent.write_config("");
@@ -144,6 +151,18 @@ impl Agent {
         std::fs::write(self.dir.join("config.yaml"), cfg).expect("config");
     }
 
+    /// `holdfast ARGS --root-dir ROOT`, run where the agent runs.
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(bin());
+        cmd.args(args)
+            .arg("--root-dir")
+            .arg(self.root_arg.as_ref().unwrap_or(&self.root));
+        if let Some(cwd) = &self.cwd {
+            cmd.current_dir(cwd);
+        }
+        cmd
+    }
+
     pub fn start(&mut self) {
         self.spawn();
         // The control socket appears once the agent holds its store and runs.
@@ -161,12 +180,10 @@ impl Agent {
             .append(true)
             .open(&self.log)
             .expect("agent log");
-        let child = Command::new(bin())
-            .arg("run")
+        let child = self
+            .command(&["run"])
             .arg("--config")
             .arg(self.dir.join("config.yaml"))
-            .arg("--root-dir")
-            .arg(&self.root)
             .arg("--pod-manifest-path")
             .arg(&self.manifests)
             .arg("--hostname-override")
@@ -240,11 +257,7 @@ impl Agent {
     }
 
     fn try_pods(&self) -> Option<Vec<Value>> {
-        let out = Command::new(bin())
-            .args(["pods", "-o", "json", "--root-dir"])
-            .arg(&self.root)
-            .output()
-            .ok()?;
+        let out = self.command(&["pods", "-o", "json"]).output().ok()?;
         if !out.status.success() {
             return None;
         }
@@ -259,9 +272,8 @@ impl Agent {
     /// What `holdfast status --json` prints (uplink, outbox, store size, pods).
     #[allow(dead_code)]
     pub fn status(&self) -> Value {
-        let out = Command::new(bin())
-            .args(["status", "--json", "--root-dir"])
-            .arg(&self.root)
+        let out = self
+            .command(&["status", "--json"])
             .output()
             .expect("holdfast status");
         assert!(
@@ -274,11 +286,7 @@ impl Agent {
 
     /// The table `holdfast pods` prints.
     pub fn pods_table(&self) -> String {
-        let out = Command::new(bin())
-            .args(["pods", "--root-dir"])
-            .arg(&self.root)
-            .output()
-            .expect("holdfast pods");
+        let out = self.command(&["pods"]).output().expect("holdfast pods");
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
@@ -418,9 +426,8 @@ impl Agent {
     /// Stops the agent and removes everything (`holdfast reset`).
     pub fn reset(&mut self) {
         self.kill9();
-        let out = Command::new(bin())
-            .args(["reset", "--root-dir"])
-            .arg(&self.root)
+        let out = self
+            .command(&["reset"])
             .arg("--cgroup-root")
             .arg(&self.cgroup_root)
             .output()
@@ -455,9 +462,8 @@ pub fn cgroup_dirs(path: &str) -> Vec<PathBuf> {
 impl Drop for Agent {
     fn drop(&mut self) {
         self.kill9();
-        let _ = Command::new(bin())
-            .args(["reset", "--root-dir"])
-            .arg(&self.root)
+        let _ = self
+            .command(&["reset"])
             .arg("--cgroup-root")
             .arg(&self.cgroup_root)
             .output();
