@@ -251,10 +251,8 @@ impl Worker {
             log::error!("pod {}: forget records and status: {e}", self.name());
         }
         let dir = self.log_dir();
-        if let Err(e) = std::fs::remove_dir_all(&dir) {
-            if e.kind() != std::io::ErrorKind::NotFound {
-                log::warn!("pod {}: remove logs {}: {e}", self.name(), dir.display());
-            }
+        if let Err(e) = crate::runtime::remove_unmounted(&dir) {
+            log::warn!("pod {}: remove logs: {e}", self.name());
         }
         log::info!("pod {}: stopped and removed", self.name());
     }
