@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -26,33 +27,8 @@ pub async fn run(mut config: Config, shutdown: impl Future<Output = ()>) -> Resu
     let notify = crate::systemd::Notify::from_env();
     // `cgroupRoot: delegated` settles the agent in its service's cgroup before any fork.
     config.cgroup_root = crate::runtime::delegation::settle(&config.cgroup_root)?;
-    let root = config.root_dir.clone();
-    // Containers' files live below the root dir: no other user of the host may reach it.
-    match crate::runtime::root_dir::secure(&root) {
-        Ok(Some(mode)) => log::warn!(
-            "root dir {} was mode {mode:04o}, reachable by other users of the host: now 0700",
-            root.display()
-        ),
-        Ok(None) => {}
-        Err(source) => {
-            return Err(Error::Io {
-                context: format!("create {} with mode 0700", root.display()),
-                source,
-            })
-        }
-    }
-    // A config not made by `config::load` (tests, embedders) may name it otherwise.
-    let root = std::fs::canonicalize(&root).map_err(|source| Error::Io {
-        context: format!("resolve {}", root.display()),
-        source,
-    })?;
+    let root = prepare_root(&config.root_dir)?;
     config.root_dir = root.clone();
-    for dir in [root.join("images"), root.join("logs")] {
-        crate::runtime::root_dir::create_private(&dir).map_err(|source| Error::Io {
-            context: format!("create {}", dir.display()),
-            source,
-        })?;
-    }
     let _lock = crate::control::presence::lock(&root, std::time::Duration::from_secs(2)).map_err(
         |source| Error::Io {
             context: "lock the root dir".into(),
@@ -306,6 +282,37 @@ pub async fn run(mut config: Config, shutdown: impl Future<Output = ()>) -> Resu
     drop(uplink);
     log::info!("holdfast stopped; containers keep running");
     Ok(())
+}
+
+/// The first stage: the root dir made private (0700, narrowed from a wider mode) and
+/// resolved, with the folders the agent writes to first. Returns it resolved.
+fn prepare_root(root: &Path) -> Result<PathBuf, Error> {
+    // Containers' files live below the root dir: no other user of the host may reach it.
+    match crate::runtime::root_dir::secure(root) {
+        Ok(Some(mode)) => log::warn!(
+            "root dir {} was mode {mode:04o}, reachable by other users of the host: now 0700",
+            root.display()
+        ),
+        Ok(None) => {}
+        Err(source) => {
+            return Err(Error::Io {
+                context: format!("create {} with mode 0700", root.display()),
+                source,
+            })
+        }
+    }
+    // A config not made by `config::load` (tests, embedders) may name it otherwise.
+    let root = std::fs::canonicalize(root).map_err(|source| Error::Io {
+        context: format!("resolve {}", root.display()),
+        source,
+    })?;
+    for dir in [root.join("images"), root.join("logs")] {
+        crate::runtime::root_dir::create_private(&dir).map_err(|source| Error::Io {
+            context: format!("create {}", dir.display()),
+            source,
+        })?;
+    }
+    Ok(root)
 }
 
 /// The node's allocatable resources as its status reports them, which
