@@ -32,6 +32,16 @@ fn root_dir(args: &[String]) -> Result<(PathBuf, Vec<String>), Error> {
     }
 }
 
+/// Whether the root dir `args` name is reached through a symlink: resolved, it is not
+/// the path as given (made absolute).
+fn through_symlink(args: &[String]) -> bool {
+    let Ok((given, _)) = root_dir_as_given(args) else {
+        return false;
+    };
+    let absolute = std::path::absolute(&given).unwrap_or(given);
+    std::fs::canonicalize(&absolute).is_ok_and(|resolved| resolved != absolute)
+}
+
 fn root_dir_as_given(args: &[String]) -> Result<(PathBuf, Vec<String>), Error> {
     let mut root = PathBuf::from(DEFAULT_ROOT);
     let mut rest = Vec::new();
@@ -452,6 +462,11 @@ pub fn reset(args: &[String]) -> Result<(), Error> {
         let path = entry.map_err(io(&root))?.path();
         // Whatever is still mounted below goes first; nothing is removed through a mount.
         crate::runtime::remove_unmounted(&path).map_err(|e| Error::Cli(format!("reset: {e}")))?;
+    }
+    // A root reached through a symlink (`/var/lib/holdfast -> /data/holdfast`) keeps
+    // its target, empty: the link is the host's layout, and the next agent starts there.
+    if through_symlink(args) {
+        return Ok(());
     }
     match std::fs::remove_dir(&root) {
         Ok(()) => Ok(()),

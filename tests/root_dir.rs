@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use support::agent::{container, need_root, sh_pod, Agent};
+use support::agent::{busybox_tar, container, need_root, sh_pod, Agent};
 
 const WAIT: Duration = Duration::from_secs(90);
 
@@ -153,6 +153,21 @@ fn a_root_dir_reached_through_a_symlink() {
     std::fs::rename(&a.root, &data).expect("move the root");
     std::os::unix::fs::symlink(&data, &a.root).expect("symlink the root");
     pods_come_and_go(&mut a, &data);
+    // The link is the host's layout: reset emptied its target and kept both, so that
+    // an agent starts there again.
+    assert!(data.is_dir(), "reset removed the symlink's target");
+    std::fs::create_dir_all(data.join("images")).expect("images dir");
+    std::fs::copy(busybox_tar(), data.join("images/busybox.tar")).expect("copy image");
+    a.write_manifest(
+        "again.yaml",
+        &sh_pod("again", "", "main", "echo END; exec sleep 3600", ""),
+    );
+    a.start();
+    a.wait_pod("again", "running", WAIT, |p| {
+        container(p, "main")["state"]["running"].is_object()
+    });
+    a.reset();
+    a.assert_clean();
 }
 
 #[test]

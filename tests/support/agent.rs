@@ -43,7 +43,7 @@ pub fn need_root() -> bool {
 }
 
 /// The busybox image tar, built once per test binary.
-fn busybox_tar() -> &'static Path {
+pub fn busybox_tar() -> &'static Path {
     static TAR: OnceLock<PathBuf> = OnceLock::new();
     TAR.get_or_init(|| {
         // Under target/ (removed by `cargo clean`), rebuilt once per test run, swapped in
