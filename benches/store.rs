@@ -289,6 +289,7 @@ fn churn(path: &Path, cycles: usize) -> Sizes {
                 pod: p.clone(),
                 status: status(running),
                 start_time: holdfast::time::now(),
+                stop_deadline: None,
             };
             batch.put(&podstates, &uid, &state).expect("put");
             store.apply(batch).expect("apply");

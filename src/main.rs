@@ -129,8 +129,15 @@ fn run(args: &[String]) -> Result<(), holdfast::Error> {
             context: "start the async runtime".into(),
             source,
         })?;
-    rt.block_on(holdfast::agent::run(config, shutdown_signal()))
+    let result = rt.block_on(holdfast::agent::run(config, shutdown_signal()));
+    // Blocking work still under way (an exec session, a hook, a pull) does not hold
+    // the exit: the runtime would wait for it without end.
+    rt.shutdown_timeout(RUNTIME_STOP_WAIT);
+    result
 }
+
+/// How long a stopping agent waits for its blocking threads once `run` has returned.
+const RUNTIME_STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// `holdfast check` has its own exit codes: 1 means an item is missing, not a failure
 /// of the command.

@@ -110,9 +110,10 @@ impl Reading {
     }
 }
 
-/// `CLOCK_BOOTTIME`. It cannot fail on Linux with a valid clock id; if it ever did, the
-/// monotonic clock (same origin, suspend excluded) stands in.
-fn boottime() -> Duration {
+/// `CLOCK_BOOTTIME`: time since boot, which no setting of the clock moves. It cannot
+/// fail on Linux with a valid clock id; if it ever did, the monotonic clock (same
+/// origin, suspend excluded) stands in.
+pub fn boottime() -> Duration {
     use nix::time::{clock_gettime, ClockId};
     let ts = clock_gettime(ClockId::CLOCK_BOOTTIME)
         .or_else(|_| clock_gettime(ClockId::CLOCK_MONOTONIC))

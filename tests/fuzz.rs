@@ -1481,6 +1481,7 @@ fn seeds_store_records() {
             ..Default::default()
         },
         start_time: t,
+        stop_deadline: None,
     };
     let json = |v: &dyn erased::Ser| v.to_json();
     write_seeds(

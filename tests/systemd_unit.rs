@@ -298,3 +298,33 @@ fn verify_catches_a_broken_unit() {
     };
     assert!(said.contains("sixty"), "{said}");
 }
+
+/// A `systemd.time(7)` span of whole seconds or minutes, as the unit writes them.
+fn seconds(span: &str) -> Option<u64> {
+    let span = span.trim();
+    if let Some(m) = span.strip_suffix("min") {
+        return m.trim().parse::<u64>().ok()?.checked_mul(60);
+    }
+    span.strip_suffix('s').unwrap_or(span).trim().parse().ok()
+}
+
+#[test]
+fn unit_stop_timeout_is_what_the_agent_promises() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(repo.join(systemd::UNIT)).expect("read the unit");
+    let Some(value) = text.lines().find_map(|l| l.strip_prefix("TimeoutStopSec=")) else {
+        panic!(
+            "the unit sets no TimeoutStopSec=: systemd's default (90 s) is what a stop \
+             waits for before it kills the agent"
+        );
+    };
+    let timeout = seconds(value).unwrap_or_else(|| panic!("TimeoutStopSec={value}"));
+    // tests/agent_stop.rs holds a real agent to an exit within 15 s of SIGTERM while
+    // pods wait out grace periods of minutes to a year; the agent itself leaves its
+    // workers after `STOP_WAIT`. The unit allows that with room for a slow flash.
+    let promised = 15.max(2 * holdfast::sync::STOP_WAIT.as_secs());
+    assert!(
+        (promised..90).contains(&timeout),
+        "TimeoutStopSec={value}: the agent promises an exit within {promised} s"
+    );
+}

@@ -78,6 +78,7 @@ mod user;
 pub use command::{expand, expanded_len, MAX_ARG_STRLEN};
 pub use libcontainer_runtime::{LibcontainerRuntime, DEFAULT_LOG_MAX_FILES, DEFAULT_LOG_MAX_SIZE};
 pub use logs::{pod_log_dir, rotated_files as rotated_log_files};
+pub use records::boot_id;
 pub use remove::{remove_unmounted, RemoveError};
 pub use reset::remove_all;
 pub use rootfs::{bind_nosuid_nodev, is_mount_point, mounts_under, resolved, unmount_all_under};

@@ -86,7 +86,15 @@ struct Handle {
     tx: mpsc::Sender<WorkerMsg>,
     /// The worker is stopping its pod: it reads no more updates.
     terminating: bool,
+    /// Ends the worker's task where it waits (a stopping agent does not wait for it).
+    abort: tokio::task::AbortHandle,
 }
+
+/// How long a stopping agent lets its pod workers finish the pass they are in (a start
+/// under way, a store write) before it leaves them. What is left is as after a crash of
+/// the agent, which the next one takes up: containers run on, and a pod's stop resumes
+/// from the deadline in the store.
+pub const STOP_WAIT: Duration = Duration::from_secs(3);
 
 pub struct SyncLoop {
     deps: Arc<Deps>,
@@ -232,9 +240,29 @@ impl SyncLoop {
                 }
             }
         }
-        // Dropping the senders ends the workers; containers are left running.
+        self.stop_workers().await;
+    }
+
+    /// Ends every worker without waiting for the pods' stops under way: a grace period
+    /// may be a year long, and pods outlive the agent (each container's shim lives on).
+    /// A pod's stop deadline is in the store, and the next agent resumes its countdown.
+    async fn stop_workers(&mut self) {
+        for h in self.workers.values().filter(|h| h.terminating) {
+            h.abort.abort();
+        }
+        // Dropping the senders ends the idle workers; containers are left running.
         self.workers.clear();
-        while self.tasks.join_next().await.is_some() {}
+        let tasks = &mut self.tasks;
+        let all_done = async { while tasks.join_next().await.is_some() {} };
+        if tokio::time::timeout(STOP_WAIT, all_done).await.is_err() {
+            log::info!(
+                "{} pod worker(s) busy stopping containers or running hooks: \
+                 left to the next agent",
+                self.tasks.len()
+            );
+            self.tasks.abort_all();
+            while self.tasks.join_next().await.is_some() {}
+        }
     }
 
     async fn apply(&mut self, change: PodChange) {
@@ -288,7 +316,7 @@ impl SyncLoop {
         worker.terminate_first = terminate_first;
         worker.rejected = rejected;
         let done = uid.clone();
-        self.tasks.spawn(async move {
+        let abort = self.tasks.spawn(async move {
             worker.run(rx).await;
             done
         });
@@ -297,6 +325,7 @@ impl SyncLoop {
             Handle {
                 tx,
                 terminating: terminate_first,
+                abort,
             },
         );
     }

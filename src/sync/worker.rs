@@ -19,6 +19,7 @@ use super::status::{self, StatusInputs};
 use super::Deps;
 use crate::uplink::report::EventType;
 
+mod countdown;
 mod deadline;
 mod environment;
 mod hooks;
@@ -29,6 +30,7 @@ mod sandbox;
 mod start;
 mod stop;
 
+pub use countdown::StopDeadline;
 pub use sandbox::Ended;
 
 use super::restart_timer::RestartTimers;
@@ -65,6 +67,9 @@ pub struct PodState {
     pub pod: Pod,
     pub status: PodStatus,
     pub start_time: Timestamp,
+    /// Set once the pod's stop began: when its containers get SIGKILL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_deadline: Option<StopDeadline>,
 }
 
 pub(super) struct Worker {
@@ -535,14 +540,17 @@ impl Worker {
         };
         let status =
             whole_seconds(self.ended_status(status::pod_status(&self.pod, &self.records, &inputs)));
+        // A pod synced is wanted: a stop an earlier agent began (its manifest put back
+        // while the agent was down) is over.
         let changed = match &self.state {
-            Some(s) => s.status != status || s.pod != self.pod,
+            Some(s) => s.status != status || s.pod != self.pod || s.stop_deadline.is_some(),
             None => true,
         };
         let state = PodState {
             pod: self.pod.clone(),
             status,
             start_time: self.start_time,
+            stop_deadline: None,
         };
         if changed {
             if let Err(e) = batch.put(&self.deps.podstates, &self.uid, &state) {

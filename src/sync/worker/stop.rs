@@ -7,6 +7,7 @@ use tokio::time::Instant;
 
 use super::super::record::{ContainerRecord, InstanceState};
 use super::super::status::{self, StatusInputs};
+use super::countdown::Countdown;
 use super::{blocking, Worker};
 use crate::runtime::{ContainerId, ContainerState};
 use crate::time;
@@ -32,6 +33,27 @@ pub(super) fn deadline_in(wait: Duration) -> Instant {
     crate::time::instant_after(Instant::now(), wait)
 }
 
+/// How a stop signals the containers before SIGKILL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Signals {
+    /// No grace period: SIGKILL at once.
+    Kill,
+    /// preStop hooks, then SIGTERM.
+    Graceful,
+    /// A stop an earlier agent began, which ran the hooks: SIGTERM only.
+    Resumed,
+}
+
+impl Signals {
+    fn of(wait: Duration, resumed: bool) -> Signals {
+        match (wait.is_zero(), resumed) {
+            (true, _) => Signals::Kill,
+            (false, false) => Signals::Graceful,
+            (false, true) => Signals::Resumed,
+        }
+    }
+}
+
 impl Worker {
     /// The pod is no longer wanted by its source: stops it with the spec's grace period
     /// and forgets it.
@@ -42,7 +64,8 @@ impl Worker {
             .as_ref()
             .and_then(|s| s.termination_grace_period_seconds)
             .unwrap_or(30);
-        self.stop_containers(grace).await;
+        let countdown = self.countdown(grace).await;
+        self.stop_by(countdown).await;
         let is_static = crate::source::is_static_pod(&self.pod);
         self.deps.reporter.removed(&self.pod, is_static);
         self.forget().await;
@@ -64,7 +87,8 @@ impl Worker {
             })
             .unwrap_or(30);
         self.refresh().await;
-        self.stop_containers(grace).await;
+        let countdown = self.countdown(grace).await;
+        self.stop_by(countdown).await;
         self.refresh().await;
         let sandbox = self.sandbox_status();
         let inputs = StatusInputs {
@@ -83,15 +107,27 @@ impl Worker {
     }
 
     /// Stops every running container within `grace` seconds: preStop hooks, SIGTERM,
-    /// SIGKILL when the time is up. App containers (and a running regular init
-    /// container) go first, then the sidecars in the reverse of their order, each with
-    /// what is left of the grace period, as the kubelet stops them.
+    /// SIGKILL when the time is up.
     pub(super) async fn stop_containers(&mut self, grace: i64) {
         let wait = grace_wait(grace);
+        self.stop_by(Countdown {
+            deadline: deadline_in(wait),
+            wait,
+            resumed: false,
+        })
+        .await;
+    }
+
+    /// Stops every running container by the countdown's deadline: preStop hooks (not
+    /// again for a stop resumed), SIGTERM, SIGKILL when the time is up. App containers
+    /// (and a running regular init container) go first, then the sidecars in the
+    /// reverse of their order, each with what is left of the grace period, as the
+    /// kubelet stops them.
+    async fn stop_by(&mut self, countdown: Countdown) {
         log::info!(
             "pod {}: stopping (grace period {}s)",
             self.name(),
-            wait.as_secs()
+            countdown.wait.as_secs()
         );
         let running = self.running();
         let sidecars = self.sidecar_names();
@@ -106,13 +142,13 @@ impl Worker {
                 format!("Stopping container {name}"),
             );
         }
-        let deadline = deadline_in(wait);
-        let graceful = !wait.is_zero();
-        self.stop_group(&first, deadline, graceful).await;
+        let deadline = countdown.deadline;
+        let how = Signals::of(countdown.wait, countdown.resumed);
+        self.stop_group(&first, deadline, how).await;
         let mut side = side;
         side.sort_by_key(|(n, _)| std::cmp::Reverse(sidecars.iter().position(|s| s == n)));
         for one in side {
-            self.stop_group(std::slice::from_ref(&one), deadline, graceful)
+            self.stop_group(std::slice::from_ref(&one), deadline, how)
                 .await;
         }
     }
@@ -148,7 +184,7 @@ impl Worker {
         &mut self,
         group: &[(String, ContainerId)],
         deadline: Instant,
-        graceful: bool,
+        how: Signals,
     ) {
         if group.is_empty() {
             return;
@@ -156,8 +192,12 @@ impl Worker {
         let ids: Vec<ContainerId> = group.iter().map(|(_, id)| id.clone()).collect();
         let sigterm = nix::sys::signal::Signal::SIGTERM as i32;
         let sigkill = nix::sys::signal::Signal::SIGKILL as i32;
-        if graceful {
-            self.pre_stop(group, deadline).await;
+        if how != Signals::Kill {
+            if how == Signals::Graceful {
+                self.pre_stop(group, deadline).await;
+            }
+            // Again for a resumed stop: the agent that began it may have died before
+            // the signal went out.
             self.signal_all(&ids, sigterm).await;
             let left = deadline
                 .saturating_duration_since(Instant::now())
@@ -197,7 +237,7 @@ impl Worker {
         self.kill_reasons.insert(name.to_string(), message);
         let wait = grace_wait(grace);
         let one = [(name.to_string(), id.clone())];
-        self.stop_group(&one, deadline_in(wait), !wait.is_zero())
+        self.stop_group(&one, deadline_in(wait), Signals::of(wait, false))
             .await;
         self.refresh().await;
     }
@@ -211,8 +251,12 @@ impl Worker {
         for name in sidecars.iter().rev() {
             if let Some(one) = running.iter().find(|(n, _)| n == name) {
                 log::info!("pod {}: work done, stopping sidecar {name}", self.name());
-                self.stop_group(std::slice::from_ref(one), deadline, !wait.is_zero())
-                    .await;
+                self.stop_group(
+                    std::slice::from_ref(one),
+                    deadline,
+                    Signals::of(wait, false),
+                )
+                .await;
             }
         }
         self.refresh().await;
