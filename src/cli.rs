@@ -223,7 +223,7 @@ pub fn render_pods(pods: &[PodState], now: crate::time::Timestamp) -> String {
             restarts.to_string(),
             age(p.start_time, now),
             String::new(),
-            String::new(),
+            pod_detail(s),
         ]);
         for c in &cs {
             let (state, detail) = container_state(c);
@@ -253,6 +253,16 @@ pub fn render_pods(pods: &[PodState], now: crate::time::Timestamp) -> String {
         }
     }
     output::table(&rows)
+}
+
+/// Why a pod is where it is, when its status says (a rejected or evicted pod).
+fn pod_detail(s: &k8s_openapi::api::core::v1::PodStatus) -> String {
+    match (s.reason.as_deref(), s.message.as_deref()) {
+        (Some(r), Some(m)) => format!("{r}: {m}"),
+        (Some(r), None) => r.to_owned(),
+        (None, Some(m)) => m.to_owned(),
+        (None, None) => String::new(),
+    }
 }
 
 fn container_state(c: &k8s_openapi::api::core::v1::ContainerStatus) -> (&'static str, String) {

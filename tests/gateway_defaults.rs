@@ -1,5 +1,6 @@
 //! What a standalone gateway gets by default, end to end on real containers as root: the
-//! shipped config's pid limit holds a fork bomb to its own pod.
+//! shipped config's pid limit holds a fork bomb to its own pod, and static pods may use
+//! only the host paths `holdfast.staticPodAllowedHostPaths` allows.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -128,6 +129,93 @@ fn the_shipped_pid_limit_holds_a_fork_bomb_to_its_own_pod() {
     let n = a.pod("neighbour").expect("neighbour");
     assert_eq!(container(&n, "main")["restartCount"], 0, "{n}");
     assert!(container(&n, "main")["state"]["running"].is_object(), "{n}");
+    a.reset();
+    a.assert_clean();
+}
+
+#[test]
+fn static_pods_use_only_the_allowed_host_paths() {
+    if !need_root() {
+        return;
+    }
+    let a = Agent::new("hostpath-allow");
+    let data = a.dir.join("data");
+    std::fs::create_dir_all(&data).expect("mkdir data");
+    std::fs::create_dir_all(a.dir.join("database")).expect("mkdir database");
+    // A link out of the allowed folder, to one beside it.
+    let secret = a.dir.join("secret");
+    std::fs::create_dir_all(&secret).expect("mkdir secret");
+    std::os::unix::fs::symlink(&secret, data.join("out")).expect("link out");
+    a.write_config(&format!(
+        "  staticPodAllowedHostPaths: [{}]\n",
+        data.display()
+    ));
+    let mut a = a;
+    let host = |name: &str, path: &Path| {
+        pod(
+            name,
+            "Always",
+            "echo written > /host/proof; exec sleep 3600",
+            &format!(
+                "      volumeMounts: [{{name: host, mountPath: /host}}]\n  volumes:\n    \
+                 - {{name: host, hostPath: {{path: {}, type: DirectoryOrCreate}}}}\n",
+                path.display()
+            ),
+        )
+    };
+    a.write_manifest("inside.yaml", &host("inside", &data.join("app")));
+    a.write_manifest("sibling.yaml", &host("sibling", &a.dir.join("database")));
+    a.write_manifest("via-link.yaml", &host("via-link", &data.join("out")));
+    a.start();
+
+    a.wait_pod("inside", "running", MIN, |p| {
+        container(p, "main")["state"]["running"].is_object()
+    });
+    a.wait_until("the allowed hostPath to be written", MIN, |_| {
+        data.join("app/proof").exists()
+    });
+    let refused =
+        |name: &str| a.wait_pod(name, "refused", MIN, |p| p["status"]["phase"] == "Failed");
+    let sibling = refused("sibling");
+    assert_eq!(
+        sibling["status"]["reason"], "HostPathForbidden",
+        "{sibling}"
+    );
+    let message = sibling["status"]["message"].as_str().unwrap_or("");
+    assert_eq!(
+        message,
+        format!(
+            "Pod was rejected: hostPath volume \"host\": {} is not under \
+             holdfast.staticPodAllowedHostPaths ({})",
+            a.dir.join("database").display(),
+            data.display()
+        ),
+        "{sibling}"
+    );
+    let via = refused("via-link");
+    let message = via["status"]["message"].as_str().unwrap_or("");
+    assert!(
+        message.contains(&format!("(resolves to {})", secret.display())),
+        "{via}"
+    );
+    // Not started: no container, nothing written through the volume.
+    for p in [&sibling, &via] {
+        assert!(
+            p["status"]["containerStatuses"]
+                .as_array()
+                .is_none_or(Vec::is_empty),
+            "{p}"
+        );
+    }
+    assert!(!a.dir.join("database/proof").exists());
+    assert!(!secret.join("proof").exists());
+    let table = a.pods_table();
+    assert!(table.contains("HostPathForbidden"), "{table}");
+    let log = a.agent_log();
+    assert!(
+        log.contains("is not under holdfast.staticPodAllowedHostPaths"),
+        "{log}"
+    );
     a.reset();
     a.assert_clean();
 }

@@ -83,6 +83,7 @@ pub const KEYS: &[&str] = &[
     "holdfast.cniConfDir",
     "holdfast.cniBinDir",
     "holdfast.allowPrivileged",
+    "holdfast.staticPodAllowedHostPaths",
     "holdfast.evictionMonitoringPeriod",
     "holdfast.offlineAuthorization",
     "holdfast.offlineAuthorization.users",

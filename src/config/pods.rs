@@ -1,7 +1,8 @@
 //! The settings of pods' sandboxes: networking (`clusterDNS`, `clusterDomain`,
 //! `resolvConf`, `podCIDR`, `holdfast.cniConfDir`, `holdfast.cniBinDir`), resources
 //! (`podPidsLimit`, `enforceNodeAllocatable`), security (`allowedUnsafeSysctls`,
-//! `holdfast.allowPrivileged`) and eviction (`holdfast.evictionMonitoringPeriod`).
+//! `holdfast.allowPrivileged`, `holdfast.staticPodAllowedHostPaths`) and eviction
+//! (`holdfast.evictionMonitoringPeriod`).
 //! KubeletConfiguration keys keep the kubelet's names and meanings.
 
 use std::net::IpAddr;
@@ -28,6 +29,8 @@ pub struct PodSettings {
     pub enforce_node_allocatable: Vec<String>,
     pub allowed_unsafe_sysctls: Vec<String>,
     pub allow_privileged: bool,
+    /// The host paths static pods may use; None (the default) for any.
+    pub static_pod_allowed_host_paths: Option<Vec<PathBuf>>,
     pub eviction_monitoring_period: Duration,
 }
 
@@ -45,6 +48,7 @@ impl Default for PodSettings {
             enforce_node_allocatable: vec!["pods".into()],
             allowed_unsafe_sysctls: Vec::new(),
             allow_privileged: false,
+            static_pod_allowed_host_paths: None,
             eviction_monitoring_period: Duration::from_secs(10),
         }
     }
@@ -63,6 +67,7 @@ pub struct PodKeys {
     pub enforce_node_allocatable: Option<Vec<String>>,
     pub allowed_unsafe_sysctls: Option<Vec<String>>,
     pub allow_privileged: Option<bool>,
+    pub static_pod_allowed_host_paths: Option<Vec<PathBuf>>,
     pub eviction_monitoring_period: Option<Duration>,
 }
 
@@ -84,6 +89,9 @@ impl PodKeys {
                 .allowed_unsafe_sysctls
                 .or(profile.allowed_unsafe_sysctls),
             allow_privileged: self.allow_privileged.or(profile.allow_privileged),
+            static_pod_allowed_host_paths: self
+                .static_pod_allowed_host_paths
+                .or(profile.static_pod_allowed_host_paths),
             eviction_monitoring_period: self
                 .eviction_monitoring_period
                 .or(profile.eviction_monitoring_period),
@@ -121,6 +129,8 @@ impl PodKeys {
         if let Some(v) = self.allow_privileged {
             s.allow_privileged = v;
         }
+        s.static_pod_allowed_host_paths
+            .clone_from(&self.static_pod_allowed_host_paths);
         if let Some(v) = self.eviction_monitoring_period {
             s.eviction_monitoring_period = v;
         }
@@ -257,6 +267,23 @@ impl Reader<'_> {
             "holdfast.evictionMonitoringPeriod" => {
                 out.eviction_monitoring_period = Some(self.positive_duration(key, value)?);
             }
+            "holdfast.staticPodAllowedHostPaths" => {
+                let mut list = Vec::new();
+                for p in self.strings(key, value)? {
+                    let path = PathBuf::from(&p);
+                    if !path.is_absolute() {
+                        return Err(self.err(key, format!("{p:?} is not an absolute path")));
+                    }
+                    if path
+                        .components()
+                        .any(|c| c == std::path::Component::ParentDir)
+                    {
+                        return Err(self.err(key, format!("{p:?} contains '..'")));
+                    }
+                    list.push(path);
+                }
+                out.static_pod_allowed_host_paths = Some(list);
+            }
             _ => return Ok(false),
         }
         Ok(true)
@@ -317,7 +344,8 @@ mod tests {
              podCIDR: 10.77.0.0/24\npodPidsLimit: 512\nenforceNodeAllocatable: [pods]\n\
              allowedUnsafeSysctls: [\"net.core.*\", kernel.msgmax]\n\
              holdfast:\n  cniConfDir: cni/net.d\n  cniBinDir: /opt/cni/bin:/usr/lib/cni\n  \
-             allowPrivileged: true\n  evictionMonitoringPeriod: 2s\n",
+             allowPrivileged: true\n  evictionMonitoringPeriod: 2s\n  \
+             staticPodAllowedHostPaths: [/data, /var/log/app]\n",
         );
         let s = k.settings();
         assert_eq!(s.cluster_dns, ["10.96.0.10"]);
@@ -333,6 +361,13 @@ mod tests {
         assert!(s.allow_privileged);
         assert_eq!(s.eviction_monitoring_period, Duration::from_secs(2));
         assert_eq!(s.allowed_unsafe_sysctls, ["net.core.*", "kernel.msgmax"]);
+        assert_eq!(
+            s.static_pod_allowed_host_paths,
+            Some(vec![PathBuf::from("/data"), PathBuf::from("/var/log/app")])
+        );
+        // An empty list allows no hostPath at all.
+        let none = keys("holdfast:\n  staticPodAllowedHostPaths: []\n").settings();
+        assert_eq!(none.static_pod_allowed_host_paths, Some(vec![]));
     }
 
     #[test]
@@ -343,6 +378,7 @@ mod tests {
         assert_eq!(s.enforce_node_allocatable, ["pods"]);
         assert!(!s.allow_privileged);
         assert_eq!(s.pod_pids_limit, None);
+        assert_eq!(s.static_pod_allowed_host_paths, None);
         assert_eq!(
             keys("resolvConf: \"\"\npodPidsLimit: -1\n")
                 .settings()
@@ -372,6 +408,16 @@ mod tests {
         assert_eq!(
             key_err("holdfast:\n  cniBinDir: \"\"\n").0,
             "holdfast.cniBinDir"
+        );
+        for bad in ["data", "/data/../etc", "{a: b}"] {
+            let (key, reason) = key_err(&format!(
+                "holdfast:\n  staticPodAllowedHostPaths: [\"{bad}\"]\n"
+            ));
+            assert_eq!(key, "holdfast.staticPodAllowedHostPaths", "{bad}: {reason}");
+        }
+        assert_eq!(
+            key_err("holdfast:\n  staticPodAllowedHostPaths: /data\n").0,
+            "holdfast.staticPodAllowedHostPaths"
         );
     }
 }

@@ -31,6 +31,8 @@ pub struct Sandboxes {
     /// `podPidsLimit` (None: unlimited).
     pub pids_limit: Option<i64>,
     pub admission: Policy,
+    /// `holdfast.staticPodAllowedHostPaths` (None: any path).
+    pub static_pod_host_paths: Option<Vec<PathBuf>>,
     /// Set by the eviction manager while the node is under memory pressure.
     pub memory_pressure: Arc<AtomicBool>,
     /// `enforceNodeAllocatable` has `pods`: kubepods' memory is capped at capacity less
@@ -148,11 +150,22 @@ impl Sandboxes {
                 allow_privileged: p.allow_privileged,
                 allowed_unsafe_sysctls: p.allowed_unsafe_sysctls.clone(),
             },
+            static_pod_host_paths: p.static_pod_allowed_host_paths.clone(),
             memory_pressure: Arc::new(AtomicBool::new(false)),
             enforce_pods: p.enforce_node_allocatable.iter().any(|k| k == "pods"),
             pods_memory,
             burstable_milli: AtomicU64::new(0),
             burstable_write: Mutex::new(()),
+        }
+    }
+
+    /// The host paths `pod` may use: the allow list for a static pod (the cluster's
+    /// admission decides for the others, as with the kubelet), None for any.
+    pub fn host_paths_for(&self, pod: &Pod) -> Option<&[PathBuf]> {
+        if crate::source::is_static_pod(pod) {
+            self.static_pod_host_paths.as_deref()
+        } else {
+            None
         }
     }
 
@@ -198,6 +211,7 @@ impl Sandboxes {
             },
             fs_group,
             tokens: deps.tokens.as_ref(),
+            allowed_host_paths: self.host_paths_for(pod),
         };
         let volumes = crate::volume::setup(pod, &dir, &sources)?;
         let mut warnings: Vec<(&'static str, String)> = Vec::new();

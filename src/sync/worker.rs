@@ -205,6 +205,7 @@ impl Worker {
         if let Some((reason, message)) = self.rejected.take() {
             self.reject(reason, message);
         }
+        Box::pin(self.admit_host_paths()).await;
         Box::pin(self.sync()).await;
         let pulled = self.pull_notify.clone();
         loop {

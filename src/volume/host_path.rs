@@ -8,14 +8,26 @@ use k8s_openapi::api::core::v1::HostPathVolumeSource;
 
 use super::VolumeError;
 
-/// The host path, after its type check.
-pub fn setup(src: &HostPathVolumeSource) -> Result<PathBuf, VolumeError> {
-    let path = PathBuf::from(&src.path);
+/// The host path, after its type check. Under an allow list (`allowed`) it must be
+/// inside it, checked before anything is made, and is given with its links resolved.
+pub fn setup(
+    src: &HostPathVolumeSource,
+    allowed: Option<&[PathBuf]>,
+) -> Result<PathBuf, VolumeError> {
+    let mut path = PathBuf::from(&src.path);
     if !path.is_absolute() {
         return Err(VolumeError::Unsupported {
             volume: String::new(),
             reason: format!("hostPath {:?} is not absolute", src.path),
         });
+    }
+    if let Some(allowed) = allowed {
+        path = super::host_path_allow::check(&src.path, allowed).map_err(|reason| {
+            VolumeError::HostPathForbidden {
+                volume: String::new(),
+                reason,
+            }
+        })?;
     }
     let typ = src.type_.as_deref().unwrap_or("");
     let meta = std::fs::metadata(&path).ok();
@@ -83,6 +95,26 @@ mod tests {
     use crate::testutil::TempDir;
     use std::path::Path;
 
+    fn setup_any(src: &HostPathVolumeSource) -> Result<PathBuf, VolumeError> {
+        setup(src, None)
+    }
+
+    #[test]
+    fn outside_the_allow_list_nothing_is_made() {
+        let dir = TempDir::new("hostpath-allowed");
+        let allowed = [dir.0.join("data")];
+        let outside = dir.0.join("other/made");
+        let err = setup(&src(&outside, "DirectoryOrCreate"), Some(&allowed)).expect_err("out");
+        assert!(
+            matches!(err, VolumeError::HostPathForbidden { .. }),
+            "{err}"
+        );
+        assert!(!outside.exists());
+        let inside = allowed[0].join("made");
+        assert!(setup(&src(&inside, "DirectoryOrCreate"), Some(&allowed)).is_ok());
+        assert!(inside.is_dir());
+    }
+
     fn src(path: &Path, typ: &str) -> HostPathVolumeSource {
         HostPathVolumeSource {
             path: path.display().to_string(),
@@ -95,31 +127,31 @@ mod tests {
         let dir = TempDir::new("hostpath");
         let d = dir.0.join("data");
         assert!(matches!(
-            setup(&src(&d, "Directory")),
+            setup_any(&src(&d, "Directory")),
             Err(VolumeError::HostPathType {
                 what: "a directory",
                 ..
             })
         ));
-        assert_eq!(setup(&src(&d, "DirectoryOrCreate")).expect("made"), d);
+        assert_eq!(setup_any(&src(&d, "DirectoryOrCreate")).expect("made"), d);
         assert!(d.is_dir());
-        assert!(setup(&src(&d, "Directory")).is_ok());
-        let err = setup(&src(&d, "File")).expect_err("not a file");
+        assert!(setup_any(&src(&d, "Directory")).is_ok());
+        let err = setup_any(&src(&d, "File")).expect_err("not a file");
         assert_eq!(
             err.to_string(),
             format!("hostPath type check failed: {} is not a file", d.display())
         );
         let f = dir.0.join("state.db");
-        setup(&src(&f, "FileOrCreate")).expect("made");
+        setup_any(&src(&f, "FileOrCreate")).expect("made");
         assert!(f.is_file());
         assert!(matches!(
-            setup(&src(&f, "DirectoryOrCreate")),
+            setup_any(&src(&f, "DirectoryOrCreate")),
             Err(VolumeError::HostPathType { .. })
         ));
-        assert!(setup(&src(Path::new("/dev/null"), "CharDevice")).is_ok());
-        assert!(setup(&src(&f, "Socket")).is_err());
-        assert!(setup(&src(&f, "BlockDevice")).is_err());
-        assert!(setup(&src(&f, "Weird")).is_err());
-        assert!(setup(&src(&dir.0.join("missing"), "")).is_ok());
+        assert!(setup_any(&src(Path::new("/dev/null"), "CharDevice")).is_ok());
+        assert!(setup_any(&src(&f, "Socket")).is_err());
+        assert!(setup_any(&src(&f, "BlockDevice")).is_err());
+        assert!(setup_any(&src(&f, "Weird")).is_err());
+        assert!(setup_any(&src(&dir.0.join("missing"), "")).is_ok());
     }
 }

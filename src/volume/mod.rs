@@ -16,6 +16,7 @@
 mod atomic_writer;
 mod empty_dir;
 mod host_path;
+pub mod host_path_allow;
 mod projection;
 mod subpath;
 
@@ -75,6 +76,9 @@ pub enum VolumeError {
     },
     #[error("volume {volume:?}: {reason}")]
     Unsupported { volume: String, reason: String },
+    /// A static pod's hostPath outside `holdfast.staticPodAllowedHostPaths`.
+    #[error("{reason}")]
+    HostPathForbidden { volume: String, reason: String },
     #[error("volume {dir}: {reason}")]
     Payload { dir: PathBuf, reason: String },
     /// A volumeMount the pod's volumes cannot give (CreateContainerConfigError).
@@ -115,6 +119,7 @@ impl VolumeError {
             | VolumeError::DownwardApi { volume, .. }
             | VolumeError::Token { volume, .. }
             | VolumeError::HostPathType { volume, .. }
+            | VolumeError::HostPathForbidden { volume, .. }
             | VolumeError::Unsupported { volume, .. } => Some(volume),
             _ => None,
         }
@@ -122,8 +127,9 @@ impl VolumeError {
 
     /// The same error, naming volume `name` where it named none.
     fn in_volume(mut self, name: &str) -> Self {
-        if let VolumeError::HostPathType { volume, .. } | VolumeError::Unsupported { volume, .. } =
-            &mut self
+        if let VolumeError::HostPathType { volume, .. }
+        | VolumeError::HostPathForbidden { volume, .. }
+        | VolumeError::Unsupported { volume, .. } = &mut self
         {
             if volume.is_empty() {
                 *volume = name.to_owned();
@@ -225,7 +231,7 @@ fn setup_one(
             pod_owned: true,
         }
     } else if let Some(h) = &v.host_path {
-        let p = host_path::setup(h)?;
+        let p = host_path::setup(h, sources.allowed_host_paths)?;
         Mounted {
             path: p,
             read_only: false,

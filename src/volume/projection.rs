@@ -29,6 +29,9 @@ pub struct Sources<'a> {
     /// Service-account tokens; `None` on a node with no apiserver, where a pod that
     /// asks for one cannot start (the kubelet's standalone mode says the same).
     pub tokens: Option<&'a TokenManager>,
+    /// The host paths the pod may use (a static pod under
+    /// `holdfast.staticPodAllowedHostPaths`); `None`: any.
+    pub allowed_host_paths: Option<&'a [std::path::PathBuf]>,
 }
 
 fn mode(item: Option<i32>, default: Option<i32>) -> u32 {

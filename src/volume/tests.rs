@@ -85,6 +85,7 @@ impl Rig {
             },
             fs_group,
             tokens: Some(&self.tokens),
+            allowed_host_paths: None,
         };
         setup(pod, &self.pod_dir(), &sources)
     }

@@ -71,6 +71,7 @@ fn static_reason(reason: &str) -> &'static str {
         "OutOfpods" => "OutOfpods",
         "SysctlForbidden" => "SysctlForbidden",
         "Forbidden" => "Forbidden",
+        "HostPathForbidden" => "HostPathForbidden",
         "Evicted" => "Evicted",
         _ => "UnexpectedAdmissionError",
     }
@@ -245,6 +246,24 @@ impl Worker {
         // memory-backed one above all, and its network); its records stay.
         self.teardown_sandbox().await;
         self.persist().await;
+    }
+
+    /// Refuses a static pod new to the agent whose hostPath volumes are not all under
+    /// `holdfast.staticPodAllowedHostPaths`, before anything of it is made. The check
+    /// resolves links, so it runs off the async threads.
+    pub(super) async fn admit_host_paths(&mut self) {
+        if self.state.is_some() || self.ended.is_some() {
+            return;
+        }
+        let Some(allowed) = self.deps.sandboxes.host_paths_for(&self.pod) else {
+            return;
+        };
+        let (pod, allowed) = (self.pod.clone(), allowed.to_vec());
+        let refused =
+            blocking(move || crate::volume::host_path_allow::refusal(&pod, &allowed)).await;
+        if let Some(why) = refused {
+            self.reject("HostPathForbidden".into(), why);
+        }
     }
 
     /// Said once when the worker starts a pod that admission refused.
