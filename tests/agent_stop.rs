@@ -1,10 +1,12 @@
 //! Stopping the agent while pods are being stopped: it exits within seconds whatever
 //! their grace periods (pods outlive the agent), and the next agent finishes their stops
-//! by the deadline the first one set. Real containers, as root.
+//! by the deadline the first one set, for static pods and for a pod deleted in a real
+//! cluster. Real containers, as root.
 
 use std::time::{Duration, Instant};
 
 use support::agent::{container, container_pid, need_root, pid_alive, Agent};
+use support::control_plane::{ControlPlane, Options};
 
 const MIN: Duration = Duration::from_secs(60);
 
@@ -49,10 +51,16 @@ fn stop_within_bound(a: &mut Agent) -> Duration {
     took
 }
 
-/// Waits for the agent to log that it began stopping pod `name` with `grace` seconds.
+/// Waits for the agent to log that it began stopping static pod `name` with `grace`
+/// seconds.
 fn wait_stopping(a: &Agent, name: &str, grace: u64) {
-    let said = format!("pod default/{name}-node-1: stopping (grace period {grace}s)");
-    a.wait_until(&format!("{name} to be stopping"), MIN, |a| {
+    wait_said(a, &format!("default/{name}-node-1"), grace);
+}
+
+/// Waits for the agent to log that it began stopping pod `full` (namespace/name).
+fn wait_said(a: &Agent, full: &str, grace: u64) {
+    let said = format!("pod {full}: stopping (grace period {grace}s)");
+    a.wait_until(&format!("{full} to be stopping"), MIN, |a| {
         a.agent_log().contains(&said)
     });
 }
@@ -141,6 +149,66 @@ fn a_restarted_agent_kills_by_the_deadline_the_first_one_set() {
         "{}",
         a.agent_log()
     );
+    a.stop();
+    a.reset();
+    a.assert_clean();
+}
+
+#[test]
+fn a_pod_deleted_in_the_cluster_goes_when_its_grace_runs_out_across_a_restart() {
+    if !need_root() {
+        return;
+    }
+    const GRACE: u64 = 20;
+    let cp = ControlPlane::start(Options::bare());
+    // No controller makes the namespace's ServiceAccount in a bare cluster.
+    let _ = cp.kubectl(&["create", "serviceaccount", "default"]);
+    let mut a = Agent::new("stop-cluster");
+    a.node_name = "stop-node-1".into();
+    cp.join(&mut a, "", "");
+    a.start();
+    cp.apply(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: stubborn\nspec:\n  nodeName: stop-node-1\n  \
+         hostNetwork: true\n  automountServiceAccountToken: false\n  \
+         terminationGracePeriodSeconds: {GRACE}\n  containers:\n    - name: c\n      \
+         image: docker.io/library/busybox:demo\n      \
+         command: [\"sh\", \"-c\", \"trap '' TERM; while true; do sleep 0.1; done\"]\n"
+    ));
+    let pid = running_pid(&a, "stubborn");
+    cp.kubectl_ok(&["delete", "pod", "stubborn", "--wait=false"]);
+    wait_said(&a, "default/stubborn", GRACE);
+    let seen = Instant::now();
+
+    stop_within_bound(&mut a);
+    assert!(pid_alive(pid), "the container was killed with the agent");
+    let api = cp
+        .get("pod/stubborn", None)
+        .expect("the pod is still in the cluster");
+    assert!(api["metadata"]["deletionTimestamp"].is_string(), "{api}");
+    while seen.elapsed() < Duration::from_secs(6) {
+        assert!(pid_alive(pid), "killed while no agent ran");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    a.start();
+    a.wait_until("the container to be killed", MIN, |_| !pid_alive(pid));
+    let killed = seen.elapsed();
+    assert!(
+        killed >= Duration::from_secs(GRACE - 1),
+        "killed {killed:?} after the stop began, before its {GRACE}s grace period ran out"
+    );
+    assert!(
+        killed < Duration::from_secs(GRACE + 5),
+        "killed {killed:?} after the stop began: the grace period started again\n{}",
+        a.agent_log()
+    );
+    // The final status went out and the pod is gone from the cluster, as kubectl sees.
+    cp.wait_for(
+        "the pod gone from the cluster",
+        MIN,
+        || a.agent_log(),
+        |cp| cp.get("pod/stubborn", None).is_none().then_some(()),
+    );
+    a.wait_gone("stubborn", MIN);
     a.stop();
     a.reset();
     a.assert_clean();
