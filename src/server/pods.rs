@@ -264,6 +264,7 @@ mod tests {
             pod,
             status,
             start_time: crate::time::now(),
+            stop_deadline: None,
         }
     }
 
