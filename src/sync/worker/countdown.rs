@@ -9,8 +9,27 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use super::stop::{deadline_in, grace_wait, MAX_GRACE};
 use super::{blocking, Worker};
+
+/// The longest grace period waited out: a year. The API takes any non-negative i64
+/// (the largest is 292 billion years, which no clock can add to now: it overflowed
+/// the monotonic clock and aborted the agent), and a container that has not stopped
+/// within a year of SIGTERM is not going to; the wait ends as soon as it exits anyway.
+pub(super) const MAX_GRACE: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// A grace period in seconds from a spec or the apiserver as a wait: a negative one
+/// (which validation refuses in a manifest) is none, one beyond [`MAX_GRACE`] is that.
+pub(super) fn grace_wait(seconds: i64) -> Duration {
+    u64::try_from(seconds)
+        .map(Duration::from_secs)
+        .unwrap_or(Duration::ZERO)
+        .min(MAX_GRACE)
+}
+
+/// `wait` from now, or the farthest the clock can hold should it not hold that.
+pub(super) fn deadline_in(wait: Duration) -> Instant {
+    crate::time::instant_after(Instant::now(), wait)
+}
 
 /// When a pod's stop ends in SIGKILL.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -114,6 +133,20 @@ impl Worker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn grace_periods_from_outside_become_waits_the_clock_can_hold() {
+        assert_eq!(grace_wait(30), Duration::from_secs(30));
+        assert_eq!(grace_wait(0), Duration::ZERO);
+        assert_eq!(grace_wait(-1), Duration::ZERO);
+        assert_eq!(grace_wait(i64::MIN), Duration::ZERO);
+        assert_eq!(grace_wait(i64::MAX), MAX_GRACE);
+        let before = Instant::now();
+        let far = deadline_in(grace_wait(i64::MAX));
+        assert!(far >= before + MAX_GRACE);
+        // A wait no clock holds saturates rather than panics.
+        assert!(deadline_in(Duration::MAX) >= before + MAX_GRACE);
+    }
 
     #[test]
     fn the_deadline_counts_on_in_its_boot_and_is_over_after_a_reboot() {

@@ -10,8 +10,8 @@
 
 use std::time::Duration;
 
+use super::countdown::deadline_in;
 use super::sandbox::Ended;
-use super::stop::deadline_in;
 use super::Worker;
 use crate::time::{self, Timestamp};
 use crate::uplink::report::EventType;

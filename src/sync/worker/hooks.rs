@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use super::super::probe::action::Action;
 use super::super::probe::net::Outcome;
-use super::stop::grace_wait;
+use super::countdown::grace_wait;
 use super::{blocking, Worker};
 use crate::runtime::ContainerId;
 use crate::uplink::report::EventType;

@@ -7,31 +7,11 @@ use tokio::time::Instant;
 
 use super::super::record::{ContainerRecord, InstanceState};
 use super::super::status::{self, StatusInputs};
-use super::countdown::Countdown;
+use super::countdown::{deadline_in, grace_wait, Countdown};
 use super::{blocking, Worker};
 use crate::runtime::{ContainerId, ContainerState};
 use crate::time;
 use crate::uplink::report::EventType;
-
-/// The longest grace period waited out: a year. The API takes any non-negative i64
-/// (the largest is 292 billion years, which no clock can add to now: it overflowed
-/// the monotonic clock and aborted the agent), and a container that has not stopped
-/// within a year of SIGTERM is not going to; the wait ends as soon as it exits anyway.
-pub(super) const MAX_GRACE: Duration = Duration::from_secs(365 * 24 * 3600);
-
-/// A grace period in seconds from a spec or the apiserver as a wait: a negative one
-/// (which validation refuses in a manifest) is none, one beyond [`MAX_GRACE`] is that.
-pub(super) fn grace_wait(seconds: i64) -> Duration {
-    u64::try_from(seconds)
-        .map(Duration::from_secs)
-        .unwrap_or(Duration::ZERO)
-        .min(MAX_GRACE)
-}
-
-/// `wait` from now, or the farthest the clock can hold should it not hold that.
-pub(super) fn deadline_in(wait: Duration) -> Instant {
-    crate::time::instant_after(Instant::now(), wait)
-}
 
 /// How a stop signals the containers before SIGKILL.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -339,24 +319,5 @@ impl Worker {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn grace_periods_from_outside_become_waits_the_clock_can_hold() {
-        assert_eq!(grace_wait(30), Duration::from_secs(30));
-        assert_eq!(grace_wait(0), Duration::ZERO);
-        assert_eq!(grace_wait(-1), Duration::ZERO);
-        assert_eq!(grace_wait(i64::MIN), Duration::ZERO);
-        assert_eq!(grace_wait(i64::MAX), MAX_GRACE);
-        let before = Instant::now();
-        let far = deadline_in(grace_wait(i64::MAX));
-        assert!(far >= before + MAX_GRACE);
-        // A wait no clock holds saturates rather than panics.
-        assert!(deadline_in(Duration::MAX) >= before + MAX_GRACE);
     }
 }
