@@ -2,7 +2,9 @@
 //! picks, with filesystem storage in the test's directory and TLS from the test's CA;
 //! optionally htpasswd (bcrypt) auth, or token auth against [`TokenServer`], a small
 //! token service of the test's own that signs ES256 JWTs with a key whose certificate
-//! is the registry's root bundle (`x5c` header). Images are pushed with `skopeo`.
+//! is the registry's root bundle (`x5c` header), and which can be made to redirect its
+//! callers elsewhere. Blobs may be redirected to a storage host (the registry's `redirect`
+//! middleware). Images are pushed with `skopeo`.
 //! The registry process is killed and its directory removed on drop, even on failure.
 
 #![allow(dead_code)]
@@ -61,6 +63,25 @@ fn free_port() -> SocketAddr {
 impl Registry {
     /// Starts a registry in `dir` (created; removed on drop) serving TLS from `pki`.
     pub fn start(dir: &Path, pki: &Pki, auth: Auth<'_>) -> Registry {
+        Registry::start_with(dir, pki, auth, "")
+    }
+
+    /// A registry that answers blob requests with a redirect to `storage` (its `redirect`
+    /// storage middleware, as one in front of S3 or a CDN does): the path there is the
+    /// blob's path below the registry's `data` directory.
+    pub fn start_redirecting_blobs(
+        dir: &Path,
+        pki: &Pki,
+        auth: Auth<'_>,
+        storage: &str,
+    ) -> Registry {
+        let middleware = format!(
+            "middleware:\n  storage:\n    - name: redirect\n      options:\n        baseurl: {storage}/\n"
+        );
+        Registry::start_with(dir, pki, auth, &middleware)
+    }
+
+    fn start_with(dir: &Path, pki: &Pki, auth: Auth<'_>, extra: &str) -> Registry {
         let _ = std::fs::remove_dir_all(dir);
         std::fs::create_dir_all(dir).expect("registry dir");
         let addr = free_port();
@@ -94,7 +115,7 @@ impl Registry {
         let config = format!(
             "version: 0.1\nlog:\n  level: info\n  accesslog:\n    disabled: false\n\
              storage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\n\
-             http:\n  addr: {addr}\n  tls:\n    certificate: {}\n    key: {}\n{auth_yaml}",
+             http:\n  addr: {addr}\n  tls:\n    certificate: {}\n    key: {}\n{auth_yaml}{extra}",
             dir.join("data").display(),
             cert.cert.display(),
             cert.key.display(),
@@ -216,6 +237,8 @@ pub struct TokenServer {
     stop: Arc<AtomicBool>,
     /// Every token issued, to check none reaches a log.
     pub issued: Arc<std::sync::Mutex<Vec<String>>>,
+    /// Set: every request is answered `302 Found` to this URL (its path and query kept).
+    redirect: Arc<std::sync::Mutex<Option<String>>>,
 }
 
 impl TokenServer {
@@ -252,7 +275,13 @@ impl TokenServer {
         let stop = Arc::new(AtomicBool::new(false));
         let requests = Arc::new(AtomicUsize::new(0));
         let issued = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let (s, r, iss) = (stop.clone(), requests.clone(), issued.clone());
+        let redirect = Arc::new(std::sync::Mutex::new(None::<String>));
+        let (s, r, iss, to) = (
+            stop.clone(),
+            requests.clone(),
+            issued.clone(),
+            redirect.clone(),
+        );
         let expect = format!("Basic {}", b64(format!("{user}:{password}").as_bytes()));
         std::thread::spawn(move || {
             for conn in listener.incoming() {
@@ -269,6 +298,17 @@ impl TokenServer {
                     continue;
                 };
                 r.fetch_add(1, Ordering::SeqCst);
+                let elsewhere = to.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                if let Some(base) = elsewhere {
+                    let _ = write!(
+                        stream,
+                        "HTTP/1.1 302 Found\r\nLocation: {base}{path}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                    );
+                    let _ = stream.flush();
+                    stream.conn.send_close_notify();
+                    let _ = stream.flush();
+                    continue;
+                }
                 let query = path.split_once('?').map(|(_, q)| q).unwrap_or("");
                 let scope = param(query, "scope").unwrap_or_default();
                 let granted = auth.as_deref() == Some(expect.as_str());
@@ -293,7 +333,14 @@ impl TokenServer {
             requests,
             stop,
             issued,
+            redirect,
         }
+    }
+
+    /// From now on, answers every request with a redirect to `base` (`https://host:port`),
+    /// or again itself with None.
+    pub fn redirect_to(&self, base: Option<String>) {
+        *self.redirect.lock().unwrap_or_else(|p| p.into_inner()) = base;
     }
 
     pub fn realm(&self) -> String {

@@ -343,24 +343,14 @@ impl<'a> Session<'a> {
             }
         }
         let header = cred.map(basic);
-        // The realm is reached through the endpoint's agent: the same CA trusts it.
+        // The realm is reached through the endpoint's agent: the same CA trusts it. The
+        // credentials go to the realm's own origin only, never on along a redirect.
         let call = Call {
             method: "GET",
             url: url.clone(),
             headers: vec![("Accept", "application/json".to_string())],
-            auth: None,
+            auth: header.as_deref(),
             body_timeout: Some(Duration::from_secs(30)),
-        };
-        let call = Call {
-            headers: match &header {
-                Some(h) => {
-                    let mut hs = call.headers;
-                    hs.push(("Authorization", h.clone()));
-                    hs
-                }
-                None => call.headers,
-            },
-            ..call
         };
         let response = self.http.send(self.endpoint, &call)?;
         let status = response.status().as_u16();

@@ -1,7 +1,7 @@
 //! HTTP to registries: one ureq agent per endpoint, over the shared rustls connector with
 //! the system's CA bundle plus the endpoint's own CA and client certificate. Redirects
 //! (blob storage, a CDN) are followed here, not by ureq, so that the `Authorization`
-//! header never goes to another host.
+//! header never goes to another origin, nor to any hop after one that left it.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
@@ -15,6 +15,7 @@ use ureq::unversioned::transport::{Connector, TcpConnector};
 use ureq::{Agent, Body};
 
 use super::hosts::Endpoint;
+use super::redirect::{host_of, origin, redirect_target};
 use super::RegistryError;
 use crate::tls::{TlsConnector, TlsFailure};
 
@@ -82,33 +83,26 @@ impl Http {
             .map_err(|reason| RegistryError::Config { reason })
     }
 
-    /// Sends `call` to `ep`, following redirects. The answer may be any status.
+    /// Sends `call` to `ep`, following redirects hop by hop. The `Authorization` goes
+    /// only to the origin (scheme, host and port) of `call.url`, and to no hop after
+    /// the first one that left it: a token service or a registry that redirects
+    /// elsewhere must not hand the credentials on. The answer may be any status.
     pub(crate) fn send(
         &self,
         ep: &Endpoint,
         call: &Call<'_>,
     ) -> Result<Response<Body>, RegistryError> {
-        let home = host_of(&call.url).to_string();
+        let home = origin(&call.url);
         let mut url = call.url.clone();
+        let mut at_home = true;
         for _ in 0..=MAX_REDIRECTS {
-            let same_host = host_of(&url) == home;
-            let agent = if same_host {
+            at_home = at_home && origin(&url) == home;
+            let agent = if at_home {
                 self.agent(ep)?
             } else {
                 self.redirect_agent()?
             };
-            let mut builder = Request::builder().method(call.method).uri(&url);
-            for (k, v) in &call.headers {
-                builder = builder.header(*k, v);
-            }
-            // A redirect to blob storage elsewhere must not carry the registry's token.
-            if let (Some(auth), true) = (call.auth, same_host) {
-                builder = builder.header("Authorization", auth);
-            }
-            let request = builder.body(()).map_err(|e| RegistryError::Invalid {
-                what: url.clone(),
-                reason: format!("invalid request: {e}"),
-            })?;
+            let request = build_request(call, &url, at_home)?;
             let request = agent
                 .configure_request(request)
                 .timeout_recv_body(call.body_timeout)
@@ -118,21 +112,7 @@ impl Http {
             if !matches!(status, 301 | 302 | 303 | 307 | 308) {
                 return Ok(response);
             }
-            let location = response
-                .headers()
-                .get("location")
-                .and_then(|v| v.to_str().ok())
-                .ok_or_else(|| RegistryError::Invalid {
-                    what: url.clone(),
-                    reason: format!("redirect {status} without a Location"),
-                })?;
-            let next = join_url(&url, location);
-            if next.starts_with("http://") && url.starts_with("https://") {
-                return Err(RegistryError::Invalid {
-                    what: url.clone(),
-                    reason: format!("refusing a redirect from https to {next}"),
-                });
-            }
+            let next = redirect_target(&url, status, &response)?;
             log::debug!(
                 "{} {url}: redirected to host {}",
                 call.method,
@@ -145,6 +125,26 @@ impl Http {
             reason: format!("more than {MAX_REDIRECTS} redirects"),
         })
     }
+}
+
+/// One hop's request: the call's headers, and its `Authorization` only `at_home`.
+fn build_request(call: &Call<'_>, url: &str, at_home: bool) -> Result<Request<()>, RegistryError> {
+    let mut builder = Request::builder().method(call.method).uri(url);
+    // Credentials travel only in `auth`, whose every hop is decided below.
+    for (k, v) in call
+        .headers
+        .iter()
+        .filter(|(k, _)| !k.eq_ignore_ascii_case("authorization"))
+    {
+        builder = builder.header(*k, v);
+    }
+    if let (Some(auth), true) = (call.auth, at_home) {
+        builder = builder.header("Authorization", auth);
+    }
+    builder.body(()).map_err(|e| RegistryError::Invalid {
+        what: url.to_string(),
+        reason: format!("invalid request: {e}"),
+    })
 }
 
 /// Bytes ureq reads a connection's responses into (its default is 128 KiB): the headers
@@ -256,30 +256,6 @@ pub(crate) fn transport(url: &str, e: ureq::Error) -> RegistryError {
     }
 }
 
-/// `https://h:1/v2/x` → `h:1`.
-pub(crate) fn host_of(url: &str) -> &str {
-    let rest = url.split_once("://").map_or(url, |(_, r)| r);
-    rest.split(['/', '?', '#']).next().unwrap_or(rest)
-}
-
-/// Resolves a `Location` against the URL it came from.
-fn join_url(base: &str, location: &str) -> String {
-    if location.contains("://") {
-        return location.to_string();
-    }
-    let (scheme, rest) = base.split_once("://").unwrap_or(("https", base));
-    let host = rest.split(['/', '?', '#']).next().unwrap_or(rest);
-    if let Some(abs) = location.strip_prefix("//") {
-        return format!("{scheme}://{abs}");
-    }
-    if location.starts_with('/') {
-        return format!("{scheme}://{host}{location}");
-    }
-    let path = rest.split(['?', '#']).next().unwrap_or(rest);
-    let dir = path.rsplit_once('/').map_or(path, |(d, _)| d);
-    format!("{scheme}://{dir}/{location}")
-}
-
 /// The distribution API's error codes in a body (`{"errors":[{"code","message"}]}`).
 pub(crate) fn error_codes(body: &[u8]) -> Vec<String> {
     #[derive(serde::Deserialize)]
@@ -332,20 +308,6 @@ pub(crate) fn status_error(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn locations_resolve_against_the_request() {
-        let base = "https://reg:5000/v2/x/blobs/sha256:ab";
-        assert_eq!(
-            join_url(base, "https://s3.example/b?sig=1"),
-            "https://s3.example/b?sig=1"
-        );
-        assert_eq!(join_url(base, "/other/path"), "https://reg:5000/other/path");
-        assert_eq!(join_url(base, "//cdn.example/p"), "https://cdn.example/p");
-        assert_eq!(join_url(base, "rel"), "https://reg:5000/v2/x/blobs/rel");
-        assert_eq!(host_of("https://reg:5000/v2/"), "reg:5000");
-        assert_eq!(host_of("https://s3.example?x"), "s3.example");
-    }
 
     /// Serves one request on 127.0.0.1 with `answer`; the request head comes back.
     fn one_shot(answer: String) -> (String, std::thread::JoinHandle<String>) {
@@ -414,6 +376,53 @@ mod tests {
             "{to_storage}"
         );
         assert!(!to_storage.contains("authorization"), "{to_storage}");
+    }
+
+    #[test]
+    fn credentials_go_only_in_auth_and_stay_off_once_a_redirect_left_the_host() {
+        let (third, third_seen) =
+            one_shot("HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok".into());
+        let (elsewhere, elsewhere_seen) = one_shot(format!(
+            "HTTP/1.1 302 Found\r\nLocation: http://{third}/again\r\n\
+             Content-Length: 0\r\nConnection: close\r\n\r\n"
+        ));
+        let (home, home_seen) = one_shot(format!(
+            "HTTP/1.1 302 Found\r\nLocation: http://{elsewhere}/token?scope=x\r\n\
+             Content-Length: 0\r\nConnection: close\r\n\r\n"
+        ));
+        let ep = Endpoint {
+            base: format!("http://{home}"),
+            host: home.clone(),
+            mirror: true,
+            pull: true,
+            resolve: false,
+            ca_file: None,
+            client_cert: None,
+            client_key: None,
+            skip_verify: false,
+        };
+        // A call's own headers never carry credentials; its `auth` goes to its own host
+        // alone, and to no hop after the first redirect elsewhere.
+        let call = Call {
+            method: "GET",
+            url: format!("http://{home}/token?scope=x"),
+            headers: vec![("Authorization", "Basic smuggled".to_string())],
+            auth: Some("Basic for-home-only"),
+            body_timeout: Some(Duration::from_secs(5)),
+        };
+        let response = Http::new().send(&ep, &call).expect("followed");
+        assert_eq!(response.status().as_u16(), 200);
+        let to_home = home_seen.join().expect("home").to_ascii_lowercase();
+        assert!(
+            to_home.contains("authorization: basic for-home-only"),
+            "{to_home}"
+        );
+        assert!(!to_home.contains("smuggled"), "{to_home}");
+        for seen in [elsewhere_seen, third_seen] {
+            let head = seen.join().expect("listener").to_ascii_lowercase();
+            assert!(!head.is_empty());
+            assert!(!head.contains("authorization"), "{head}");
+        }
     }
 
     #[test]

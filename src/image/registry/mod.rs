@@ -16,6 +16,7 @@ pub mod keyring;
 mod manifest;
 mod pull;
 pub mod puller;
+mod redirect;
 
 pub use hosts::{Capability, EndpointConfig, RegistryConfig, RegistryHosts};
 pub use keyring::{Credential, Keyring};
