@@ -183,6 +183,7 @@ fn attempt(
                     message: format!(
                         "asked for bytes from {offset}, got range {range:?}; starting over"
                     ),
+                    connect: false,
                 });
             }
             true
@@ -192,6 +193,7 @@ fn attempt(
             return Err(RegistryError::Transport {
                 url,
                 message: "range not satisfiable; starting over".into(),
+                connect: false,
             });
         }
         _ => return Err(status_error("GET", &url, response)),
@@ -227,6 +229,7 @@ fn attempt(
                 return Err(RegistryError::Transport {
                     url,
                     message: format!("the body ended at {written} of {size} bytes"),
+                    connect: false,
                 })
             }
             Ok(n) => n,
@@ -235,6 +238,7 @@ fn attempt(
                 return Err(RegistryError::Transport {
                     url,
                     message: format!("read at {written} of {size} bytes: {e}"),
+                    connect: false,
                 })
             }
         };

@@ -239,8 +239,10 @@ fn tls_config(ep: &Endpoint) -> Result<Arc<ClientConfig>, String> {
     Ok(Arc::new(config))
 }
 
-/// A ureq error in words, TLS failures as the shared connector put them.
+/// A ureq error in words, TLS failures as the shared connector put them; whether a
+/// connection was made at all.
 pub(crate) fn transport(url: &str, e: ureq::Error) -> RegistryError {
+    let connect = no_connection(&e);
     let message = match e {
         ureq::Error::Io(io) => match io.get_ref().and_then(|i| i.downcast_ref::<TlsFailure>()) {
             Some(tls) => tls.0.clone(),
@@ -253,6 +255,35 @@ pub(crate) fn transport(url: &str, e: ureq::Error) -> RegistryError {
     RegistryError::Transport {
         url: url.to_string(),
         message,
+        connect,
+    }
+}
+
+/// The failures that leave no connection to the host: no name, refused, no route, the
+/// connection or its TLS handshake timed out or failed. A request that timed out or
+/// was cut on a connection that was made is not one of them: the host is there.
+fn no_connection(e: &ureq::Error) -> bool {
+    use std::io::ErrorKind;
+    use ureq::Timeout;
+    match e {
+        ureq::Error::HostNotFound
+        | ureq::Error::ConnectionFailed
+        | ureq::Error::Rustls(_)
+        | ureq::Error::Tls(_)
+        | ureq::Error::Timeout(Timeout::Resolve | Timeout::Connect) => true,
+        ureq::Error::Io(io) => {
+            io.get_ref()
+                .is_some_and(|i| i.downcast_ref::<TlsFailure>().is_some())
+                || matches!(
+                    io.kind(),
+                    ErrorKind::ConnectionRefused
+                        | ErrorKind::HostUnreachable
+                        | ErrorKind::NetworkUnreachable
+                        | ErrorKind::NetworkDown
+                        | ErrorKind::AddrNotAvailable
+                )
+        }
+        _ => false,
     }
 }
 

@@ -16,6 +16,7 @@ pub mod keyring;
 mod manifest;
 mod pull;
 pub mod puller;
+mod reachability;
 mod redirect;
 
 pub use hosts::{Capability, EndpointConfig, RegistryConfig, RegistryHosts};
@@ -52,7 +53,14 @@ pub type ProgressFn = dyn Fn(Progress) + Send + Sync;
 pub enum RegistryError {
     /// The registry could not be reached: refused, reset, timed out, TLS failed.
     #[error("{url}: {message}")]
-    Transport { url: String, message: String },
+    Transport {
+        url: String,
+        message: String,
+        /// No connection was made (refused, no route, no such name, the connection or
+        /// its TLS handshake failed or timed out): the host is out of reach, not one
+        /// request. Otherwise the host was reached and this request failed.
+        connect: bool,
+    },
     /// The registry answered with an error.
     #[error("{method} {url}: {status}{}", describe_codes(.codes))]
     Status {
@@ -80,8 +88,14 @@ pub enum RegistryError {
     #[error("mirror configuration: {reason}")]
     Config { reason: String },
     /// Every endpoint failed; each one's error, in the order tried.
-    #[error("{}", .0.join("; "))]
-    AllEndpoints(Vec<String>, bool),
+    #[error("{}", errors.join("; "))]
+    AllEndpoints {
+        errors: Vec<String>,
+        /// None of them was reached or answered but with a 5xx.
+        unreachable: bool,
+        /// No connection to any of them: their hosts and why, as [`Self::host_unreachable`].
+        hosts_down: Option<String>,
+    },
     #[error(transparent)]
     Image(#[from] ImageError),
 }
@@ -112,8 +126,24 @@ impl RegistryError {
         match self {
             RegistryError::Transport { .. } => true,
             RegistryError::Status { status, .. } => *status >= 500,
-            RegistryError::AllEndpoints(_, unreachable) => *unreachable,
+            RegistryError::AllEndpoints { unreachable, .. } => *unreachable,
             _ => false,
+        }
+    }
+
+    /// When no connection to the registry's host could be made, the host's URL and
+    /// why, in words that hold for every repository there: the case where the whole
+    /// host may be taken as down for a while. None when the host was reached and only
+    /// this request (this repository) failed.
+    pub fn host_unreachable(&self) -> Option<String> {
+        match self {
+            RegistryError::Transport {
+                url,
+                message,
+                connect: true,
+            } => Some(format!("{}: {message}", redirect::origin(url))),
+            RegistryError::AllEndpoints { hosts_down, .. } => hosts_down.clone(),
+            _ => None,
         }
     }
 
@@ -133,10 +163,22 @@ mod tests {
     #[test]
     fn retryable_and_unreachable_are_told_apart() {
         let t = RegistryError::Transport {
-            url: "https://r".into(),
+            url: "https://r/v2/a/manifests/1".into(),
             message: "connection refused".into(),
+            connect: true,
         };
         assert!(t.is_retryable() && t.is_unreachable());
+        // The host is down for every repository, in words that name none of them.
+        assert_eq!(
+            t.host_unreachable().as_deref(),
+            Some("https://r:443: connection refused")
+        );
+        let timed_out = RegistryError::Transport {
+            url: "https://r/v2/a/manifests/1".into(),
+            message: "timed out (RecvResponse)".into(),
+            connect: false,
+        };
+        assert!(timed_out.is_unreachable() && timed_out.host_unreachable().is_none());
         let not_found = RegistryError::Status {
             method: "GET",
             url: "https://r/v2/x/manifests/1".into(),

@@ -18,6 +18,7 @@ use super::hosts::{Endpoint, RegistryHosts};
 use super::http::{status_error, Http};
 use super::keyring::Keyring;
 use super::manifest::{self, Parsed};
+use super::reachability::Unreachable;
 use super::{Progress, ProgressFn, RegistryError};
 use crate::image::ImageError;
 
@@ -63,14 +64,10 @@ pub struct Registry {
     http: Http,
     tokens: TokenCache,
     layer_slots: Slots,
-    /// Registries that could not be reached, and until when a pull is not tried again:
-    /// with the uplink gone (or blackholed, where every try waits for its timeouts),
-    /// the pods of a site that boots offline must not queue behind one pull each.
-    unreachable: Mutex<std::collections::HashMap<String, (Instant, String)>>,
+    /// What recent pulls found out of reach: a pod whose pull would only wait for
+    /// the same timeouts fails at once instead.
+    unreachable: Unreachable,
 }
-
-/// How long a registry that could not be reached is taken as still down.
-const UNREACHABLE_FOR: Duration = Duration::from_secs(30);
 
 /// What one pull is asked to do.
 pub struct PullOptions {
@@ -119,45 +116,15 @@ impl Registry {
             http: Http::new(),
             tokens: TokenCache::default(),
             layer_slots: Slots::new(max_layer_downloads),
-            unreachable: Mutex::new(std::collections::HashMap::new()),
+            unreachable: Unreachable::default(),
         }
     }
 
-    /// The error of a recent pull from the registry of `reference` that found it out of
-    /// reach, while that is recent enough to be believed.
+    /// The error of a recent pull that found the registry host of `reference`, or its
+    /// repository, out of reach, while that is recent enough to be believed.
     pub fn recently_unreachable(&self, reference: &str) -> Option<RegistryError> {
-        let domain = Reference::parse(reference).ok()?.domain;
-        let down = self
-            .unreachable
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let (until, error) = down.get(&domain)?;
-        let left = until.checked_duration_since(Instant::now())?;
-        Some(RegistryError::AllEndpoints(
-            vec![format!(
-                "{error} (not tried again for another {}s)",
-                left.as_secs().max(1)
-            )],
-            true,
-        ))
-    }
-
-    fn note_reachability(&self, domain: &str, result: &Result<PullResult, RegistryError>) {
-        let mut down = self
-            .unreachable
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        match result {
-            Err(e) if e.is_unreachable() => {
-                down.insert(
-                    domain.to_string(),
-                    (Instant::now() + UNREACHABLE_FOR, crate::error_chain(e)),
-                );
-            }
-            _ => {
-                down.remove(domain);
-            }
-        }
+        let parsed = Reference::parse(reference).ok()?;
+        self.unreachable.recently(&parsed)
     }
 
     /// Pulls `reference` into `images`. Blocking; the caller's thread does the work
@@ -170,7 +137,7 @@ impl Registry {
     ) -> Result<PullResult, RegistryError> {
         let parsed = Reference::parse(reference)?;
         let result = self.pull_parsed(images, &parsed, opts);
-        self.note_reachability(&parsed.domain, &result);
+        self.unreachable.note(&parsed, result.as_ref().err());
         result
     }
 
@@ -349,10 +316,13 @@ impl Registry {
             }));
         }
         let unreachable = errors.iter().all(RegistryError::is_unreachable);
-        Err(RegistryError::AllEndpoints(
-            errors.iter().map(|e| crate::error_chain(e)).collect(),
+        let hosts_down: Option<Vec<String>> =
+            errors.iter().map(RegistryError::host_unreachable).collect();
+        Err(RegistryError::AllEndpoints {
+            errors: errors.iter().map(|e| crate::error_chain(e)).collect(),
             unreachable,
-        ))
+            hosts_down: hosts_down.map(|h| h.join("; ")),
+        })
     }
 
     /// The platform manifest for the reference.
