@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use super::super::record::{ContainerRecord, Waiting};
 use super::{blocking, Worker};
-use crate::image::registry::{Job, Keyring, PullRequest};
+use crate::image::registry::{Job, Keyring, PullDone, PullFailure, PullRequest, Puller};
 use crate::image::{Platform, Reference, ResolvedImage};
 use crate::uplink::report::EventType;
 
@@ -95,27 +95,10 @@ impl Worker {
             .image_pull_policy
             .clone()
             .unwrap_or_else(|| default_policy(&image_ref).to_string());
-        let images = self.deps.images.clone();
-        let lookup = image_ref.clone();
-        let present = match blocking(move || images.resolve(&lookup)).await {
+        let present = match self.present_image(c, &image_ref).await {
             Ok(p) => p,
-            Err(e) => {
-                let reason = e.kubelet_reason();
-                log::error!("pod {}: container {}: {e}", self.name(), c.name);
-                if reason == "InvalidImageName" {
-                    let message = format!("Failed to apply default image tag {image_ref:?}: {e}");
-                    self.event(c, EventType::Warning, "InspectFailed", message.clone());
-                    self.event(
-                        c,
-                        EventType::Warning,
-                        "Failed",
-                        "Error: InvalidImageName".into(),
-                    );
-                }
-                rec.waiting = Some(Waiting {
-                    reason: reason.into(),
-                    message: Some(e.to_string()),
-                });
+            Err(waiting) => {
+                rec.waiting = Some(waiting);
                 return None;
             }
         };
@@ -133,28 +116,7 @@ impl Worker {
                 _ => true,
             };
         if !must_pull {
-            if let Some(image) = present {
-                self.event(
-                    c,
-                    EventType::Normal,
-                    "Pulled",
-                    format!("Container image \"{image_ref}\" already present on machine"),
-                );
-                return Some(image);
-            }
-            let message =
-                format!("Container image \"{image_ref}\" is not present with pull policy of Never");
-            self.event(c, EventType::Warning, "ErrImageNeverPull", message.clone());
-            log::warn!(
-                "pod {}: container {}: image {image_ref} is not present",
-                self.name(),
-                c.name
-            );
-            rec.waiting = Some(Waiting {
-                reason: "ErrImageNeverPull".into(),
-                message: Some(message),
-            });
-            return None;
+            return self.without_pull(c, &image_ref, present, rec);
         }
         let Some(puller) = self.deps.puller.clone() else {
             // No registry access configured for this agent: what is here is all there is.
@@ -169,115 +131,215 @@ impl Worker {
             });
             return None;
         };
-        let now = Instant::now();
         let state = self.pulls.entry(image_ref.clone()).or_default();
-
         // A pull in flight, or one that just ended.
         if let Some((job, asked)) = state.job.clone() {
             let outcome = job.outcome()?;
             state.job = None;
-            match outcome {
-                Ok(done) => {
-                    *state = ImagePulls::default();
-                    let message = format!(
-                        "Successfully pulled image \"{image_ref}\" in {} ({} including waiting). Image size: {} bytes.",
-                        go_ms(done.pull_duration),
-                        go_ms(asked.elapsed()),
-                        done.record.size
-                    );
-                    log::info!("pod {}: {message}", self.name());
-                    self.event(c, EventType::Normal, "Pulled", message);
-                    let images = self.deps.images.clone();
-                    let lookup = image_ref.clone();
-                    return match blocking(move || images.resolve(&lookup)).await {
-                        Ok(Some(image)) => Some(image),
-                        Ok(None) => {
-                            // Removed between the pull and now (GC, `image rm`): pull again.
-                            self.wake_at(Instant::now());
-                            None
-                        }
-                        Err(e) => {
-                            rec.waiting = Some(Waiting {
-                                reason: e.kubelet_reason().into(),
-                                message: Some(e.to_string()),
-                            });
-                            None
-                        }
-                    };
-                }
-                Err(failure) => {
-                    state.failures = state.failures.saturating_add(1);
-                    let delay = self.deps.pull_backoff.delay(state.failures);
-                    state.retry_at = Some(now + delay);
-                    state.last_unreachable = failure.unreachable;
-                    let message =
-                        format!("failed to pull image \"{image_ref}\": {}", failure.message);
-                    state.last_error = Some(format!("ErrImagePull: {message}"));
-                    state.told = None;
-                    if let Some(image) =
-                        present.filter(|_| failure.unreachable && self.deps.offline_fallback)
-                    {
-                        return Some(self.fall_back(c, &image_ref, image, &failure.message));
-                    }
-                    log::warn!("pod {}: container {}: {message}", self.name(), c.name);
-                    self.event(
-                        c,
-                        EventType::Warning,
-                        "Failed",
-                        format!("Failed to pull image \"{image_ref}\": {}", failure.message),
-                    );
-                    self.event(
-                        c,
-                        EventType::Warning,
-                        "Failed",
-                        "Error: ErrImagePull".into(),
-                    );
-                    rec.waiting = Some(Waiting {
-                        reason: "ErrImagePull".into(),
-                        message: Some(message),
-                    });
-                    self.wake_at(now + BACKOFF_SHOWN_AFTER.min(delay));
-                    return None;
-                }
-            }
-        }
-
-        // In back-off after a failure.
-        if let Some(at) = state.retry_at.filter(|at| now < *at) {
-            if let Some(image) = present
-                .clone()
-                .filter(|_| state.last_unreachable && self.deps.offline_fallback)
-            {
-                // Offline: the image that is here keeps serving until the next try.
-                return Some(image);
-            }
-            let failures = state.failures;
-            let told = state.told == Some(failures);
-            state.told = Some(failures);
-            let back_off = format!("Back-off pulling image \"{image_ref}\"");
-            let message = match &state.last_error {
-                Some(e) => format!("{back_off}: {e}"),
-                None => back_off.clone(),
+            return match outcome {
+                Ok(done) => self.pulled(c, &image_ref, &done, asked, rec).await,
+                Err(failure) => self.pull_failed(c, &image_ref, present, &failure, rec),
             };
-            if !told {
-                self.event(c, EventType::Normal, "BackOff", back_off);
-                self.event(
-                    c,
-                    EventType::Warning,
-                    "Failed",
-                    "Error: ImagePullBackOff".into(),
-                );
-            }
-            rec.waiting = Some(Waiting {
-                reason: "ImagePullBackOff".into(),
-                message: Some(message),
-            });
-            self.wake_at(at);
-            return None;
         }
+        // In back-off after a failure.
+        if let Some(at) = state.retry_at.filter(|at| Instant::now() < *at) {
+            return self.backing_off(c, &image_ref, present, at, rec);
+        }
+        self.start_pull(c, &image_ref, &puller).await;
+        None
+    }
 
-        // Pull now, unless a pull secret the pod names has not arrived yet (a new pod's
-        // secrets are fetched as it arrives): pulling without it would only fail.
+    /// The image as the store has it (None when it is not here), or how the container
+    /// waits when the reference is no good.
+    async fn present_image(
+        &self,
+        c: &Container,
+        image_ref: &str,
+    ) -> Result<Option<ResolvedImage>, Waiting> {
+        let images = self.deps.images.clone();
+        let lookup = image_ref.to_string();
+        blocking(move || images.resolve(&lookup))
+            .await
+            .map_err(|e| {
+                let reason = e.kubelet_reason();
+                log::error!("pod {}: container {}: {e}", self.name(), c.name);
+                if reason == "InvalidImageName" {
+                    let message = format!("Failed to apply default image tag {image_ref:?}: {e}");
+                    self.event(c, EventType::Warning, "InspectFailed", message.clone());
+                    self.event(
+                        c,
+                        EventType::Warning,
+                        "Failed",
+                        "Error: InvalidImageName".into(),
+                    );
+                }
+                Waiting {
+                    reason: reason.into(),
+                    message: Some(e.to_string()),
+                }
+            })
+    }
+
+    /// The policy asks for no pull: the image that is here, or ErrImageNeverPull.
+    fn without_pull(
+        &self,
+        c: &Container,
+        image_ref: &str,
+        present: Option<ResolvedImage>,
+        rec: &mut ContainerRecord,
+    ) -> Option<ResolvedImage> {
+        if let Some(image) = present {
+            self.event(
+                c,
+                EventType::Normal,
+                "Pulled",
+                format!("Container image \"{image_ref}\" already present on machine"),
+            );
+            return Some(image);
+        }
+        let message =
+            format!("Container image \"{image_ref}\" is not present with pull policy of Never");
+        self.event(c, EventType::Warning, "ErrImageNeverPull", message.clone());
+        log::warn!(
+            "pod {}: container {}: image {image_ref} is not present",
+            self.name(),
+            c.name
+        );
+        rec.waiting = Some(Waiting {
+            reason: "ErrImageNeverPull".into(),
+            message: Some(message),
+        });
+        None
+    }
+
+    /// A pull of this worker's succeeded: the kubelet's Pulled event, and the image.
+    async fn pulled(
+        &mut self,
+        c: &Container,
+        image_ref: &str,
+        done: &PullDone,
+        asked: Instant,
+        rec: &mut ContainerRecord,
+    ) -> Option<ResolvedImage> {
+        self.pulls
+            .insert(image_ref.to_string(), ImagePulls::default());
+        let message = format!(
+            "Successfully pulled image \"{image_ref}\" in {} ({} including waiting). Image size: {} bytes.",
+            go_ms(done.pull_duration),
+            go_ms(asked.elapsed()),
+            done.record.size
+        );
+        log::info!("pod {}: {message}", self.name());
+        self.event(c, EventType::Normal, "Pulled", message);
+        let images = self.deps.images.clone();
+        let lookup = image_ref.to_string();
+        match blocking(move || images.resolve(&lookup)).await {
+            Ok(Some(image)) => Some(image),
+            Ok(None) => {
+                // Removed between the pull and now (GC, `image rm`): pull again.
+                self.wake_at(Instant::now());
+                None
+            }
+            Err(e) => {
+                rec.waiting = Some(Waiting {
+                    reason: e.kubelet_reason().into(),
+                    message: Some(e.to_string()),
+                });
+                None
+            }
+        }
+    }
+
+    /// A pull of this worker's failed: ErrImagePull and the back-off, or the offline
+    /// fallback when the registry was out of reach and the image is here.
+    fn pull_failed(
+        &mut self,
+        c: &Container,
+        image_ref: &str,
+        present: Option<ResolvedImage>,
+        failure: &PullFailure,
+        rec: &mut ContainerRecord,
+    ) -> Option<ResolvedImage> {
+        let now = Instant::now();
+        let state = self.pulls.entry(image_ref.to_string()).or_default();
+        state.failures = state.failures.saturating_add(1);
+        let delay = self.deps.pull_backoff.delay(state.failures);
+        state.retry_at = Some(now + delay);
+        state.last_unreachable = failure.unreachable;
+        let message = format!("failed to pull image \"{image_ref}\": {}", failure.message);
+        state.last_error = Some(format!("ErrImagePull: {message}"));
+        state.told = None;
+        if let Some(image) = present.filter(|_| failure.unreachable && self.deps.offline_fallback) {
+            return Some(self.fall_back(c, image_ref, image, &failure.message));
+        }
+        log::warn!("pod {}: container {}: {message}", self.name(), c.name);
+        self.event(
+            c,
+            EventType::Warning,
+            "Failed",
+            format!("Failed to pull image \"{image_ref}\": {}", failure.message),
+        );
+        self.event(
+            c,
+            EventType::Warning,
+            "Failed",
+            "Error: ErrImagePull".into(),
+        );
+        rec.waiting = Some(Waiting {
+            reason: "ErrImagePull".into(),
+            message: Some(message),
+        });
+        self.wake_at(now + BACKOFF_SHOWN_AFTER.min(delay));
+        None
+    }
+
+    /// Until `at`, the next try waits: ImagePullBackOff, told once per failure; or,
+    /// offline, the image that is here.
+    fn backing_off(
+        &mut self,
+        c: &Container,
+        image_ref: &str,
+        present: Option<ResolvedImage>,
+        at: Instant,
+        rec: &mut ContainerRecord,
+    ) -> Option<ResolvedImage> {
+        let offline_fallback = self.deps.offline_fallback;
+        let state = self.pulls.entry(image_ref.to_string()).or_default();
+        if let Some(image) = present.filter(|_| state.last_unreachable && offline_fallback) {
+            // Offline: the image that is here keeps serving until the next try.
+            return Some(image);
+        }
+        let failures = state.failures;
+        let told = state.told == Some(failures);
+        state.told = Some(failures);
+        let back_off = format!("Back-off pulling image \"{image_ref}\"");
+        let message = match &state.last_error {
+            Some(e) => format!("{back_off}: {e}"),
+            None => back_off.clone(),
+        };
+        if !told {
+            self.event(c, EventType::Normal, "BackOff", back_off);
+            self.event(
+                c,
+                EventType::Warning,
+                "Failed",
+                "Error: ImagePullBackOff".into(),
+            );
+        }
+        rec.waiting = Some(Waiting {
+            reason: "ImagePullBackOff".into(),
+            message: Some(message),
+        });
+        self.wake_at(at);
+        None
+    }
+
+    /// Starts a pull (the worker is woken when it ends), unless a pull secret the pod
+    /// names has not arrived yet (a new pod's secrets are fetched as it arrives):
+    /// pulling without it would only fail.
+    async fn start_pull(&mut self, c: &Container, image_ref: &str, puller: &Puller) {
+        let now = Instant::now();
+        let state = self.pulls.entry(image_ref.to_string()).or_default();
         let first_wanted = *state.first_wanted.get_or_insert(now);
         let (keyring, missing) = self.pull_secrets_keyring().await;
         if missing > 0 && now < first_wanted + SECRET_WAIT {
@@ -286,19 +348,19 @@ impl Worker {
                 self.name()
             );
             self.wake_at(first_wanted + SECRET_WAIT);
-            return None;
+            return;
         }
         let notify = self.pull_notify.clone();
         let job = puller.pull(
             PullRequest {
-                reference: image_ref.clone(),
+                reference: image_ref.to_string(),
                 platform: Platform::host(),
                 keyring,
                 progress: None,
             },
             move || notify.notify_one(),
         );
-        if let Some(state) = self.pulls.get_mut(&image_ref) {
+        if let Some(state) = self.pulls.get_mut(image_ref) {
             state.job = Some((job, now));
         }
         log::info!("pod {}: pulling image {image_ref}", self.name());
@@ -308,7 +370,6 @@ impl Worker {
             "Pulling",
             format!("Pulling image \"{image_ref}\""),
         );
-        None
     }
 
     /// The registry is out of reach and the image is here: it runs, with a warning.
