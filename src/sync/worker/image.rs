@@ -1,8 +1,8 @@
 //! A container's image before it starts, with the kubelet's semantics: `imagePullPolicy`
 //! Always / IfNotPresent / Never (`:latest` or no tag defaults to Always), a pull on the
 //! image service's thread that never holds up the worker (it is woken when the pull
-//! ends), the waiting reasons ErrImagePull then ImagePullBackOff with the registry's
-//! error in the message, the pull back-off per image (10 s doubling to 5 min), and the
+//! ends), the waiting reasons ContainerCreating while it is in progress, ErrImagePull
+//! then ImagePullBackOff with the registry's error in the message, the pull back-off per image (10 s doubling to 5 min), and the
 //! kubelet's Pulling / Pulled / Failed / BackOff events. With the registry out of reach
 //! an image that is here runs in place of an `Always` pull, with a warning, unless the
 //! node is configured otherwise.
@@ -134,7 +134,12 @@ impl Worker {
         let state = self.pulls.entry(image_ref.clone()).or_default();
         // A pull in flight, or one that just ended.
         if let Some((job, asked)) = state.job.clone() {
-            let outcome = job.outcome()?;
+            let Some(outcome) = job.outcome() else {
+                // Still pulling: ContainerCreating, as the kubelet shows it, not what
+                // the last try said.
+                rec.waiting = None;
+                return None;
+            };
             state.job = None;
             return match outcome {
                 Ok(done) => self.pulled(c, &image_ref, &done, asked, rec).await,
@@ -145,7 +150,7 @@ impl Worker {
         if let Some(at) = state.retry_at.filter(|at| Instant::now() < *at) {
             return self.backing_off(c, &image_ref, present, at, rec);
         }
-        self.start_pull(c, &image_ref, &puller).await;
+        self.start_pull(c, &image_ref, &puller, rec).await;
         None
     }
 
@@ -337,7 +342,13 @@ impl Worker {
     /// Starts a pull (the worker is woken when it ends), unless a pull secret the pod
     /// names has not arrived yet (a new pod's secrets are fetched as it arrives):
     /// pulling without it would only fail.
-    async fn start_pull(&mut self, c: &Container, image_ref: &str, puller: &Puller) {
+    async fn start_pull(
+        &mut self,
+        c: &Container,
+        image_ref: &str,
+        puller: &Puller,
+        rec: &mut ContainerRecord,
+    ) {
         let now = Instant::now();
         let state = self.pulls.entry(image_ref.to_string()).or_default();
         let first_wanted = *state.first_wanted.get_or_insert(now);
@@ -363,6 +374,8 @@ impl Worker {
         if let Some(state) = self.pulls.get_mut(image_ref) {
             state.job = Some((job, now));
         }
+        // The back-off (or error) of the last try is over: this one is in progress.
+        rec.waiting = None;
         log::info!("pod {}: pulling image {image_ref}", self.name());
         self.event(
             c,
