@@ -1,17 +1,41 @@
-//! The README against the code: its example configuration is one this holdfast reads
-//! without a warning, every key the config file takes is named in it, and so is every
-//! flag of every command. The lists come from the code (`config::KEYS`,
-//! `config::FLAGS`, the commands' own usage texts), so a key or flag added without a
-//! word in the README fails here.
+//! The README and `docs/` against the code: every config example in them is one this
+//! holdfast reads without a warning, every key the config file takes is named in
+//! `docs/configuration.md`, and so is every flag of every command. The lists come from
+//! the code (`config::KEYS`, `config::FLAGS`, the commands' own usage texts), so a key or
+//! flag added without a word there fails here.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use holdfast::config::{parse_config, read_config_file, FLAGS, KEYS};
 
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+}
+
 fn readme() -> String {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    std::fs::read_to_string(root.join("README.md")).expect("read README.md")
+    read(&root().join("README.md"))
+}
+
+/// The reference for every command, flag and config key.
+fn configuration() -> String {
+    read(&root().join("docs/configuration.md"))
+}
+
+/// The README and every Markdown file of `docs/`, in a stable order.
+fn docs() -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(root().join("docs"))
+        .expect("read docs/")
+        .map(|entry| entry.expect("docs/ entry").path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "md"))
+        .collect();
+    files.sort();
+    files.insert(0, root().join("README.md"));
+    files
 }
 
 #[test]
@@ -44,20 +68,26 @@ fn the_readmes_example_config_is_read_without_a_warning() {
 }
 
 #[test]
-fn every_config_example_in_the_readme_is_read_without_a_warning() {
-    let text = readme();
+fn every_config_example_in_the_docs_is_read_without_a_warning() {
     let mut examples = 0;
-    for block in raw_yaml_blocks(&text) {
-        // Kubeconfigs and the like are other files.
-        if block.contains("apiVersion:") && !block.contains("kubelet.config.k8s.io/") {
-            continue;
+    for file in docs() {
+        for block in raw_yaml_blocks(&read(&file)) {
+            // Kubeconfigs and the like are other files.
+            if block.contains("apiVersion:") && !block.contains("kubelet.config.k8s.io/") {
+                continue;
+            }
+            examples += 1;
+            let read = parse_config(Path::new("/etc/holdfast/config.yaml"), &block);
+            let (_, warnings) =
+                read.unwrap_or_else(|e| panic!("{}: {e}:\n{block}", file.display()));
+            assert!(
+                warnings.is_empty(),
+                "{}: {warnings:?}:\n{block}",
+                file.display()
+            );
         }
-        examples += 1;
-        let read = parse_config(std::path::Path::new("/etc/holdfast/config.yaml"), &block);
-        let (_, warnings) = read.unwrap_or_else(|e| panic!("{e}:\n{block}"));
-        assert!(warnings.is_empty(), "{warnings:?}:\n{block}");
     }
-    assert!(examples >= 3, "the README shows config examples");
+    assert!(examples >= 4, "the README and docs/ show config examples");
 }
 
 /// Each ```yaml block of `text`, its indentation (a block inside a list item) removed.
@@ -81,15 +111,15 @@ fn raw_yaml_blocks(text: &str) -> Vec<String> {
     blocks
 }
 
-/// The README split into what it says in `code spans` and what its ```yaml blocks hold.
-struct Readme {
+/// A document split into what it says in `code spans` and what its ```yaml blocks hold.
+struct Doc {
     spans: Vec<String>,
     yaml_blocks: Vec<Vec<String>>,
     text: String,
 }
 
-impl Readme {
-    fn parse(text: String) -> Readme {
+impl Doc {
+    fn parse(text: String) -> Doc {
         let mut spans = Vec::new();
         let mut yaml_blocks = Vec::new();
         let mut fence: Option<Vec<String>> = None;
@@ -116,7 +146,7 @@ impl Readme {
                 spans.extend(line.split('`').skip(1).step_by(2).map(String::from));
             }
         }
-        Readme {
+        Doc {
             spans,
             yaml_blocks,
             text,
@@ -165,16 +195,16 @@ fn yaml_key(line: &str, name: &str) -> bool {
 }
 
 #[test]
-fn every_config_key_is_named_in_the_readme() {
-    let readme = Readme::parse(readme());
+fn every_config_key_is_named_in_the_configuration_reference() {
+    let reference = Doc::parse(configuration());
     let missing: Vec<&str> = KEYS
         .iter()
         .copied()
-        .filter(|k| !readme.names_key(k))
+        .filter(|k| !reference.names_key(k))
         .collect();
     assert!(
         missing.is_empty(),
-        "config keys the README does not name (as `key` or in a yaml block): {missing:?}"
+        "config keys docs/configuration.md does not name (as `key` or in a yaml block): {missing:?}"
     );
 }
 
@@ -188,8 +218,8 @@ fn flags_in(usage: &str) -> Vec<String> {
 }
 
 #[test]
-fn every_flag_is_named_in_the_readme() {
-    let readme = Readme::parse(readme());
+fn every_flag_is_named_in_the_configuration_reference() {
+    let reference = Doc::parse(configuration());
     // `holdfast run`'s flags as its parser lists them; the other commands' as their
     // usage texts give them.
     let help = Command::new(env!("CARGO_BIN_EXE_holdfast"))
@@ -206,17 +236,17 @@ fn every_flag_is_named_in_the_readme() {
         flags.len() > FLAGS.len(),
         "the commands' usage texts name flags"
     );
-    let missing: Vec<&String> = flags.iter().filter(|f| !readme.names_flag(f)).collect();
+    let missing: Vec<&String> = flags.iter().filter(|f| !reference.names_flag(f)).collect();
     assert!(
         missing.is_empty(),
-        "flags the README does not name: {missing:?}"
+        "flags docs/configuration.md does not name: {missing:?}"
     );
 }
 
 #[test]
 fn the_key_check_sees_a_missing_key() {
-    // The checks above hold only if they can fail: a README without a key's name.
-    let readme = Readme::parse(
+    // The checks above hold only if they can fail: a reference without a key's name.
+    let readme = Doc::parse(
         "`syncFrequency` and `holdfast.cniConfDir`\n\n```yaml\nauthentication:\n  x509: {clientCAFile: /ca}\n```\n"
             .into(),
     );
@@ -227,7 +257,7 @@ fn the_key_check_sees_a_missing_key() {
     assert!(!readme.names_key("holdfast.cniBinDir"));
     assert!(!readme.names_key("authentication.webhook.cacheTTL"));
     assert!(!readme.names_flag("--v"));
-    let readme = Readme::parse("`--board-dir DIR` and `--v N`".into());
+    let readme = Doc::parse("`--board-dir DIR` and `--v N`".into());
     assert!(!readme.names_flag("--board"));
     assert!(readme.names_flag("--board-dir"));
     assert!(readme.names_flag("--v"));
