@@ -2,7 +2,8 @@
 //! holdfast reads without a warning, every key the config file takes is named in
 //! `docs/configuration.md`, and so is every flag of every command. The lists come from
 //! the code (`config::KEYS`, `config::FLAGS`, the commands' own usage texts), so a key or
-//! flag added without a word there fails here.
+//! flag added without a word there fails here. Every link between the README and the
+//! files of `docs/` leads to a file, and to a heading of it where it names one.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -261,4 +262,104 @@ fn the_key_check_sees_a_missing_key() {
     assert!(!readme.names_flag("--board"));
     assert!(readme.names_flag("--board-dir"));
     assert!(readme.names_flag("--v"));
+}
+
+/// `text` with its fenced code blocks blanked out: what they hold is not Markdown.
+fn outside_fences(text: &str) -> String {
+    let mut fenced = false;
+    let mut out = String::new();
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+        } else if !fenced {
+            out.push_str(line);
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// The anchor a heading gets: lowercase, spaces as hyphens, punctuation dropped.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || matches!(c, '-' | '_' | ' '))
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// The anchors of a Markdown text's headings.
+fn anchors(text: &str) -> Vec<String> {
+    outside_fences(text)
+        .lines()
+        .filter_map(|line| {
+            let title = line.trim_start_matches('#');
+            (title.len() < line.len() && title.starts_with(' ')).then(|| anchor(title))
+        })
+        .collect()
+}
+
+/// What is wrong with each relative link of `text`, a file in `dir`: a file that is not
+/// there, or a `#anchor` that names no heading of it.
+fn broken_links(dir: &Path, text: &str) -> Vec<String> {
+    let text = outside_fences(text);
+    let mut broken = Vec::new();
+    for (at, _) in text.match_indices("](") {
+        let rest = &text[at + 2..];
+        let target = &rest[..rest.find([')', ' ', '\n']).unwrap_or(rest.len())];
+        if target.contains("://") || target.starts_with("mailto:") {
+            continue;
+        }
+        let (path, fragment) = target.split_once('#').unwrap_or((target, ""));
+        let linked = if path.is_empty() {
+            text.clone()
+        } else {
+            match std::fs::read(dir.join(path)) {
+                Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
+                Err(_) if dir.join(path).is_dir() => String::new(),
+                Err(e) => {
+                    broken.push(format!("{target}: {e}"));
+                    continue;
+                }
+            }
+        };
+        if !fragment.is_empty() && !anchors(&linked).iter().any(|a| a == fragment) {
+            broken.push(format!("{target}: no such heading"));
+        }
+    }
+    broken
+}
+
+#[test]
+fn every_link_between_the_docs_resolves() {
+    let mut broken = Vec::new();
+    let mut links = 0;
+    for file in docs() {
+        let text = read(&file);
+        links += outside_fences(&text).matches("](").count();
+        let dir = file.parent().expect("a file's folder");
+        broken.extend(
+            broken_links(dir, &text)
+                .into_iter()
+                .map(|b| format!("{}: {b}", file.display())),
+        );
+    }
+    assert!(links > 20, "the README and docs/ link to each other");
+    assert!(broken.is_empty(), "links that lead nowhere: {broken:#?}");
+}
+
+#[test]
+fn the_link_check_sees_a_broken_link() {
+    let dir = root().join("docs");
+    let text = "# A title\n\n## Pods' sandboxes, and more\n\n\
+        [ok](#a-title) [ok](#pods-sandboxes-and-more) [ok](../README.md#layout) \
+        [ok](https://example.com/x#y)\n\n```\n[not a link](nowhere.md)\n```\n";
+    let broken = broken_links(&dir, text);
+    assert!(broken.is_empty(), "{broken:?}");
+    let text = "# A title\n\n[no file](nowhere.md) [no heading](#pods) \
+        [no heading there](../README.md#nowhere)\n";
+    let broken = broken_links(&dir, text);
+    assert_eq!(broken.len(), 3, "{broken:?}");
 }
