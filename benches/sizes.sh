@@ -24,7 +24,7 @@ read -r -a targets <<<"${SIZES_TARGETS:-x86_64-unknown-linux-gnu aarch64-unknown
 device=aarch64-unknown-linux-gnu
 [[ " ${targets[*]} " == *" $device "* ]] || targets+=("$device")
 # The device budget: the aarch64 stripped binary, default features (7.01 MiB measured
-# with v0.1's crates; see the README's size budget).
+# with v0.1's crates; see the size budget in docs/footprint.md).
 budget=$((8192 * 1024))
 
 cargo fetch --quiet
