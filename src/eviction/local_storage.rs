@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 
-use crate::uplink::node_status::{binary_si, decimal_si};
+use crate::quantity::{binary_si, decimal_si};
 
 const EPHEMERAL_STORAGE: &str = "ephemeral-storage";
 

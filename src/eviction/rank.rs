@@ -10,7 +10,7 @@ use std::cmp::Ordering;
 use k8s_openapi::api::core::v1::Pod;
 
 use super::signals::{Met, Resource};
-use crate::uplink::node_status::binary_si;
+use crate::quantity::binary_si;
 
 /// `scheduling.SystemCriticalPriority`.
 const SYSTEM_CRITICAL: i32 = 2_000_000_000;

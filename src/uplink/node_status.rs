@@ -27,7 +27,7 @@ use crate::time::Timestamp;
 pub use images::{images, MAX_IMAGES};
 pub use patch::{needs_report, status_patch};
 pub use resources::{
-    binary_si, capacity_and_allocatable, decimal_si, Resources, Threshold, DEFAULT_EVICTION_HARD,
+    capacity_and_allocatable, Resources, Threshold, DEFAULT_EVICTION_HARD,
 };
 
 /// `nodeInfo.kubeletVersion`, the VERSION column of `kubectl get nodes`: the Kubernetes

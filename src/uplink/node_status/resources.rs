@@ -11,7 +11,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::NodeInput;
 use crate::node::NodeFacts;
-use crate::quantity::{parse_bytes, parse_millicpu};
+use crate::quantity::{binary_si, decimal_si, parse_bytes, parse_millicpu};
 
 pub const CPU: &str = "cpu";
 pub const MEMORY: &str = "memory";
@@ -160,93 +160,10 @@ pub fn capacity_and_allocatable(
     (capacity, allocatable)
 }
 
-const DECIMAL_SUFFIXES: &[(i32, &str)] = &[
-    (-9, "n"),
-    (-6, "u"),
-    (-3, "m"),
-    (0, ""),
-    (3, "k"),
-    (6, "M"),
-    (9, "G"),
-    (12, "T"),
-    (15, "P"),
-    (18, "E"),
-];
-
-/// `value * 10^exp` in canonical DecimalSI form: trailing zeros folded into the largest
-/// exponent that is a multiple of three (`3800m`, `4`, `110`, `1k`).
-pub fn decimal_si(value: u64, exp: i32) -> String {
-    if value == 0 {
-        return "0".into();
-    }
-    let (mut mantissa, mut exp) = (u128::from(value), exp);
-    while mantissa % 10 == 0 {
-        mantissa /= 10;
-        exp += 1;
-    }
-    match exp.rem_euclid(3) {
-        1 => {
-            mantissa *= 10;
-            exp -= 1;
-        }
-        2 => {
-            mantissa *= 100;
-            exp -= 2;
-        }
-        _ => {}
-    }
-    match DECIMAL_SUFFIXES.iter().find(|(e, _)| *e == exp) {
-        Some((_, suffix)) => format!("{mantissa}{suffix}"),
-        None => format!("{mantissa}e{exp}"),
-    }
-}
-
-/// Bytes in canonical BinarySI form: the largest power-of-1024 suffix that divides the
-/// value (`8048572Ki`, `1Gi`); values below 1 Ki, and values no suffix divides, come
-/// out as plain or decimal numbers, as the apiserver writes them.
-pub fn binary_si(bytes: u64) -> String {
-    if bytes < 1024 {
-        return decimal_si(bytes, 0);
-    }
-    let (mut n, mut i) = (bytes, 0);
-    while n % 1024 == 0 && i < 6 {
-        n /= 1024;
-        i += 1;
-    }
-    let suffix = ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"][i];
-    format!("{n}{suffix}")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::node::facts::FsStats;
-
-    #[test]
-    fn canonical_forms() {
-        assert_eq!(decimal_si(4000, -3), "4");
-        assert_eq!(decimal_si(3800, -3), "3800m");
-        assert_eq!(decimal_si(1500, -3), "1500m");
-        assert_eq!(decimal_si(10_000, -3), "10");
-        assert_eq!(decimal_si(250, -3), "250m");
-        assert_eq!(decimal_si(110, 0), "110");
-        assert_eq!(decimal_si(1000, 0), "1k");
-        assert_eq!(decimal_si(0, -3), "0");
-        assert_eq!(binary_si(8_048_572 * 1024), "8048572Ki");
-        assert_eq!(binary_si(7_741_372 * 1024), "7741372Ki");
-        assert_eq!(binary_si(56_453_061_334), "56453061334");
-        assert_eq!(binary_si(1 << 30), "1Gi");
-        assert_eq!(binary_si(1000), "1k");
-        assert_eq!(binary_si(512), "512");
-        assert_eq!(binary_si(0), "0");
-        // Each form reads back to the same number.
-        for n in [1u64 << 30, 56_453_061_334, 8_048_572 * 1024, 1000, 7] {
-            assert_eq!(parse_bytes(&binary_si(n)), Ok(n));
-        }
-        for m in [3800u64, 4000, 1, 999_000] {
-            assert_eq!(parse_millicpu(&decimal_si(m, -3)), Ok(m));
-        }
-    }
 
     #[test]
     fn thresholds() {
