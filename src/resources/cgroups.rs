@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 
 use super::requests::PodResources;
 use super::ResourcesError;
+use crate::runtime::delegation::CONTROLLERS;
 
 /// The kubelet's constants (`pkg/kubelet/cm`).
 pub const MIN_SHARES: u64 = 2;
@@ -135,10 +136,6 @@ pub struct CgroupTree {
     /// `cgroup.subtree_control` above it is written, those are the service manager's.
     delegated: Option<String>,
 }
-
-/// The controllers a pod's limits need: one hierarchy each on v1, enabled in
-/// `cgroup.subtree_control` on v2 (and in a delegated base).
-pub const CONTROLLERS: &[&str] = &["cpu", "memory", "pids"];
 
 impl CgroupTree {
     /// The tree under `cgroup_root` in the host's cgroupfs.

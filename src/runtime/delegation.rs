@@ -20,8 +20,10 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use super::RuntimeError;
-use crate::resources::cgroups::CONTROLLERS;
 
+/// The controllers a pod's limits need: one hierarchy each on v1, enabled in
+/// `cgroup.subtree_control` on v2 (and in a delegated base).
+pub const CONTROLLERS: &[&str] = &["cpu", "memory", "pids"];
 /// The `cgroupRoot` value that asks for the delegated subtree.
 pub const DELEGATED: &str = "delegated";
 /// Where the agent lives inside the delegated subtree (systemd's `DelegateSubgroup=`).
@@ -130,7 +132,8 @@ fn checked(path: &str) -> Result<Vec<&str>, Unusable> {
 }
 
 /// The delegated base this process settled in, once [`settle`] honoured `delegated`:
-/// [`crate::resources::CgroupTree`] writes no `cgroup.subtree_control` above it.
+/// the pods' cgroup tree (`resources::CgroupTree`) writes no `cgroup.subtree_control`
+/// above it.
 static BASE: OnceLock<String> = OnceLock::new();
 
 /// The delegated base, when this process runs in one.
