@@ -12,7 +12,7 @@
 
 use k8s_openapi::api::core::v1::Pod;
 
-use super::cgroups::Qos;
+use super::qos::Qos;
 use super::requests::{pod_resources, Amounts};
 
 /// The kubelet's safe sysctls (`SafeSysctlAllowlist`, 1.34).

@@ -16,6 +16,7 @@
 
 use std::path::{Path, PathBuf};
 
+use super::qos::Qos;
 use super::requests::PodResources;
 use super::ResourcesError;
 use crate::runtime::delegation::CONTROLLERS;
@@ -26,34 +27,6 @@ pub const MAX_SHARES: u64 = 262_144;
 pub const SHARES_PER_CPU: u64 = 1024;
 pub const CPU_PERIOD: u64 = 100_000;
 pub const MIN_QUOTA: u64 = 1000;
-
-/// Guaranteed, Burstable or BestEffort.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Qos {
-    Guaranteed,
-    Burstable,
-    BestEffort,
-}
-
-impl Qos {
-    pub fn of(pod: &k8s_openapi::api::core::v1::Pod) -> Qos {
-        let containers: Vec<_> = pod
-            .spec
-            .iter()
-            .flat_map(|s| {
-                s.containers
-                    .iter()
-                    .chain(s.init_containers.iter().flatten())
-            })
-            .cloned()
-            .collect();
-        match crate::sync::status::qos_class(&containers) {
-            "Guaranteed" => Qos::Guaranteed,
-            "Burstable" => Qos::Burstable,
-            _ => Qos::BestEffort,
-        }
-    }
-}
 
 /// `MilliCPUToShares`.
 pub fn shares(milli: u64) -> u64 {

@@ -8,9 +8,11 @@
 
 pub mod admission;
 pub mod cgroups;
+pub mod qos;
 pub mod requests;
 
-pub use cgroups::{CgroupTree, Qos};
+pub use cgroups::CgroupTree;
+pub use qos::Qos;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ResourcesError {

@@ -189,7 +189,7 @@ pub fn pod_status(
         host_ips: ip.clone().map(|ip| vec![HostIP { ip }]),
         pod_ip,
         pod_ips,
-        qos_class: Some(qos_class(&qos_containers).to_string()),
+        qos_class: Some(crate::resources::qos::qos_class(&qos_containers).to_string()),
         start_time: i.start_time.map(Time),
         observed_generation: generation,
         ..PodStatus::default()
@@ -436,37 +436,6 @@ pub fn go_duration(d: Duration) -> String {
         format!("{}m{}s", secs / 60, secs % 60)
     } else {
         format!("{}h{}m{}s", secs / 3600, (secs % 3600) / 60, secs % 60)
-    }
-}
-
-/// Guaranteed, Burstable or BestEffort, from requests and limits (cpu and memory).
-pub fn qos_class(containers: &[Container]) -> &'static str {
-    let mut any = false;
-    let mut guaranteed = true;
-    for c in containers {
-        let r = c.resources.as_ref();
-        let requests = r.and_then(|r| r.requests.as_ref());
-        let limits = r.and_then(|r| r.limits.as_ref());
-        for res in ["cpu", "memory"] {
-            let req = requests
-                .and_then(|m| m.get(res))
-                .or_else(|| limits.and_then(|m| m.get(res)));
-            let lim = limits.and_then(|m| m.get(res));
-            if req.is_some() || lim.is_some() {
-                any = true;
-            }
-            match (req, lim) {
-                (Some(a), Some(b)) if a.0 == b.0 => {}
-                _ => guaranteed = false,
-            }
-        }
-    }
-    if !any {
-        "BestEffort"
-    } else if guaranteed {
-        "Guaranteed"
-    } else {
-        "Burstable"
     }
 }
 
