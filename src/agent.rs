@@ -12,12 +12,12 @@ use crate::backoff::Backoff;
 use crate::config::Config;
 use crate::control::server::{self, Control};
 use crate::image::ImageStore;
+use crate::node::allocatable::capacity_and_allocatable;
 use crate::node::NodeFacts;
 use crate::runtime::LibcontainerRuntime;
 use crate::source::{self, Mux};
 use crate::store::Store;
 use crate::sync::{Deps, SyncLoop};
-use crate::uplink::node_status::{capacity_and_allocatable, NodeInput};
 use crate::uplink::objects::ObjectCache;
 use crate::Error;
 
@@ -319,7 +319,7 @@ fn prepare_root(root: &Path) -> Result<PathBuf, Error> {
 /// `resourceFieldRef` gives a container without limits. Empty if the config cannot
 /// describe the node (the uplink reports that).
 async fn allocatable(config: &Config, root: &std::path::Path) -> BTreeMap<String, Quantity> {
-    let input = match NodeInput::from_config(config) {
+    let input = match config.node_input() {
         Ok(i) => i,
         Err(e) => {
             log::warn!("node allocatable unknown ({e}): resourceFieldRef limits default to 0");

@@ -14,7 +14,7 @@ pub enum Error {
     Source(#[from] crate::source::SourceError),
     /// The config describes a Node the cluster would refuse.
     #[error(transparent)]
-    Node(#[from] crate::uplink::node_status::NodeStatusError),
+    Node(#[from] crate::node::NodeStatusError),
     /// A CLI request that could not be carried out, in words for the user.
     #[error("{0}")]
     Cli(String),

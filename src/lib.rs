@@ -25,12 +25,14 @@
 //! - [`eviction`]: node-pressure eviction by `evictionHard`, reclaim before it; pods over
 //!   their local storage limits.
 //! - [`node`]: facts about the device: address, CPUs, memory, storage (and what a
-//!   directory holds of it), identity.
+//!   directory holds of it), identity; and the node model on them: the node as
+//!   configured, its reservations and eviction thresholds, capacity and allocatable.
 //! - [`uplink`]: the kube-apiserver: client (kubeconfig, TLS), Node and Lease, pod status
 //!   and final deletes, mirror pods, events, ConfigMaps and Secrets.
 //! - [`time`]: wall-clock time as Kubernetes reports it; times taken before the clock
 //!   was set (a board without an RTC boots in 1970) are corrected or held back.
-//! - [`quantity`]: Kubernetes quantities (`64Mi`, `500m`).
+//! - [`quantity`]: Kubernetes quantities (`64Mi`, `500m`), read and written back in
+//!   canonical form.
 //! - [`tls`]: the one TLS client stack (rustls under ureq), shared by the apiserver and
 //!   registry clients.
 //! - [`resources`]: pods' requests and limits, QoS classes, the pod cgroup hierarchy

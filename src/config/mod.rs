@@ -12,6 +12,7 @@ mod images;
 mod keys;
 mod maps;
 mod names;
+mod node;
 mod pods;
 mod server;
 mod taints;

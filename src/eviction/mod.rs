@@ -31,11 +31,11 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 use crate::config::Config;
+use crate::node::allocatable::{Threshold, DEFAULT_EVICTION_HARD};
 use crate::resources::requests::pod_resources;
 use crate::resources::Qos;
 use crate::sync::record::InstanceState;
 use crate::sync::{Deps, Eviction, PodState};
-use crate::uplink::node_status::{NodeInput, Threshold, DEFAULT_EVICTION_HARD};
 use rank::Candidate;
 use reclaim::ImageGc;
 use signals::{Met, Resource};
@@ -64,7 +64,7 @@ pub fn start(
     images: Box<dyn ImageGc>,
 ) -> mpsc::Receiver<Eviction> {
     let (tx, rx) = mpsc::channel(4);
-    let hard = match NodeInput::from_config(config) {
+    let hard = match config.node_input() {
         Ok(input) => input.eviction_hard,
         Err(e) => {
             log::warn!("eviction thresholds: {e}; no pod will be evicted");

@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use crate::uplink::node_status::Threshold;
+use crate::node::allocatable::Threshold;
 
 /// A signal's observation: what is available of how much.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

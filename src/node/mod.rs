@@ -1,13 +1,18 @@
 //! node: facts about the device itself: its address, CPUs, memory, storage, kernel and
-//! identity, read from /proc, /sys and /etc; what a directory holds of the disk ([`du`]).
-//! Reads only; never writes to the device.
+//! identity, read from /proc, /sys and /etc; what a directory holds of the disk ([`du`]);
+//! and the node model built on them: the node as configured ([`NodeInput`]), its
+//! reservations and hard eviction thresholds, and its capacity and allocatable as the
+//! kubelet computes them ([`allocatable`]). Reads only; never writes to the device.
 
+pub mod allocatable;
 pub mod du;
 pub mod facts;
+pub mod input;
 
 use std::net::IpAddr;
 
 pub use facts::NodeFacts;
+pub use input::{NodeInput, NodeStatusError};
 
 /// The address of the interface that holds the default route (IPv4), as the kubelet
 /// picks the node's InternalIP when `--node-ip` is not given.

@@ -130,7 +130,8 @@ impl Sandboxes {
             _ => None,
         };
         // The kubelet's enforced allocatable adds the hard eviction threshold back.
-        let threshold = crate::uplink::node_status::NodeInput::from_config(config)
+        let threshold = config
+            .node_input()
             .ok()
             .and_then(|i| i.eviction_hard.get("memory.available").copied());
         let total = crate::node::facts::read_meminfo(Path::new("/proc/meminfo")).total;

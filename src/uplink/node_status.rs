@@ -1,34 +1,29 @@
 //! uplink::node_status: the Node this agent registers, the status it reports, the
 //! patch that carries a status change, and the node Lease, all shaped as the kubelet
 //! shapes them so the cluster's controllers read holdfast like any kubelet. Pure
-//! functions of the config, the device's facts and the clock: the I/O is the caller's.
+//! functions of the node model (`crate::node`: the node as configured, its capacity and
+//! allocatable), the device's facts and the clock: the I/O is the caller's.
 
 mod conditions;
 #[cfg(test)]
 mod fixtures;
 mod images;
 mod patch;
-mod resources;
 
 use std::collections::BTreeMap;
-use std::net::IpAddr;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{
     DaemonEndpoint, Node, NodeAddress, NodeDaemonEndpoints, NodeSpec, NodeStatus, NodeSystemInfo,
-    Taint,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference};
 
-use crate::config::{check_label, Config};
-use crate::node::NodeFacts;
+use crate::config::check_label;
+use crate::node::{allocatable, NodeFacts, NodeInput};
 use crate::time::Timestamp;
 
 pub use images::{images, MAX_IMAGES};
 pub use patch::{needs_report, status_patch};
-pub use resources::{
-    capacity_and_allocatable, Resources, Threshold, DEFAULT_EVICTION_HARD,
-};
 
 /// `nodeInfo.kubeletVersion`, the VERSION column of `kubectl get nodes`: the Kubernetes
 /// API level holdfast implements (k8s-openapi's `v1_34`), so version-skew rules and
@@ -52,115 +47,6 @@ pub const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
 /// node) attaches volumes.
 const CONTROLLER_MANAGED_ATTACH_DETACH: &str =
     "volumes.kubernetes.io/controller-managed-attach-detach";
-
-/// What node registration and status need from the config, parsed once.
-#[derive(Debug, Clone, PartialEq)]
-pub struct NodeInput {
-    pub node_name: String,
-    /// The config's node labels; the ones the node sets itself come on top.
-    pub labels: BTreeMap<String, String>,
-    pub taints: Vec<Taint>,
-    pub system_reserved: Resources,
-    pub kube_reserved: Resources,
-    /// Hard eviction thresholds by signal (the kubelet's defaults if the config sets
-    /// none); they set the pressure conditions and reserve memory and storage.
-    pub eviction_hard: BTreeMap<String, Threshold>,
-    pub max_pods: u32,
-    /// The kubelet API port advertised in `daemonEndpoints`.
-    pub port: u16,
-    pub node_ip: Option<IpAddr>,
-    /// The kubelet API's `address` when it is one address rather than all of them:
-    /// the only address the apiserver can reach the node's API at.
-    pub listen_ip: Option<IpAddr>,
-    /// The board profile's name, the node's instance type.
-    pub board: Option<String>,
-    /// Why the node cannot run pods right now (runtime or network down); empty when it
-    /// can. Set by the caller each time; any entry makes the node NotReady.
-    pub not_ready: Vec<String>,
-}
-
-impl NodeInput {
-    /// Gathers what node status needs from `config`, checking it again: a Config built
-    /// in code has not been through the loader's checks.
-    pub fn from_config(config: &Config) -> Result<NodeInput, NodeStatusError> {
-        for (key, value) in &config.node_labels {
-            check_label(key, value).map_err(|reason| NodeStatusError::Label {
-                key: key.clone(),
-                reason,
-            })?;
-        }
-        let reserved = |field: &'static str, map| {
-            Resources::from_map(map).map_err(|(resource, reason)| NodeStatusError::Reserved {
-                field,
-                resource,
-                reason,
-            })
-        };
-        let defaults;
-        let eviction = if config.eviction_hard.is_empty() {
-            defaults = DEFAULT_EVICTION_HARD
-                .iter()
-                .map(|(s, t)| (s.to_string(), t.to_string()))
-                .collect();
-            &defaults
-        } else {
-            &config.eviction_hard
-        };
-        let mut eviction_hard = BTreeMap::new();
-        for (signal, text) in eviction {
-            let threshold = Threshold::parse(text).map_err(|reason| NodeStatusError::Eviction {
-                signal: signal.clone(),
-                reason,
-            })?;
-            if let Some(t) = threshold {
-                eviction_hard.insert(signal.clone(), t);
-            }
-        }
-        Ok(NodeInput {
-            node_name: config.node_name.clone(),
-            labels: config.node_labels.clone(),
-            taints: config.register_with_taints.clone(),
-            system_reserved: reserved("systemReserved", &config.system_reserved)?,
-            kube_reserved: reserved("kubeReserved", &config.kube_reserved)?,
-            eviction_hard,
-            max_pods: config.max_pods,
-            port: config.port,
-            node_ip: config.node_ip,
-            listen_ip: Some(config.server.address).filter(|a| !a.is_unspecified()),
-            board: config.board.clone(),
-            not_ready: Vec::new(),
-        })
-    }
-
-    /// System and kube reservations together.
-    pub fn reserved(&self) -> Resources {
-        let (s, k) = (self.system_reserved, self.kube_reserved);
-        Resources {
-            cpu_millis: s.cpu_millis.saturating_add(k.cpu_millis),
-            memory: s.memory.saturating_add(k.memory),
-            ephemeral_storage: s.ephemeral_storage.saturating_add(k.ephemeral_storage),
-        }
-    }
-
-    /// The node's InternalIP: `--node-ip`, else the node name if it is an address, else
-    /// the kubelet API's own `address` if it listens on one only (the default route's
-    /// address would send the apiserver's `kubectl logs` and `exec` where nothing
-    /// listens), else the default route's address, in the kubelet's order (less its
-    /// DNS lookup).
-    fn internal_ip(&self, facts: &NodeFacts) -> Option<IpAddr> {
-        self.node_ip
-            .or_else(|| self.node_name.parse().ok())
-            .or(self.listen_ip)
-            .or(facts.host_ip)
-    }
-
-    /// A config-free input for tests: defaults everywhere.
-    #[cfg(test)]
-    pub(crate) fn for_tests(node_name: &str) -> NodeInput {
-        let config = Config::with_defaults(node_name.to_string());
-        NodeInput::from_config(&config).expect("defaults are valid")
-    }
-}
 
 /// The Node to create at registration: the node's own labels (architecture, OS,
 /// hostname, the board as instance type) under the config's, the configured taints,
@@ -213,7 +99,7 @@ pub fn node_status(
     now: Timestamp,
 ) -> NodeStatus {
     let now = conditions::wire_time(now);
-    let (capacity, allocatable) = resources::capacity_and_allocatable(input, facts, previous);
+    let (capacity, allocatable) = allocatable::capacity_and_allocatable(input, facts, previous);
     let ours = conditions::current(input, facts, &capacity, &now);
     let before = previous
         .and_then(|p| p.conditions.as_deref())
@@ -286,20 +172,6 @@ pub fn lease(node_name: &str, node_uid: Option<&str>, duration_secs: i32, now: T
             ..LeaseSpec::default()
         }),
     }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum NodeStatusError {
-    #[error("node label {key:?}: {reason}")]
-    Label { key: String, reason: String },
-    #[error("{field}.{resource}: {reason}")]
-    Reserved {
-        field: &'static str,
-        resource: String,
-        reason: String,
-    },
-    #[error("eviction threshold {signal}: {reason}")]
-    Eviction { signal: String, reason: String },
 }
 
 #[cfg(test)]

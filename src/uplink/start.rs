@@ -14,7 +14,7 @@ use tokio::sync::mpsc;
 use super::client::Client;
 use super::link::{Link, LinkReport};
 use super::node::{new_node_uid, NodeController, NodeLoop, NodeModel, Timing};
-use super::node_status::{self, NodeInput};
+use super::node_status;
 use super::objects::{
     pod_set, spawn_object_manager, ObjectCache, ObjectKey, PodSetReceiver, PodSetSender,
 };
@@ -25,6 +25,7 @@ use super::tokens::TokenManager;
 use crate::backoff::Backoff;
 use crate::config::Config;
 use crate::node::facts::NodeFacts;
+use crate::node::NodeInput;
 use crate::source::{ApiSourceResume, SourceSnapshot};
 use crate::store::Store;
 use crate::time::Timestamp;
@@ -152,7 +153,7 @@ pub fn start(
         return Ok(None);
     };
     let model = DeviceModel {
-        input: NodeInput::from_config(config).map_err(crate::Error::Node)?,
+        input: config.node_input().map_err(crate::Error::Node)?,
         root_dir: config.root_dir.clone(),
         lease_seconds: config.node_lease_duration_seconds,
         images: store

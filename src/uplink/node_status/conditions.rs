@@ -8,9 +8,8 @@ use k8s_openapi::api::core::v1::NodeCondition;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use super::resources::{CPU, EPHEMERAL_STORAGE, MEMORY, PODS};
-use super::NodeInput;
-use crate::node::NodeFacts;
+use crate::node::allocatable::{CPU, EPHEMERAL_STORAGE, MEMORY, PODS};
+use crate::node::{NodeFacts, NodeInput};
 use crate::time::Timestamp;
 
 /// (type, (reason, message) when the condition is True, (reason, message) when False).
@@ -200,8 +199,8 @@ pub fn wire_time(now: Timestamp) -> Time {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::node::allocatable::Threshold;
     use crate::node::facts::FsStats;
-    use crate::uplink::node_status::resources::Threshold;
 
     fn at(s: &str) -> Time {
         Time(s.parse().expect("timestamp"))

@@ -1,8 +1,13 @@
+use std::net::IpAddr;
+
 use serde_json::{json, Value};
 
 use super::fixtures;
 use super::*;
+use crate::config::Config;
+use crate::node::allocatable::{Resources, Threshold};
 use crate::node::facts::FsStats;
+use crate::node::NodeStatusError;
 
 fn ts(s: &str) -> Timestamp {
     s.parse().expect("timestamp")
@@ -45,7 +50,7 @@ fn edge_config() -> Config {
 }
 
 fn edge_input() -> NodeInput {
-    NodeInput::from_config(&edge_config()).expect("input")
+    edge_config().node_input().expect("input")
 }
 
 /// Fixture 08's Node with what holdfast reports differently: no deprecated beta
@@ -115,7 +120,7 @@ fn from_config_refuses_and_defaults() {
     let mut c = edge_config();
     c.node_labels
         .insert("node-role.kubernetes.io/edge".into(), String::new());
-    match NodeInput::from_config(&c) {
+    match c.node_input() {
         Err(e @ NodeStatusError::Label { .. }) => {
             assert!(e.to_string().contains("NodeRestriction"), "{e}")
         }
@@ -149,7 +154,7 @@ fn from_config_refuses_and_defaults() {
         .insert("memory.available".into(), "250Mi".into());
     c.eviction_hard
         .insert("nodefs.available".into(), "0%".into());
-    let input = NodeInput::from_config(&c).expect("input");
+    let input = c.node_input().expect("input");
     assert_eq!(
         input.eviction_hard,
         BTreeMap::from([("memory.available".into(), Threshold::Quantity(250 << 20))])
@@ -157,7 +162,7 @@ fn from_config_refuses_and_defaults() {
 
     let mut c = edge_config();
     c.kube_reserved.insert("memory".into(), "lots".into());
-    match NodeInput::from_config(&c) {
+    match c.node_input() {
         Err(e @ NodeStatusError::Reserved { .. }) => {
             assert!(e.to_string().starts_with("kubeReserved.memory: "), "{e}")
         }
@@ -281,7 +286,7 @@ fn ports_and_pods_come_from_config() {
     let mut c = edge_config();
     c.port = 10260;
     c.max_pods = 16;
-    let input = NodeInput::from_config(&c).expect("input");
+    let input = c.node_input().expect("input");
     let s = node_status(&input, &edge_facts(), None, ts("2026-11-22T07:30:40Z"));
     let v = serde_json::to_value(&s).expect("json");
     assert_eq!(

@@ -1,4 +1,4 @@
-//! Capacity and allocatable, as the kubelet computes them: allocatable is capacity less
+//! node::allocatable: capacity and allocatable, as the kubelet computes them: allocatable is capacity less
 //! systemReserved, kubeReserved and the hard eviction threshold for memory.available
 //! (memory) and nodefs.available (ephemeral storage), never below zero. Quantities are
 //! written in the apiserver's canonical form (`8048572Ki`, `3800m`, `56453061334`), so
@@ -9,8 +9,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::NodeStatus;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use super::NodeInput;
-use crate::node::NodeFacts;
+use super::{NodeFacts, NodeInput};
 use crate::quantity::{binary_si, decimal_si, parse_bytes, parse_millicpu};
 
 pub const CPU: &str = "cpu";
