@@ -223,7 +223,7 @@ pub async fn run(mut config: Config, shutdown: impl Future<Output = ()>) -> Resu
         podstates,
         root_dir: root.clone(),
         node_name: config.node_name.clone(),
-        host_ip: crate::node::node_address(&config),
+        host_ip: config.node_address(),
         objects,
         tokens: uplink.as_ref().map(|u| u.tokens.clone()),
         allocatable,

@@ -42,38 +42,3 @@ pub fn host_ip() -> Option<String> {
     }
     fallback.or_else(|| Some("127.0.0.1".to_string()))
 }
-
-/// The node's address as its pods' `status.hostIP` (and a host-network pod's `podIP`)
-/// show it: the InternalIP the node reports (`--node-ip`, else the node name if it is an
-/// address, else the kubelet API's `address` if it is one address, else the default
-/// route's), so a pod's status and its node's agree.
-pub fn node_address(config: &crate::config::Config) -> Option<String> {
-    let listen = Some(config.server.address).filter(|a| !a.is_unspecified());
-    config
-        .node_ip
-        .or_else(|| config.node_name.parse().ok())
-        .or(listen)
-        .map(|ip| ip.to_string())
-        .or_else(host_ip)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::config::Config;
-
-    #[test]
-    fn node_address_is_the_reported_internal_ip() {
-        let mut c = Config::with_defaults("gw".into());
-        c.node_ip = Some(IpAddr::from([10, 1, 2, 3]));
-        c.server.address = IpAddr::from([127, 0, 0, 1]);
-        assert_eq!(node_address(&c).as_deref(), Some("10.1.2.3"));
-        c.node_ip = None;
-        assert_eq!(node_address(&c).as_deref(), Some("127.0.0.1"));
-        c.node_name = "10.0.240.5".into();
-        assert_eq!(node_address(&c).as_deref(), Some("10.0.240.5"));
-        c.node_name = "gw".into();
-        c.server.address = IpAddr::from([0, 0, 0, 0]);
-        assert_eq!(node_address(&c), host_ip());
-    }
-}

@@ -58,9 +58,9 @@ pub struct Names {
 }
 
 impl Names {
-    /// What the Node's status reports now (see [`crate::node::node_address`]).
+    /// What the Node's status reports now (see [`Config::node_address`]).
     pub fn of_node(config: &Config) -> Names {
-        let address = crate::node::node_address(config).and_then(|a| a.parse().ok());
+        let address = config.node_address().and_then(|a| a.parse().ok());
         Names::new(&config.node_name, address)
     }
 
