@@ -20,7 +20,8 @@ use std::path::Path;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use holdfast::source::{Mux, SourceSnapshot, SOURCE_FILE};
+use holdfast::pod::annotations::SOURCE_FILE;
+use holdfast::source::{Mux, SourceSnapshot};
 use holdfast::store::{dir_size, Batch, Store};
 use holdfast::sync::record::{Instance, InstanceState};
 use holdfast::sync::{ContainerRecord, Deps, PodState};

@@ -83,7 +83,7 @@ pub async fn run(mut config: Config, shutdown: impl Future<Output = ()>) -> Resu
     let (mut mux, mut initial) = Mux::open(&store)?;
     let (snap_tx, mut snap_rx) = mpsc::channel(8);
     let snap_tx_api = snap_tx.clone();
-    let known_file_pods = mux.source_pods(source::SOURCE_FILE);
+    let known_file_pods = mux.source_pods(crate::pod::annotations::SOURCE_FILE);
     let (_, first_files) = source::spawn_file_source(
         config.static_pod_path.clone(),
         config.node_name.clone(),
@@ -109,8 +109,8 @@ pub async fn run(mut config: Config, shutdown: impl Future<Output = ()>) -> Resu
     // A changed ConfigMap or Secret resyncs the pods that reference it.
     let (objects_tx, objects_rx) = mpsc::channel(16);
     let seed = crate::uplink::start::ApiSeed {
-        pods: mux.source_pods(source::SOURCE_API),
-        resource_version: mux.resource_version(source::SOURCE_API),
+        pods: mux.source_pods(crate::pod::annotations::SOURCE_API),
+        resource_version: mux.resource_version(crate::pod::annotations::SOURCE_API),
     };
     let uplink = crate::uplink::start::start(&config, &store, seed, api_tx, objects_tx)?;
     if let Some(link) = uplink.as_ref().map(|u| u.view.link.clone()) {
@@ -128,9 +128,7 @@ pub async fn run(mut config: Config, shutdown: impl Future<Output = ()>) -> Resu
         tokio::spawn(async move {
             while let Some(mut snapshot) = api_rx.recv().await {
                 crate::uplink::pods::update_mirrors(&mirrors, &snapshot.pods);
-                snapshot
-                    .pods
-                    .retain(|p| !crate::uplink::mirror::is_mirror(p));
+                snapshot.pods.retain(|p| !crate::pod::is_mirror(p));
                 if let Some(set) = &pod_set {
                     set.set_pods(&snapshot.pods);
                 }

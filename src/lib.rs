@@ -11,6 +11,8 @@
 //!   the mux that merges them.
 //! - [`sync`]: the sync loop, pod workers, restart back-off, probes, init containers
 //!   and hooks, pod phase and conditions.
+//! - [`pod`]: what every layer says about a pod: its annotations (source, config hash,
+//!   mirror), the downward API's references into it, its requests and limits summed.
 //! - [`runtime`]: containers on libcontainer, driven by a per-container shim process.
 //! - [`image`]: the content-addressed image store, registry pulls, archive import,
 //!   layer unpacking and image GC.
@@ -58,6 +60,7 @@ pub mod malloc;
 pub mod metrics;
 pub mod network;
 pub mod node;
+pub mod pod;
 pub mod quantity;
 pub mod resources;
 pub mod runtime;

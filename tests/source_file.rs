@@ -3,7 +3,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use holdfast::source::{read_manifests, spawn_file_source, SourceSnapshot, CONFIG_SEEN};
+use holdfast::pod::annotations::CONFIG_SEEN;
+use holdfast::source::{read_manifests, spawn_file_source, SourceSnapshot};
 use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::mpsc;
 
@@ -193,7 +194,7 @@ fn bad_files_do_not_affect_good_ones() {
                 p.metadata.uid = None;
                 if let Some(a) = p.metadata.annotations.as_mut() {
                     a.remove("kubernetes.io/config.hash");
-                    a.remove(holdfast::source::MANIFEST_FILE);
+                    a.remove(holdfast::pod::annotations::MANIFEST_FILE);
                 }
                 p
             })

@@ -30,7 +30,7 @@ pub struct Candidate {
 
 /// The kubelet's `IsCriticalPod`.
 pub fn is_critical(pod: &Pod) -> bool {
-    if crate::source::is_static_pod(pod) {
+    if crate::pod::is_static_pod(pod) {
         return true;
     }
     let mirror = pod

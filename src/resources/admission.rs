@@ -90,7 +90,7 @@ pub fn admit(
     memory_pressure: bool,
 ) -> Result<(), Rejection> {
     let spec = pod.spec.as_ref();
-    let critical = crate::source::is_static_pod(pod);
+    let critical = crate::pod::is_static_pod(pod);
     let reject = |reason: &str, message: String| Rejection {
         reason: reason.to_owned(),
         message,

@@ -55,7 +55,7 @@ pub fn annotations(req: &StartRequest<'_>) -> HashMap<String, String> {
     if let Some(source) = meta
         .annotations
         .as_ref()
-        .and_then(|a| a.get(crate::source::CONFIG_SOURCE))
+        .and_then(|a| a.get(crate::pod::annotations::CONFIG_SOURCE))
     {
         out.insert(POD_SOURCE.into(), source.clone());
     }

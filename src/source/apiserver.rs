@@ -35,10 +35,6 @@ use crate::uplink::{ApiError, Link};
 pub use lister::{list_path, watch_path, PodList, PodLister, PodWatch, LIST_LIMIT};
 pub use pods::normalise;
 
-/// The name this source goes by in snapshots, in the store and in the
-/// `kubernetes.io/config.source` annotation, as the kubelet names it.
-pub const SOURCE_API: &str = "api";
-
 /// How the source paces itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ApiSourceOptions {

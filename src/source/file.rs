@@ -15,12 +15,10 @@ use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
 use tokio::sync::mpsc::Sender;
 
 use super::manifest::{read_manifest_file, FileRead};
-use super::static_pod::{set_seen, CONFIG_SEEN, MANIFEST_FILE};
+use super::static_pod::set_seen;
 use super::{SourceError, SourceSnapshot};
+use crate::pod::annotations::{CONFIG_SEEN, MANIFEST_FILE, SOURCE_FILE};
 use crate::time::Timestamp;
-
-/// The name this source goes by in snapshots and in the store.
-pub const SOURCE_FILE: &str = "file";
 
 /// Editors write a file in several steps; a rescan waits for this much quiet.
 const QUIET: Duration = Duration::from_millis(20);

@@ -17,14 +17,11 @@ use serde::{Deserialize, Serialize};
 
 pub use apiserver::{
     list_path, normalise, spawn_api_source, watch_path, ApiSourceError, ApiSourceOptions,
-    ApiSourceResume, PodList, PodLister, PodWatch, LIST_LIMIT, SOURCE_API,
+    ApiSourceResume, PodList, PodLister, PodWatch, LIST_LIMIT,
 };
-pub use file::{read_manifests, spawn_file_source, SOURCE_FILE};
+pub use file::{read_manifests, spawn_file_source};
 pub use mux::{Mux, PODS_TREE};
-pub use static_pod::{
-    apply_api_defaults, default_pull_policy, make_static_pod, static_pod_uid, CONFIG_HASH,
-    CONFIG_SEEN, CONFIG_SOURCE, MANIFEST_FILE,
-};
+pub use static_pod::{apply_api_defaults, default_pull_policy, make_static_pod, static_pod_uid};
 pub use validate::validate_pod;
 
 /// The full set of pods one source wants on this node, as of now.
@@ -67,14 +64,4 @@ pub enum SourceError {
     },
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
-}
-
-/// Whether the pod is a static pod (from a manifest file, not from the cluster): the
-/// kubelet's `IsStaticPod`, by the `kubernetes.io/config.source` annotation.
-pub fn is_static_pod(pod: &Pod) -> bool {
-    pod.metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(CONFIG_SOURCE))
-        .is_some_and(|s| s == SOURCE_FILE)
 }

@@ -11,8 +11,8 @@ use std::collections::{BTreeMap, HashMap};
 
 use k8s_openapi::api::core::v1::Pod;
 
-use super::static_pod::CONFIG_SEEN;
 use super::{DesiredPod, PodChange, SourceError, SourceSnapshot};
+use crate::pod::annotations::CONFIG_SEEN;
 use crate::store::{Batch, Store, Tree};
 
 /// The store tree holding the desired pods, keyed by pod UID.
@@ -162,7 +162,7 @@ impl Mux {
         // pods can: their manifests are on the disk, and read again at every start. The
         // store's next tick writes them (a flush per manifest change would cost the
         // flash a journal commit for nothing).
-        if source != crate::source::SOURCE_FILE {
+        if source != crate::pod::annotations::SOURCE_FILE {
             self.store.flush()?;
         }
 

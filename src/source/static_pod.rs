@@ -8,14 +8,8 @@ use std::path::Path;
 use k8s_openapi::api::core::v1::{Container, Pod, PodSecurityContext, PodStatus, Toleration};
 use sha2::{Digest, Sha256};
 
+use crate::pod::annotations::{CONFIG_HASH, CONFIG_SEEN, CONFIG_SOURCE, MANIFEST_FILE};
 use crate::time::Timestamp;
-
-pub const CONFIG_SOURCE: &str = "kubernetes.io/config.source";
-pub const CONFIG_HASH: &str = "kubernetes.io/config.hash";
-pub const CONFIG_SEEN: &str = "kubernetes.io/config.seen";
-/// The manifest file a static pod came from, so that after a restart a file that is
-/// momentarily unreadable keeps its pods (see the file source).
-pub const MANIFEST_FILE: &str = "holdfast.io/manifest-file";
 
 /// The UID of a static pod whose manifest sets none: a hash of the manifest as decoded,
 /// the node and the file, so that an edited manifest becomes a new pod (the old one is

@@ -85,7 +85,7 @@ pub fn rebuild(store: &Store, runtime: &dyn Runtime) -> Result<Rebuilt, StoreErr
         if let Some(pod) = owner.pod {
             let source = owner
                 .source
-                .unwrap_or_else(|| crate::source::SOURCE_API.to_string());
+                .unwrap_or_else(|| crate::pod::annotations::SOURCE_API.to_string());
             desired
                 .entry(owner.pod_uid.clone())
                 .or_insert(DesiredPod { source, pod });

@@ -200,7 +200,7 @@ pub fn resolve(
     let mut objects = Lookup {
         cache: inputs.objects,
         namespace: namespace(pod),
-        is_static: crate::source::is_static_pod(pod),
+        is_static: crate::pod::is_static_pod(pod),
         config_maps: HashMap::new(),
         secrets: HashMap::new(),
     };

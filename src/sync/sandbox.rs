@@ -163,7 +163,7 @@ impl Sandboxes {
     /// The host paths `pod` may use: the allow list for a static pod (the cluster's
     /// admission decides for the others, as with the kubelet), None for any.
     pub fn host_paths_for(&self, pod: &Pod) -> Option<&[PathBuf]> {
-        if crate::source::is_static_pod(pod) {
+        if crate::pod::is_static_pod(pod) {
             self.static_pod_host_paths.as_deref()
         } else {
             None

@@ -598,7 +598,7 @@ impl Worker {
             }
         }
         if !changed {
-            if !self.reported && crate::source::is_static_pod(&self.pod) {
+            if !self.reported && crate::pod::is_static_pod(&self.pod) {
                 // A restarted agent whose static pod runs on unchanged: its mirror pod
                 // may have been deleted while the agent was down, and the uplink checks
                 // (and makes again) a mirror pod when the static pod's status goes out.

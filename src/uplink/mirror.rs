@@ -9,9 +9,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
-use crate::source::CONFIG_HASH;
-
-pub const CONFIG_MIRROR: &str = "kubernetes.io/config.mirror";
+use crate::pod::annotations::{static_hash, CONFIG_MIRROR};
 
 /// A mirror pod as the cluster has it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,23 +55,6 @@ impl Mirror {
     }
 }
 
-pub fn is_mirror(pod: &Pod) -> bool {
-    pod.metadata
-        .annotations
-        .as_ref()
-        .is_some_and(|a| a.contains_key(CONFIG_MIRROR))
-}
-
-/// The static pod's config hash, which its mirror must carry.
-pub fn static_hash(pod: &Pod) -> String {
-    pod.metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(CONFIG_HASH))
-        .cloned()
-        .unwrap_or_default()
-}
-
 /// The mirror pod to create for `static_pod` on node `node_name` (whose Node has
 /// `node_uid`).
 pub fn mirror_pod(static_pod: &Pod, node_name: &str, node_uid: &str) -> Pod {
@@ -107,6 +88,7 @@ pub fn mirror_pod(static_pod: &Pod, node_name: &str, node_uid: &str) -> Pod {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pod::annotations::{is_mirror, CONFIG_HASH};
     use k8s_openapi::api::core::v1::{Container, PodSpec};
 
     fn static_pod() -> Pod {

@@ -21,6 +21,7 @@ use super::mirror::{self, Mirror};
 use super::pod_status::{self, delete_for_good, pod_path, send_status, Sent};
 use super::report::{EventReport, Outbox, PodRef, StatusReport};
 use crate::backoff::Backoff;
+use crate::pod::annotations;
 
 /// How long the thread waits for work when there is none.
 const IDLE_WAIT: Duration = Duration::from_secs(1);
@@ -171,7 +172,7 @@ impl PodUplink {
                 self.outbox.retry_status(uid, report);
                 continue;
             }
-            let result = if crate::source::is_static_pod(&report.pod) {
+            let result = if crate::pod::is_static_pod(&report.pod) {
                 st.statics.insert(uid.clone(), report.clone());
                 self.mirror_status(&report)
             } else {
@@ -283,7 +284,7 @@ impl PodUplink {
                         .values()
                         .filter(|r| {
                             let key = key_of(&PodRef::of(&r.pod));
-                            let hash = mirror::static_hash(&r.pod);
+                            let hash = annotations::static_hash(&r.pod);
                             !set.pods.get(&key).is_some_and(|m| m.is_current(&hash, uid))
                         })
                         .cloned()
@@ -337,7 +338,7 @@ impl PodUplink {
     fn mirror_status(&self, report: &StatusReport) -> Result<(), ApiError> {
         let r = PodRef::of(&report.pod);
         let key = key_of(&r);
-        let want = mirror::static_hash(&report.pod);
+        let want = annotations::static_hash(&report.pod);
         let node_uid = lock(&self.node_uid).clone();
         let node_uid = node_uid.as_deref();
         let (known, synced) = {
@@ -399,7 +400,7 @@ impl PodUplink {
         let created = match self.client.post::<_, Pod>(&path, &pod) {
             Ok(p) => p,
             Err(e) if e.is_already_exists() => match self.get_mirror(r)? {
-                Some(m) if m.is_current(&mirror::static_hash(static_pod), Some(&node_uid)) => {
+                Some(m) if m.is_current(&annotations::static_hash(static_pod), Some(&node_uid)) => {
                     // Known from now on: the watch may not show it (a watch resumed
                     // after a restart shows only what changed since).
                     lock(&self.mirrors).pods.insert(key_of(r), m.clone());
@@ -422,7 +423,7 @@ impl PodUplink {
         };
         let m = Mirror::of(&created).unwrap_or(Mirror {
             uid: created.metadata.uid.clone().unwrap_or_default(),
-            hash: mirror::static_hash(static_pod),
+            hash: annotations::static_hash(static_pod),
             deleting: false,
             owner: node_uid.clone(),
         });

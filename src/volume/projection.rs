@@ -121,7 +121,7 @@ fn config_map(
     optional: bool,
     objects: &ObjectCache,
 ) -> Result<Option<ConfigMap>, VolumeError> {
-    if crate::source::is_static_pod(pod) {
+    if crate::pod::is_static_pod(pod) {
         return Err(VolumeError::StaticPod {
             volume: volume.to_owned(),
             kind: "configmap",
@@ -159,7 +159,7 @@ fn secret(
     optional: bool,
     objects: &ObjectCache,
 ) -> Result<Option<Secret>, VolumeError> {
-    if crate::source::is_static_pod(pod) {
+    if crate::pod::is_static_pod(pod) {
         return Err(VolumeError::StaticPod {
             volume: volume.to_owned(),
             kind: "secret",
@@ -407,7 +407,7 @@ fn service_account_token(
         volume: volume.to_owned(),
         reason,
     };
-    if crate::source::is_static_pod(pod) {
+    if crate::pod::is_static_pod(pod) {
         return Err(fail(
             "failed to fetch token: static pods cannot use service-account tokens".into(),
         ));

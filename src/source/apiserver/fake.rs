@@ -13,6 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
 use tokio::sync::mpsc;
 
 use super::*;
+use crate::pod::annotations::SOURCE_API;
 
 pub(super) type Item = Result<WatchEvent<Pod>, ApiError>;
 

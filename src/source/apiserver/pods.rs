@@ -5,8 +5,8 @@ use std::collections::{BTreeMap, HashMap};
 
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
 
-use super::SOURCE_API;
-use crate::source::static_pod::{set_seen, CONFIG_SOURCE};
+use crate::pod::annotations::{CONFIG_SOURCE, SOURCE_API};
+use crate::source::static_pod::set_seen;
 use crate::time::Timestamp;
 
 /// The pods this source wants on the node, by UID, and whether the set changed since
@@ -52,7 +52,7 @@ impl PodSet {
                 .metadata
                 .annotations
                 .as_ref()
-                .and_then(|a| a.get(crate::source::CONFIG_SEEN))
+                .and_then(|a| a.get(crate::pod::annotations::CONFIG_SEEN))
                 .and_then(|s| s.parse::<Timestamp>().ok())
             {
                 self.first_seen.insert(uid.clone(), seen);

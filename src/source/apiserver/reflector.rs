@@ -17,7 +17,8 @@ use tokio::sync::mpsc::Sender;
 
 use super::lister::{PodLister, PodWatch};
 use super::pods::PodSet;
-use super::{ApiSourceError, ApiSourceOptions, ApiSourceResume, Clock, SOURCE_API};
+use super::{ApiSourceError, ApiSourceOptions, ApiSourceResume, Clock};
+use crate::pod::annotations::SOURCE_API;
 use crate::source::SourceSnapshot;
 use crate::uplink::{ApiError, Link, Stage};
 

@@ -9,7 +9,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::WatchEvent;
 
 use super::fake::*;
 use super::*;
-use crate::source::static_pod::{CONFIG_SEEN, CONFIG_SOURCE};
+use crate::pod::annotations::{CONFIG_SEEN, CONFIG_SOURCE, SOURCE_API};
 
 const F26: &str = include_str!("testdata/26-node-list-pods.json");
 const F27: &str = include_str!("testdata/27-node-list-pods-limit2.json");

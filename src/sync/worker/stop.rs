@@ -46,7 +46,7 @@ impl Worker {
             .unwrap_or(30);
         let countdown = self.countdown(grace).await;
         self.stop_by(countdown).await;
-        let is_static = crate::source::is_static_pod(&self.pod);
+        let is_static = crate::pod::is_static_pod(&self.pod);
         self.deps.reporter.removed(&self.pod, is_static);
         self.forget().await;
     }
