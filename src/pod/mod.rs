@@ -5,5 +5,6 @@
 //! no apiserver.
 
 pub mod annotations;
+pub mod downward;
 
 pub use annotations::{is_mirror, is_static_pod};

@@ -17,14 +17,13 @@
 //! expanded length is counted first and refused past [`MAX_VAR_BYTES`], and the whole
 //! environment past [`MAX_ENV_BYTES`].
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
-use k8s_openapi::api::core::v1::{
-    ConfigMap, Container, ObjectFieldSelector, Pod, ResourceFieldSelector, Secret,
+use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, Secret};
+
+use crate::pod::downward::{
+    field_ref, namespace, resource_field_ref, DownwardError, DownwardInputs,
 };
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-
-use crate::quantity;
 use crate::runtime::{expand, expanded_len};
 use crate::uplink::objects::{ObjectCache, ObjectsError};
 
@@ -73,12 +72,9 @@ pub enum EnvError {
         #[source]
         source: Box<ObjectsError>,
     },
-    /// A `fieldRef` the kubelet does not support, or with a bad subscript.
-    #[error("{0}")]
-    FieldRef(String),
-    /// A `resourceFieldRef` the kubelet does not support, or with a bad quantity.
-    #[error("{0}")]
-    ResourceFieldRef(String),
+    /// A `fieldRef` or `resourceFieldRef` the kubelet does not support.
+    #[error(transparent)]
+    Downward(#[from] DownwardError),
     /// A name the runtime cannot pass on.
     #[error("env name {name:?} of container {container:?} is not valid")]
     InvalidName { name: String, container: String },
@@ -112,15 +108,8 @@ pub enum EnvError {
 /// What resolution needs besides the pod and container.
 pub struct EnvInputs<'a> {
     pub objects: &'a ObjectCache,
-    /// The node's name, for `spec.nodeName` of a pod that does not carry it.
-    pub node_name: &'a str,
-    /// The node's address: `status.hostIP`, and `status.podIP` of a host-network pod.
-    pub host_ip: Option<&'a str>,
-    /// The pod's own addresses (IPv4 first), empty for a host-network pod.
-    pub pod_ips: &'a [String],
-    /// The node's allocatable resources: the limit `resourceFieldRef` reports for a
-    /// container that sets none, as the kubelet does.
-    pub allocatable: &'a BTreeMap<String, Quantity>,
+    /// Where the pod runs, for `fieldRef` and `resourceFieldRef`.
+    pub downward: DownwardInputs<'a>,
 }
 
 /// A container's own environment, resolved. No `Debug`: it holds secret values.
@@ -272,9 +261,14 @@ pub fn resolve(
             expand(literal, &defined)
         } else if let Some(from) = &var.value_from {
             let resolved = if let Some(f) = &from.field_ref {
-                Some(field_ref(pod, f, inputs)?)
+                Some(field_ref(pod, f, &inputs.downward)?)
             } else if let Some(r) = &from.resource_field_ref {
-                Some(resource_field_ref(pod, container, r, inputs.allocatable)?)
+                Some(resource_field_ref(
+                    pod,
+                    container,
+                    r,
+                    inputs.downward.allocatable,
+                )?)
             } else if let Some(r) = &from.config_map_key_ref {
                 let optional = r.optional == Some(true);
                 match objects.config_map(&r.name, optional)? {
@@ -315,13 +309,6 @@ pub fn resolve(
         });
     }
     Ok(env)
-}
-
-fn namespace(pod: &Pod) -> String {
-    match pod.metadata.namespace.as_deref() {
-        None | Some("") => "default".to_string(),
-        Some(ns) => ns.to_string(),
-    }
 }
 
 /// Secret bytes as an environment string. The kubelet passes bytes on and the runtime's
@@ -423,226 +410,6 @@ pub fn is_env_var_name(name: &str) -> bool {
         return false;
     }
     name != "." && !name.starts_with("..")
-}
-
-/// `valueFrom.fieldRef`: the kubelet's `podFieldSelectorRuntimeValue`. Also the
-/// downward API volume's `fieldRef`.
-pub(crate) fn field_ref(
-    pod: &Pod,
-    sel: &ObjectFieldSelector,
-    inputs: &EnvInputs<'_>,
-) -> Result<String, EnvError> {
-    let version = sel.api_version.as_deref().unwrap_or("");
-    if !version.is_empty() && version != "v1" {
-        return Err(EnvError::FieldRef(format!(
-            "unsupported pod version: {version}"
-        )));
-    }
-    let path = sel.field_path.as_str();
-    let meta = &pod.metadata;
-    if let Some((field, key)) = subscripted(path) {
-        let map = match field {
-            "metadata.annotations" => &meta.annotations,
-            "metadata.labels" => &meta.labels,
-            _ => {
-                return Err(EnvError::FieldRef(format!(
-                    "field label does not support subscript: {path}"
-                )))
-            }
-        };
-        let checked = if field == "metadata.annotations" {
-            key.to_ascii_lowercase()
-        } else {
-            key.to_string()
-        };
-        if !is_qualified_name(&checked) {
-            return Err(EnvError::FieldRef(format!(
-                "invalid key subscript in {path}: not a qualified name"
-            )));
-        }
-        return Ok(map
-            .as_ref()
-            .and_then(|m| m.get(key))
-            .cloned()
-            .unwrap_or_default());
-    }
-    let spec = pod.spec.as_ref();
-    let ip = inputs.host_ip.unwrap_or("").to_string();
-    let pod_ips = if inputs.pod_ips.is_empty() {
-        vec![ip.clone()]
-    } else {
-        inputs.pod_ips.to_vec()
-    };
-    Ok(match path {
-        "metadata.name" => meta.name.clone().unwrap_or_default(),
-        "metadata.namespace" => namespace(pod),
-        "metadata.uid" => meta.uid.clone().unwrap_or_default(),
-        "metadata.labels" => format_map(meta.labels.as_ref()),
-        "metadata.annotations" => format_map(meta.annotations.as_ref()),
-        "spec.nodeName" | "spec.host" => spec
-            .and_then(|s| s.node_name.clone())
-            .filter(|n| !n.is_empty())
-            .unwrap_or_else(|| inputs.node_name.to_string()),
-        "spec.serviceAccountName" => spec
-            .and_then(|s| s.service_account_name.clone())
-            .unwrap_or_default(),
-        "status.hostIP" | "status.hostIPs" => ip,
-        // A host-network pod's address is the node's.
-        "status.podIP" => pod_ips.first().cloned().unwrap_or_default(),
-        "status.podIPs" => pod_ips.join(","),
-        "spec.restartPolicy" | "spec.schedulerName" | "status.phase" => {
-            return Err(EnvError::FieldRef(format!("unsupported fieldPath: {path}")))
-        }
-        _ => {
-            return Err(EnvError::FieldRef(format!(
-                "field label not supported: {path}"
-            )))
-        }
-    })
-}
-
-/// `metadata.labels['key']` as `("metadata.labels", "key")`.
-fn subscripted(path: &str) -> Option<(&str, &str)> {
-    let inner = path.strip_suffix("']")?;
-    let (field, key) = inner.split_once("['")?;
-    Some((field, key))
-}
-
-/// Labels or annotations as the downward API prints a whole map: `k="v"` lines in key
-/// order, values quoted as Go's `%q` does.
-fn format_map(map: Option<&BTreeMap<String, String>>) -> String {
-    let lines: Vec<String> = map
-        .into_iter()
-        .flatten()
-        .map(|(k, v)| format!("{k}={}", go_quote(v)))
-        .collect();
-    lines.join("\n")
-}
-
-fn go_quote(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\t' => out.push_str("\\t"),
-            '\r' => out.push_str("\\r"),
-            c if (c as u32) < 0x20 || c as u32 == 0x7f => {
-                out.push_str(&format!("\\x{:02x}", c as u32))
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
-}
-
-/// Kubernetes' `IsQualifiedName`: `[prefix/]name`, the name at most 63 alphanumerics,
-/// `-`, `_` and `.` that starts and ends alphanumeric, the prefix a DNS subdomain.
-fn is_qualified_name(s: &str) -> bool {
-    let (prefix, name) = match s.split_once('/') {
-        Some((p, n)) => (Some(p), n),
-        None => (None, s),
-    };
-    let name_ok = !name.is_empty()
-        && name.len() <= 63
-        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
-        && name.ends_with(|c: char| c.is_ascii_alphanumeric())
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
-    let prefix_ok = prefix.is_none_or(|p| {
-        !p.is_empty()
-            && p.len() <= 253
-            && p.split('.').all(|label| {
-                !label.is_empty()
-                    && label.len() <= 63
-                    && label.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
-                    && label.ends_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
-                    && label
-                        .chars()
-                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-            })
-    });
-    name_ok && prefix_ok
-}
-
-/// `valueFrom.resourceFieldRef`: the kubelet's `containerResourceRuntimeValue` on the
-/// pod as `defaultPodLimitsForDownwardAPI` leaves it (an unset limit is the node's
-/// allocatable amount), with requests defaulted to limits as the API does. Also the
-/// downward API volume's `resourceFieldRef`.
-pub(crate) fn resource_field_ref(
-    pod: &Pod,
-    container: &Container,
-    sel: &ResourceFieldSelector,
-    allocatable: &BTreeMap<String, Quantity>,
-) -> Result<String, EnvError> {
-    let target = match sel.container_name.as_deref() {
-        None | Some("") => container,
-        Some(name) => pod
-            .spec
-            .iter()
-            .flat_map(|s| {
-                s.containers
-                    .iter()
-                    .chain(s.init_containers.iter().flatten())
-            })
-            .find(|c| c.name == name)
-            .ok_or_else(|| EnvError::ResourceFieldRef(format!("container {name} not found")))?,
-    };
-    let (kind, resource) = sel
-        .resource
-        .split_once('.')
-        .filter(|(k, _)| *k == "limits" || *k == "requests")
-        .ok_or_else(|| unsupported(&sel.resource))?;
-    let cpu = match resource {
-        "cpu" => true,
-        "memory" | "ephemeral-storage" => false,
-        _ => return Err(unsupported(&sel.resource)),
-    };
-    let resources = target.resources.as_ref();
-    let limit = resources
-        .and_then(|r| r.limits.as_ref())
-        .and_then(|m| m.get(resource));
-    let request = resources
-        .and_then(|r| r.requests.as_ref())
-        .and_then(|m| m.get(resource));
-    let amount = if kind == "limits" {
-        limit.or_else(|| allocatable.get(resource))
-    } else {
-        request.or(limit)
-    };
-    let parse = |q: &str| {
-        if cpu {
-            quantity::parse_millicpu(q)
-        } else {
-            quantity::parse_bytes(q)
-        }
-    };
-    let value = match amount {
-        Some(q) => parse(&q.0).map_err(|e| {
-            EnvError::ResourceFieldRef(format!(
-                "{} of container {}: {e}",
-                sel.resource, target.name
-            ))
-        })?,
-        None => 0,
-    };
-    // A divisor of zero (or none) is 1; CPU divides in millicores.
-    let one = if cpu { 1000 } else { 1 };
-    let divisor = match sel.divisor.as_ref().filter(|d| !d.0.is_empty()) {
-        Some(d) => parse(&d.0)
-            .map_err(|e| EnvError::ResourceFieldRef(format!("divisor of {}: {e}", sel.resource)))?,
-        None => one,
-    };
-    let divisor = if divisor == 0 { one } else { divisor };
-    Ok(value.div_ceil(divisor).to_string())
-}
-
-fn unsupported(resource: &str) -> EnvError {
-    EnvError::ResourceFieldRef(format!("unsupported container resource : {resource}"))
 }
 
 #[cfg(test)]

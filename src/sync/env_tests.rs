@@ -1,3 +1,7 @@
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
 use super::*;
 use crate::store::Store;
 use crate::testutil::TempDir;
@@ -52,10 +56,12 @@ impl Cached {
         let container = &pod.spec.as_ref().expect("spec").containers[0];
         let inputs = EnvInputs {
             objects: &self.cache,
-            node_name: "gw-1",
-            host_ip: Some("10.1.2.3"),
-            pod_ips: &[],
-            allocatable: &self.allocatable,
+            downward: DownwardInputs {
+                node_name: "gw-1",
+                host_ip: Some("10.1.2.3"),
+                pod_ips: &[],
+                allocatable: &self.allocatable,
+            },
         };
         resolve(pod, container, &inputs)
     }

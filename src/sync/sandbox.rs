@@ -14,10 +14,10 @@ use k8s_openapi::api::core::v1::Pod;
 
 use super::Deps;
 use crate::network::{Network, NetworkError};
+use crate::pod::downward::DownwardInputs;
 use crate::resources::admission::Policy;
 use crate::resources::{CgroupTree, Qos, ResourcesError};
 use crate::runtime::PodSandbox;
-use crate::sync::env::EnvInputs;
 use crate::volume::{PodVolumes, Sources, VolumeError};
 
 /// Where pods' own directories are, under the root dir.
@@ -203,8 +203,7 @@ impl Sandboxes {
             .and_then(|g| u32::try_from(g).ok());
         let sources = Sources {
             objects: &deps.objects,
-            env: EnvInputs {
-                objects: &deps.objects,
+            downward: DownwardInputs {
                 node_name: &deps.node_name,
                 host_ip: deps.host_ip.as_deref(),
                 pod_ips: &[],

@@ -214,7 +214,7 @@ fn setup_one(
     let name = v.name.as_str();
     let mounted = if let Some(e) = &v.empty_dir {
         let d = dir("empty-dir");
-        let allocatable = match sources.env.allocatable.get("memory") {
+        let allocatable = match sources.downward.allocatable.get("memory") {
             Some(q) => Some(crate::quantity::parse_bytes(&q.0).map_err(|reason| {
                 VolumeError::Unsupported {
                     volume: name.to_owned(),

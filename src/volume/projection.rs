@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::{
 
 use super::atomic_writer::{FileProjection, Payload};
 use super::VolumeError;
-use crate::sync::env::EnvInputs;
+use crate::pod::downward::{field_ref, resource_field_ref, DownwardInputs};
 use crate::uplink::objects::{ObjectCache, ObjectKind};
 use crate::uplink::tokens::{TokenKey, TokenManager, DEFAULT_EXPIRATION_SECONDS};
 
@@ -23,7 +23,8 @@ pub const DEFAULT_MODE: i32 = 0o644;
 /// What a payload is built from besides the pod.
 pub struct Sources<'a> {
     pub objects: &'a ObjectCache,
-    pub env: EnvInputs<'a>,
+    /// Where the pod runs, for `downwardAPI` files.
+    pub downward: DownwardInputs<'a>,
     /// fsGroup of the pod.
     pub fs_group: Option<u32>,
     /// Service-account tokens; `None` on a node with no apiserver, where a pod that
@@ -285,10 +286,10 @@ pub fn downward_api_payload(
     let first = pod.spec.as_ref().and_then(|sp| sp.containers.first());
     for item in items {
         let value = if let Some(f) = &item.field_ref {
-            crate::sync::env::field_ref(pod, f, &s.env)
+            field_ref(pod, f, &s.downward)
         } else if let Some(r) = &item.resource_field_ref {
             let Some(c) = first else { continue };
-            crate::sync::env::resource_field_ref(pod, c, r, s.env.allocatable)
+            resource_field_ref(pod, c, r, s.downward.allocatable)
         } else {
             continue;
         }

@@ -6,8 +6,8 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde_json::json;
 
 use super::*;
+use crate::pod::downward::DownwardInputs;
 use crate::store::Store;
-use crate::sync::env::EnvInputs;
 use crate::testutil::TempDir;
 use crate::uplink::objects::{ObjectCache, TREE_CONFIG_MAPS, TREE_SECRETS};
 use crate::uplink::tokens::{CachedToken, Minter, TokenKey, TokenManager};
@@ -76,8 +76,7 @@ impl Rig {
             .and_then(|g| u32::try_from(g).ok());
         let sources = Sources {
             objects: &self.cache,
-            env: EnvInputs {
-                objects: &self.cache,
+            downward: DownwardInputs {
                 node_name: "gw-1",
                 host_ip: Some("192.168.1.5"),
                 pod_ips: &[],

@@ -6,6 +6,7 @@ use k8s_openapi::api::core::v1::Container;
 use super::super::env::{self, EnvInputs};
 use super::super::record::{ContainerRecord, Waiting};
 use super::{blocking, Worker};
+use crate::pod::downward::DownwardInputs;
 use crate::uplink::report::EventType;
 
 impl Worker {
@@ -24,10 +25,12 @@ impl Worker {
         let resolved = blocking(move || {
             let inputs = EnvInputs {
                 objects: &deps.objects,
-                node_name: &deps.node_name,
-                host_ip: deps.host_ip.as_deref(),
-                pod_ips: &pod_ips,
-                allocatable: &deps.allocatable,
+                downward: DownwardInputs {
+                    node_name: &deps.node_name,
+                    host_ip: deps.host_ip.as_deref(),
+                    pod_ips: &pod_ips,
+                    allocatable: &deps.allocatable,
+                },
             };
             env::resolve(&pod, &container, &inputs)
         })
