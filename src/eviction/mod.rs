@@ -32,7 +32,7 @@ use tokio::sync::mpsc;
 
 use crate::config::Config;
 use crate::node::allocatable::{Threshold, DEFAULT_EVICTION_HARD};
-use crate::resources::requests::pod_resources;
+use crate::pod::requests::pod_resources;
 use crate::resources::Qos;
 use crate::sync::record::InstanceState;
 use crate::sync::{Deps, Eviction, PodState};

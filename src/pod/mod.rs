@@ -6,5 +6,6 @@
 
 pub mod annotations;
 pub mod downward;
+pub mod requests;
 
 pub use annotations::{is_mirror, is_static_pod};

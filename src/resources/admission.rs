@@ -13,7 +13,7 @@
 use k8s_openapi::api::core::v1::Pod;
 
 use super::qos::Qos;
-use super::requests::{pod_resources, Amounts};
+use crate::pod::requests::{pod_resources, Amounts};
 
 /// The kubelet's safe sysctls (`SafeSysctlAllowlist`, 1.34).
 pub const SAFE_SYSCTLS: &[&str] = &[

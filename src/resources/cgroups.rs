@@ -17,8 +17,8 @@
 use std::path::{Path, PathBuf};
 
 use super::qos::Qos;
-use super::requests::PodResources;
 use super::ResourcesError;
+use crate::pod::requests::PodResources;
 use crate::runtime::delegation::CONTROLLERS;
 
 /// The kubelet's constants (`pkg/kubelet/cm`).

@@ -1,5 +1,5 @@
 use super::*;
-use crate::resources::requests::{pod_resources, Amounts};
+use crate::pod::requests::{pod_resources, Amounts};
 use crate::testutil::TempDir;
 
 fn pod(spec: serde_json::Value) -> k8s_openapi::api::core::v1::Pod {
@@ -25,6 +25,9 @@ fn the_kubelets_formulas() {
     assert_eq!(weight(256), 35);
     assert_eq!(weight(102), 17);
     assert_eq!(weight(0), 0);
+    // A pod whose requests saturate still gets values the kernel takes.
+    assert_eq!(shares(u64::MAX), 262_144);
+    assert!(quota(u64::MAX) > 0);
 }
 
 #[test]

@@ -1,6 +1,7 @@
-//! resources: what pods ask for and get: their requests and limits, QoS class, the
-//! kubelet's pod cgroup hierarchy under `cgroupRoot` (cgroup v1 and v2), and admission
-//! of a new pod against the node's allocatable, sysctls and privileges.
+//! resources: what pods get for what they ask (their requests and limits, summed in
+//! [`crate::pod::requests`]): QoS class, the kubelet's pod cgroup hierarchy under
+//! `cgroupRoot` (cgroup v1 and v2), and admission of a new pod against the node's
+//! allocatable, sysctls and privileges.
 //!
 //! Writes only cgroupfs files under `cgroupRoot`; containers' own cgroups are
 //! libcontainer's (made by the shims), never touched here except to remove a pod's
@@ -9,7 +10,6 @@
 pub mod admission;
 pub mod cgroups;
 pub mod qos;
-pub mod requests;
 
 pub use cgroups::CgroupTree;
 pub use qos::Qos;

@@ -8,8 +8,8 @@ use std::sync::atomic::Ordering;
 use k8s_openapi::api::core::v1::Pod;
 
 use super::SyncLoop;
+use crate::pod::requests::{pod_resources, Amounts};
 use crate::resources::admission;
-use crate::resources::requests::{pod_resources, Amounts};
 use crate::resources::Qos;
 
 impl SyncLoop {

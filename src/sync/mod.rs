@@ -115,7 +115,7 @@ pub struct SyncLoop {
     /// ConfigMaps and Secrets that changed in the cache.
     objects_changed: Option<mpsc::Receiver<ObjectKey>>,
     /// Pods admitted and not yet gone: their QoS class and requests, by UID.
-    admitted: HashMap<String, (crate::resources::Qos, crate::resources::requests::Amounts)>,
+    admitted: HashMap<String, (crate::resources::Qos, crate::pod::requests::Amounts)>,
     /// Pods the eviction manager chose.
     evictions: Option<mpsc::Receiver<Eviction>>,
     /// Told of every completed pass: systemd's readiness and watchdog.

@@ -125,7 +125,7 @@ impl Sandboxes {
             .and_then(|q| crate::quantity::parse_bytes(&q.0).ok());
         let amounts = match (cpu, memory) {
             (Some(cpu_milli), Some(memory)) => {
-                Some(crate::resources::requests::Amounts { cpu_milli, memory })
+                Some(crate::pod::requests::Amounts { cpu_milli, memory })
             }
             _ => None,
         };
@@ -181,7 +181,7 @@ impl Sandboxes {
         let dir = self.pod_dir(&uid);
         let qos = Qos::of(pod);
         let resources =
-            crate::resources::requests::pod_resources(pod).map_err(ResourcesError::Invalid)?;
+            crate::pod::requests::pod_resources(pod).map_err(ResourcesError::Invalid)?;
         // The QoS level first: a fresh tree, or a cgroupRoot removed meanwhile.
         if qos != Qos::Guaranteed {
             self.cgroups.ensure(

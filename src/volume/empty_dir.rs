@@ -63,7 +63,7 @@ fn memory_size(
         volume: String::new(),
         reason,
     };
-    let pod_limit = crate::resources::requests::pod_resources(pod)
+    let pod_limit = crate::pod::requests::pod_resources(pod)
         .map_err(|e| unsupported(format!("pod resources: {e}")))?
         .memory_limit;
     let size_limit = match &src.size_limit {
