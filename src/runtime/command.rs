@@ -28,8 +28,9 @@ pub const MAX_ARG_STRLEN: usize = 128 * 1024;
 /// The most a container's command line may take, every argument and its NUL added up.
 /// execve takes argv and the environment together up to a quarter of the stack limit
 /// (2 MiB under the usual 8 MiB); the environment the pod spec sets has 1 MiB of it
-/// (`sync::env::MAX_ENV_BYTES`), so the command line gets the other 1 MiB. A real
-/// command line is a few hundred bytes; a bigger one is a mistake or an attack.
+/// ([`spec::MAX_ENV_BYTES`](super::spec::MAX_ENV_BYTES)), so the command line gets the
+/// other 1 MiB. A real command line is a few hundred bytes; a bigger one is a mistake
+/// or an attack.
 pub const MAX_ARGV_BYTES: usize = 1024 * 1024;
 
 /// The container's environment as `NAME=value` strings: [`DEFAULT_PATH`], the image's

@@ -72,10 +72,10 @@ pub fn is_best_effort(container: &Container) -> bool {
 }
 
 /// The most the whole environment of a container may take, every `NAME=value` and its
-/// NUL added up, the image's `Env` with the container's own: the same 1 MiB the pod's
-/// own variables have, so that with the command line's [`command::MAX_ARGV_BYTES`]
-/// execve's 2 MiB for both is never passed.
-pub const MAX_ENV_BYTES: usize = crate::sync::env::MAX_ENV_BYTES;
+/// NUL added up, the image's `Env` with the container's own: half of execve's 2 MiB for
+/// both, the command line's [`command::MAX_ARGV_BYTES`] being the other half. The
+/// pod's own variables are held to the same 1 MiB before they get here.
+pub const MAX_ENV_BYTES: usize = 1024 * 1024;
 
 /// Longest a variable name is quoted in a message: a name may be most of 128 KiB.
 const NAME_IN_MESSAGE: usize = 64;

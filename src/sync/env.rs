@@ -38,7 +38,7 @@ pub const MAX_VAR_BYTES: usize = crate::runtime::MAX_ARG_STRLEN;
 /// leaves the other half to the command line and the image's environment. A real
 /// workload's environment is a few KiB; a ConfigMap (1 MiB at most) may not be
 /// poured whole into one through envFrom.
-pub const MAX_ENV_BYTES: usize = 1024 * 1024;
+pub const MAX_ENV_BYTES: usize = crate::runtime::spec::MAX_ENV_BYTES;
 
 /// Why a container's environment cannot be built: the kubelet's
 /// CreateContainerConfigError, with the kubelet's message.
