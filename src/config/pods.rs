@@ -204,7 +204,7 @@ impl Reader<'_> {
                 let list = self.strings(key, value)?;
                 for s in &list {
                     let name = s.trim_end_matches('*');
-                    if crate::resources::admission::sysctl_namespace(name).is_none() {
+                    if crate::runtime::sysctl::sysctl_namespace(name).is_none() {
                         return Err(self.err(
                             key,
                             format!("the sysctls {s:?} are not known to be namespaced"),

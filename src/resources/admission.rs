@@ -14,6 +14,7 @@ use k8s_openapi::api::core::v1::Pod;
 
 use super::qos::Qos;
 use crate::pod::requests::{pod_resources, Amounts};
+use crate::runtime::sysctl::{normalize_sysctl, sysctl_namespace};
 
 /// The kubelet's safe sysctls (`SafeSysctlAllowlist`, 1.34).
 pub const SAFE_SYSCTLS: &[&str] = &[
@@ -51,22 +52,6 @@ pub struct Policy {
 pub struct Rejection {
     pub reason: String,
     pub message: String,
-}
-
-/// Which namespace a sysctl belongs to (`utilsysctl.GetNamespace`), if it is
-/// namespaced at all.
-pub fn sysctl_namespace(name: &str) -> Option<&'static str> {
-    if name.starts_with("net.") {
-        Some("net")
-    } else if name == "kernel.sem"
-        || name.starts_with("kernel.shm")
-        || name.starts_with("kernel.msg")
-        || name.starts_with("fs.mqueue.")
-    {
-        Some("ipc")
-    } else {
-        None
-    }
 }
 
 fn sysctl_allowed(name: &str, policy: &Policy) -> bool {
@@ -109,7 +94,7 @@ pub fn admit(
         .and_then(|s| s.security_context.as_ref())
         .and_then(|sc| sc.sysctls.as_ref());
     for s in sysctls.into_iter().flatten() {
-        let name = crate::runtime::security::normalize_sysctl(&s.name);
+        let name = normalize_sysctl(&s.name);
         if !sysctl_allowed(&name, policy) {
             return Err(reject(
                 "SysctlForbidden",

@@ -72,6 +72,7 @@ pub mod security;
 mod shim;
 pub mod spec;
 mod supervise;
+pub mod sysctl;
 mod unix_socket;
 mod user;
 

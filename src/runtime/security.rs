@@ -11,6 +11,7 @@ use std::collections::{HashMap, HashSet};
 use k8s_openapi::api::core::v1::{Container, Pod, PodSecurityContext, SecurityContext};
 use oci_spec::runtime::{Capability, LinuxCapabilitiesBuilder, Spec};
 
+use super::sysctl::normalize_sysctl;
 use super::RuntimeError;
 
 /// containerd's default capabilities (`oci.defaultUnixCaps`), which Docker uses too.
@@ -401,23 +402,6 @@ fn privileged(spec: &mut Spec, host: &Host) -> Result<(), RuntimeError> {
         }
     }
     Ok(())
-}
-
-/// `kernel/shm_rmid_forced` and `kernel.shm_rmid_forced` are one sysctl.
-pub fn normalize_sysctl(name: &str) -> String {
-    // As the kubelet's NormalizeName: only a name whose first separator is `/` uses
-    // `/` as its separator (`net/ipv4/conf/eno2.100/rp_filter`).
-    match name.find(['.', '/']) {
-        Some(i) if name.as_bytes()[i] == b'/' => name
-            .chars()
-            .map(|c| match c {
-                '/' => '.',
-                '.' => '/',
-                c => c,
-            })
-            .collect(),
-        _ => name.to_owned(),
-    }
 }
 
 fn capability(name: &str) -> Result<Capability, RuntimeError> {
