@@ -15,29 +15,11 @@ mod space;
 mod store;
 mod unpack;
 
-use std::path::PathBuf;
-
 use serde::{Deserialize, Serialize};
 
 pub use platform::Platform;
 pub use reference::Reference;
 pub use store::ImageStore;
-
-/// An image ready to run: its config and its unpacked layers.
-#[derive(Debug, Clone)]
-pub struct ResolvedImage {
-    /// The normalised reference the pod asked for (`docker.io/library/busybox:latest`).
-    pub reference: String,
-    /// `sha256:<config digest>`, the image's id in the store.
-    pub image_id: String,
-    /// `<repository>@sha256:<manifest digest>`: the repo digest containerd gives the
-    /// kubelet as a container's `imageID`.
-    pub repo_digest: String,
-    /// The image's config (Entrypoint, Cmd, Env, WorkingDir, User).
-    pub config: oci_spec::image::ImageConfiguration,
-    /// Unpacked layer directories, lowest (base) layer first.
-    pub layers: Vec<PathBuf>,
-}
 
 /// `<repository>@<manifest digest>` for an image named `reference`, as containerd
 /// makes a repo digest; the bare digest when the reference cannot be read.

@@ -14,7 +14,8 @@ use super::archive::Archive;
 use super::content::Content;
 use super::import::{diff_id_map, parse_config, Importer, Pending, JSON_LIMIT};
 use super::reference::{is_digest, Reference};
-use super::{io_err, json_err, ImageError, ImageRecord, Platform, ResolvedImage};
+use super::{io_err, json_err, ImageError, ImageRecord, Platform};
+use crate::runtime::ResolvedImage;
 use crate::store::{Batch, Store, Tree};
 
 /// A drop-in archive already imported, recognised without reading it again.

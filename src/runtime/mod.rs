@@ -89,7 +89,6 @@ pub use shim::shim_main;
 use k8s_openapi::api::core::v1::{Container, Pod};
 use serde::{Deserialize, Serialize};
 
-use crate::image::ResolvedImage;
 use crate::time::Timestamp;
 
 /// A container's identity: derived from the pod UID, container name and restart count,
@@ -151,6 +150,23 @@ pub struct ExitInfo {
     pub finished_at: Timestamp,
     /// Set when the process never ran (for example its command was not found).
     pub start_error: Option<String>,
+}
+
+/// An image ready to run, as the image store hands it to the runtime: its config and
+/// its unpacked layers.
+#[derive(Debug, Clone)]
+pub struct ResolvedImage {
+    /// The normalised reference the pod asked for (`docker.io/library/busybox:latest`).
+    pub reference: String,
+    /// `sha256:<config digest>`, the image's id in the store.
+    pub image_id: String,
+    /// `<repository>@sha256:<manifest digest>`: the repo digest containerd gives the
+    /// kubelet as a container's `imageID`.
+    pub repo_digest: String,
+    /// The image's config (Entrypoint, Cmd, Env, WorkingDir, User).
+    pub config: oci_spec::image::ImageConfiguration,
+    /// Unpacked layer directories, lowest (base) layer first.
+    pub layers: Vec<PathBuf>,
 }
 
 /// Everything needed to create and start one container.

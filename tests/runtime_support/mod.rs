@@ -8,7 +8,7 @@ use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use holdfast::image::ResolvedImage;
+use holdfast::runtime::ResolvedImage;
 use holdfast::runtime::{
     ContainerId, ContainerState, ExitInfo, LibcontainerRuntime, Runtime, RuntimeError, StartRequest,
 };

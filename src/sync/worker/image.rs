@@ -16,7 +16,8 @@ use tokio::time::Instant;
 use super::super::record::{ContainerRecord, Waiting};
 use super::{blocking, Worker};
 use crate::image::registry::{Job, Keyring, PullDone, PullFailure, PullRequest, Puller};
-use crate::image::{Platform, Reference, ResolvedImage};
+use crate::image::{Platform, Reference};
+use crate::runtime::ResolvedImage;
 use crate::uplink::report::EventType;
 
 /// How soon after a failed pull the status turns from ErrImagePull to
