@@ -459,6 +459,13 @@ pub fn reset(args: &[String]) -> Result<(), Error> {
     }
     let runtime = crate::runtime::LibcontainerRuntime::new(&root, &cgroup_root, None)?;
     let removed = crate::runtime::remove_all(&runtime, std::time::Duration::from_secs(10))?;
+    // The pod hierarchy under the cgroup root (kubepods/...) goes too, deepest first.
+    crate::resources::cgroups::remove_tree(runtime.cgroup_root()).map_err(|e| {
+        crate::runtime::RuntimeError::Create {
+            id: String::new(),
+            message: e.to_string(),
+        }
+    })?;
     emit_line(&format!("removed {removed} container(s)"))?;
     // Then the pods' sandboxes: CNI leases released, namespaces and volumes unmounted.
     crate::sync::sandbox::reset(&root, &cgroup_root).map_err(Error::Cli)?;

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use super::qos::Qos;
 use super::ResourcesError;
 use crate::pod::requests::PodResources;
-use crate::runtime::delegation::CONTROLLERS;
+use crate::runtime::delegation::{self, CONTROLLERS};
 
 /// The kubelet's constants (`pkg/kubelet/cm`).
 pub const MIN_SHARES: u64 = 2;
@@ -114,7 +114,7 @@ impl CgroupTree {
     /// The tree under `cgroup_root` in the host's cgroupfs.
     pub fn host(cgroup_root: &str) -> CgroupTree {
         let tree = CgroupTree::at(Path::new("/sys/fs/cgroup"), cgroup_root);
-        match crate::runtime::delegation::base() {
+        match delegation::base() {
             Some(base) => tree.delegated_at(base),
             None => tree,
         }
@@ -436,6 +436,32 @@ fn write(dir: &Path, file: &str, value: &str) -> Result<(), ResourcesError> {
         context: format!("write {value:?} to {}", path.display()),
         source,
     })
+}
+
+/// Removes the pods' cgroup tree under `cgroup_root` as `holdfast reset` does, deepest
+/// first, once their containers are gone: all of it, or only the pods' part of a
+/// delegated base.
+pub fn remove_tree(cgroup_root: &str) -> Result<(), ResourcesError> {
+    let tree = CgroupTree::host(cgroup_root);
+    tree.remove(&removable(&tree, cgroup_root))
+}
+
+/// What may go of the cgroup root: all of it, but only the pods' part of a delegated
+/// base (its `supervisor` holds the agent and the shims, and the base is the service
+/// manager's) and only `kubepods` of the hierarchy's own root.
+fn removable(tree: &CgroupTree, root: &str) -> String {
+    let root = root.trim_end_matches('/');
+    if root.is_empty() {
+        return tree.kubepods();
+    }
+    let supervisor = format!("{root}/{}", delegation::SUPERVISOR);
+    let is_base =
+        delegation::base() == Some(root) || tree.dirs(&supervisor).iter().any(|d| d.is_dir());
+    if is_base {
+        format!("{root}/{}", delegation::PODS)
+    } else {
+        root.to_owned()
+    }
 }
 
 #[cfg(test)]

@@ -251,3 +251,22 @@ fn v1_tree_writes_each_controller_and_removes_deepest_first() {
         );
     }
 }
+
+#[test]
+fn a_delegated_base_keeps_its_supervisor_and_itself() {
+    let tmp = TempDir::new("reset-base");
+    std::fs::write(tmp.0.join("cgroup.controllers"), "cpu memory pids\n").expect("write");
+    let base = "/system.slice/holdfast.service";
+    std::fs::create_dir_all(tmp.0.join("system.slice/holdfast.service/supervisor")).expect("mkdir");
+    let tree = CgroupTree::at(&tmp.0, base);
+    assert_eq!(removable(&tree, base), format!("{base}/pods"));
+    assert_eq!(
+        removable(&tree, &format!("{base}/pods")),
+        format!("{base}/pods")
+    );
+    let tree = CgroupTree::at(&tmp.0, "/holdfast");
+    assert_eq!(removable(&tree, "/holdfast"), "/holdfast");
+    // Never every cgroup of the host.
+    let tree = CgroupTree::at(&tmp.0, "/");
+    assert_eq!(removable(&tree, "/"), "/kubepods");
+}
