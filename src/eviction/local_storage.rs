@@ -12,11 +12,9 @@
 
 use std::path::{Path, PathBuf};
 
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::Pod;
 
-use crate::quantity::{binary_si, decimal_si};
-
-const EPHEMERAL_STORAGE: &str = "ephemeral-storage";
+use crate::pod::requests::{container_storage_limit, pod_storage_limit, StorageAmount};
 
 /// What a pod holds on the node's disk.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -65,7 +63,7 @@ pub fn limited(pod: &Pod) -> bool {
             .containers
             .iter()
             .chain(spec.init_containers.iter().flatten())
-            .any(|c| limit(c).is_some())
+            .any(|c| container_storage_limit(c).is_some())
 }
 
 /// Measures what `pod` holds on the disk.
@@ -131,7 +129,7 @@ fn empty_dir_over(pod: &Pod, usage: &PodUsage) -> Option<String> {
         else {
             continue;
         };
-        let Some(size) = Amount::parse(&size.0).filter(|s| s.bytes > 0) else {
+        let Some(size) = StorageAmount::parse(&size.0).filter(|s| s.bytes > 0) else {
             continue;
         };
         if used > size.bytes {
@@ -146,7 +144,7 @@ fn empty_dir_over(pod: &Pod, usage: &PodUsage) -> Option<String> {
 }
 
 fn pod_over(pod: &Pod, usage: &PodUsage) -> Option<String> {
-    let limit = pod_limit(pod)?;
+    let limit = pod_storage_limit(pod)?;
     (usage.total() > limit.bytes).then(|| {
         format!(
             "Pod ephemeral local storage usage exceeds the total limit of containers {}. ",
@@ -161,7 +159,7 @@ fn container_over(pod: &Pod, usage: &PodUsage) -> Option<String> {
         let Some(c) = spec.containers.iter().find(|c| c.name == *name) else {
             continue;
         };
-        let Some(limit) = limit(c).filter(|l| l.bytes > 0) else {
+        let Some(limit) = container_storage_limit(c).filter(|l| l.bytes > 0) else {
             continue;
         };
         if *used > limit.bytes {
@@ -172,88 +170,6 @@ fn container_over(pod: &Pod, usage: &PodUsage) -> Option<String> {
         }
     }
     None
-}
-
-/// A quantity in bytes, with the form the API writes it back in (`Quantity.String()`):
-/// binary when it was written with a binary suffix.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Amount {
-    bytes: u64,
-    binary: bool,
-}
-
-impl Amount {
-    fn parse(text: &str) -> Option<Amount> {
-        let bytes = crate::quantity::parse_bytes(text).ok()?;
-        let binary = text.trim_end().ends_with('i');
-        Some(Amount { bytes, binary })
-    }
-
-    fn text(self) -> String {
-        if self.binary {
-            binary_si(self.bytes)
-        } else {
-            decimal_si(self.bytes, 0)
-        }
-    }
-
-    /// The sum keeps the form of the first, as the API's `Quantity.Add` does.
-    fn add(self, other: Amount) -> Amount {
-        Amount {
-            bytes: self.bytes.saturating_add(other.bytes),
-            binary: self.binary,
-        }
-    }
-}
-
-fn limit(c: &Container) -> Option<Amount> {
-    let q = c
-        .resources
-        .as_ref()?
-        .limits
-        .as_ref()?
-        .get(EPHEMERAL_STORAGE)?;
-    Amount::parse(&q.0)
-}
-
-fn sum(a: Option<Amount>, b: Option<Amount>) -> Option<Amount> {
-    match (a, b) {
-        (Some(a), Some(b)) => Some(a.add(b)),
-        (a, b) => a.or(b),
-    }
-}
-
-fn max(a: Option<Amount>, b: Option<Amount>) -> Option<Amount> {
-    match (a, b) {
-        (Some(a), Some(b)) => Some(if b.bytes > a.bytes { b } else { a }),
-        (a, b) => a.or(b),
-    }
-}
-
-/// The pod's limit of ephemeral storage, as the kubelet's `PodLimits` sums it: its
-/// containers' and sidecars' limits, or an init container's (with the sidecars started
-/// before it) when that is more, plus the pod's overhead; None when no container sets one.
-fn pod_limit(pod: &Pod) -> Option<Amount> {
-    let spec = pod.spec.as_ref()?;
-    let mut total = spec.containers.iter().map(limit).fold(None, sum);
-    let (mut sidecars, mut init) = (None, None);
-    for c in spec.init_containers.iter().flatten() {
-        let own = limit(c);
-        if c.restart_policy.as_deref() == Some("Always") {
-            total = sum(total, own);
-            sidecars = sum(sidecars, own);
-            init = max(init, sidecars);
-        } else {
-            init = max(init, sum(own, sidecars));
-        }
-    }
-    let total = max(total, init)?;
-    let overhead = spec
-        .overhead
-        .as_ref()
-        .and_then(|o| o.get(EPHEMERAL_STORAGE))
-        .and_then(|q| Amount::parse(&q.0));
-    Some(sum(Some(total), overhead).unwrap_or(total))
 }
 
 #[cfg(test)]
@@ -326,7 +242,10 @@ mod tests {
             ],
             "containers": [{"name": "main", "resources": {"limits": {"ephemeral-storage": "8M"}}}],
         }));
-        assert_eq!(pod_limit(&p).map(Amount::text).as_deref(), Some("50M"));
+        assert_eq!(
+            pod_storage_limit(&p).map(StorageAmount::text).as_deref(),
+            Some("50M")
+        );
         let p = pod(serde_json::json!({
             "initContainers": [
                 {"name": "side", "restartPolicy": "Always",
@@ -336,7 +255,10 @@ mod tests {
             "containers": [{"name": "main", "resources": {"limits": {"ephemeral-storage": "8M"}}}],
             "overhead": {"ephemeral-storage": "1M"},
         }));
-        assert_eq!(pod_limit(&p).map(Amount::text).as_deref(), Some("12M"));
+        assert_eq!(
+            pod_storage_limit(&p).map(StorageAmount::text).as_deref(),
+            Some("12M")
+        );
         let none = pod(serde_json::json!({
             "containers": [{"name": "main", "resources": {"limits": {"memory": "8Mi"}}}],
             "volumes": [{"name": "ram", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}],
@@ -353,7 +275,7 @@ mod tests {
                 {"name": "b", "resources": {"limits": {"ephemeral-storage": "8Ei"}}},
             ],
         }));
-        assert_eq!(pod_limit(&p).map(|a| a.bytes), Some(u64::MAX));
+        assert_eq!(pod_storage_limit(&p).map(|a| a.bytes), Some(u64::MAX));
         let u = usage(&[("a", 1 << 63), ("b", 1 << 63)], &[]);
         assert_eq!(u.total(), u64::MAX);
         assert_eq!(exceeded(&p, &u), None);

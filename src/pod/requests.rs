@@ -1,11 +1,12 @@
-//! pod::requests: what a pod asks for, as the kubelet adds it up (`PodRequests`, `PodLimits`):
-//! regular containers summed, raised to the largest init container, plus
+//! pod::requests: what a pod asks for, as the kubelet adds it up (`PodRequests`,
+//! `PodLimits`): regular containers summed, raised to the largest init container, plus
 //! `spec.overhead`; a request left unset takes the limit, as the API's defaulting does
-//! (a static pod never went through it). Pure.
+//! (a static pod never went through it). Its ephemeral storage limit is summed the same
+//! way and kept in the form the API writes it back in. Pure.
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 
-use crate::quantity::{parse_bytes, parse_millicpu};
+use crate::quantity::{binary_si, decimal_si, parse_bytes, parse_millicpu};
 
 /// CPU in millicores, memory in bytes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -104,6 +105,95 @@ pub fn pod_resources(pod: &Pod) -> Result<PodResources, String> {
         cpu_limit_milli: cpu_limit,
         memory_limit: mem_limit,
     })
+}
+
+const EPHEMERAL_STORAGE: &str = "ephemeral-storage";
+
+/// A quantity in bytes, with the form the API writes it back in (`Quantity.String()`):
+/// binary when it was written with a binary suffix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StorageAmount {
+    pub bytes: u64,
+    binary: bool,
+}
+
+impl StorageAmount {
+    pub fn parse(text: &str) -> Option<StorageAmount> {
+        let bytes = parse_bytes(text).ok()?;
+        let binary = text.trim_end().ends_with('i');
+        Some(StorageAmount { bytes, binary })
+    }
+
+    pub fn text(self) -> String {
+        if self.binary {
+            binary_si(self.bytes)
+        } else {
+            decimal_si(self.bytes, 0)
+        }
+    }
+
+    /// The sum keeps the form of the first, as the API's `Quantity.Add` does.
+    fn add(self, other: StorageAmount) -> StorageAmount {
+        StorageAmount {
+            bytes: self.bytes.saturating_add(other.bytes),
+            binary: self.binary,
+        }
+    }
+}
+
+/// A container's own `limits.ephemeral-storage`.
+pub fn container_storage_limit(c: &Container) -> Option<StorageAmount> {
+    let q = c
+        .resources
+        .as_ref()?
+        .limits
+        .as_ref()?
+        .get(EPHEMERAL_STORAGE)?;
+    StorageAmount::parse(&q.0)
+}
+
+fn sum(a: Option<StorageAmount>, b: Option<StorageAmount>) -> Option<StorageAmount> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.add(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+fn max(a: Option<StorageAmount>, b: Option<StorageAmount>) -> Option<StorageAmount> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(if b.bytes > a.bytes { b } else { a }),
+        (a, b) => a.or(b),
+    }
+}
+
+/// The pod's limit of ephemeral storage, as the kubelet's `PodLimits` sums it: its
+/// containers' and sidecars' limits, or an init container's (with the sidecars started
+/// before it) when that is more, plus the pod's overhead; None when no container sets one.
+pub fn pod_storage_limit(pod: &Pod) -> Option<StorageAmount> {
+    let spec = pod.spec.as_ref()?;
+    let mut total = spec
+        .containers
+        .iter()
+        .map(container_storage_limit)
+        .fold(None, sum);
+    let (mut sidecars, mut init) = (None, None);
+    for c in spec.init_containers.iter().flatten() {
+        let own = container_storage_limit(c);
+        if c.restart_policy.as_deref() == Some("Always") {
+            total = sum(total, own);
+            sidecars = sum(sidecars, own);
+            init = max(init, sidecars);
+        } else {
+            init = max(init, sum(own, sidecars));
+        }
+    }
+    let total = max(total, init)?;
+    let overhead = spec
+        .overhead
+        .as_ref()
+        .and_then(|o| o.get(EPHEMERAL_STORAGE))
+        .and_then(|q| StorageAmount::parse(&q.0));
+    Some(sum(Some(total), overhead).unwrap_or(total))
 }
 
 #[cfg(test)]
