@@ -19,7 +19,7 @@
 
 use std::collections::HashMap;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Container, EnvVarSource, Pod, Secret};
 
 use crate::pod::downward::{
     field_ref, namespace, resource_field_ref, DownwardError, DownwardInputs,
@@ -199,6 +199,50 @@ pub fn resolve(
     let mut defined: HashMap<String, String> = HashMap::new();
 
     // envFrom first, so that env overrides it.
+    add_env_from(container, &mut objects, &mut env, &mut index, &mut defined)?;
+
+    for var in container.env.iter().flatten() {
+        if var.name.is_empty() || var.name.contains('=') || var.name.contains('\0') {
+            return Err(EnvError::InvalidName {
+                name: var.name.clone(),
+                container: container.name.clone(),
+            });
+        }
+        let literal = var.value.as_deref().unwrap_or("");
+        // As the kubelet: a non-empty value wins over valueFrom.
+        let value = if !literal.is_empty() {
+            check_var(&var.name, expanded_len(literal, &defined), &container.name)?;
+            expand(literal, &defined)
+        } else if let Some(from) = &var.value_from {
+            let resolved = value_from(pod, container, from, inputs, &mut objects)?;
+            // An optional reference to nothing leaves the variable unset.
+            let Some(value) = resolved else { continue };
+            value
+        } else {
+            String::new()
+        };
+        env.set(&mut index, &container.name, var.name.clone(), value.clone())?;
+        defined.insert(var.name.clone(), value);
+    }
+
+    if let Some((name, _)) = env.vars.iter().find(|(_, v)| v.contains('\0')) {
+        return Err(EnvError::NulInValue {
+            name: name.clone(),
+            container: container.name.clone(),
+        });
+    }
+    Ok(env)
+}
+
+/// `envFrom`: every valid key of each ConfigMap or Secret, prefixed; invalid keys are
+/// skipped and named in a warning, as the kubelet does.
+fn add_env_from(
+    container: &Container,
+    objects: &mut Lookup<'_>,
+    env: &mut Environment,
+    index: &mut HashMap<String, usize>,
+    defined: &mut HashMap<String, String>,
+) -> Result<(), EnvError> {
     for source in container.env_from.iter().flatten() {
         let prefix = source.prefix.as_deref().unwrap_or("");
         let (kind, name, pairs) = if let Some(r) = &source.config_map_ref {
@@ -233,7 +277,7 @@ pub fn resolve(
                 invalid.push(var);
                 continue;
             }
-            env.set(&mut index, &container.name, var.clone(), value.clone())?;
+            env.set(index, &container.name, var.clone(), value.clone())?;
             defined.insert(var, value);
         }
         if !invalid.is_empty() {
@@ -246,69 +290,50 @@ pub fn resolve(
             ));
         }
     }
+    Ok(())
+}
 
-    for var in container.env.iter().flatten() {
-        if var.name.is_empty() || var.name.contains('=') || var.name.contains('\0') {
-            return Err(EnvError::InvalidName {
-                name: var.name.clone(),
-                container: container.name.clone(),
-            });
+/// `valueFrom`: a field or resource of the pod, or a ConfigMap or Secret key; `None`
+/// for an optional reference to nothing.
+fn value_from(
+    pod: &Pod,
+    container: &Container,
+    from: &EnvVarSource,
+    inputs: &EnvInputs<'_>,
+    objects: &mut Lookup<'_>,
+) -> Result<Option<String>, EnvError> {
+    Ok(if let Some(f) = &from.field_ref {
+        Some(field_ref(pod, f, &inputs.downward)?)
+    } else if let Some(r) = &from.resource_field_ref {
+        Some(resource_field_ref(
+            pod,
+            container,
+            r,
+            inputs.downward.allocatable,
+        )?)
+    } else if let Some(r) = &from.config_map_key_ref {
+        let optional = r.optional == Some(true);
+        match objects.config_map(&r.name, optional)? {
+            None => None,
+            Some(cm) => match cm.data.as_ref().and_then(|d| d.get(&r.key)) {
+                Some(v) => Some(v.clone()),
+                None if optional => None,
+                None => return Err(objects.missing_key("ConfigMap", &r.name, &r.key)),
+            },
         }
-        let literal = var.value.as_deref().unwrap_or("");
-        // As the kubelet: a non-empty value wins over valueFrom.
-        let value = if !literal.is_empty() {
-            check_var(&var.name, expanded_len(literal, &defined), &container.name)?;
-            expand(literal, &defined)
-        } else if let Some(from) = &var.value_from {
-            let resolved = if let Some(f) = &from.field_ref {
-                Some(field_ref(pod, f, &inputs.downward)?)
-            } else if let Some(r) = &from.resource_field_ref {
-                Some(resource_field_ref(
-                    pod,
-                    container,
-                    r,
-                    inputs.downward.allocatable,
-                )?)
-            } else if let Some(r) = &from.config_map_key_ref {
-                let optional = r.optional == Some(true);
-                match objects.config_map(&r.name, optional)? {
-                    None => None,
-                    Some(cm) => match cm.data.as_ref().and_then(|d| d.get(&r.key)) {
-                        Some(v) => Some(v.clone()),
-                        None if optional => None,
-                        None => return Err(objects.missing_key("ConfigMap", &r.name, &r.key)),
-                    },
-                }
-            } else if let Some(r) = &from.secret_key_ref {
-                let optional = r.optional == Some(true);
-                match objects.secret(&r.name, optional)? {
-                    None => None,
-                    Some(s) => match s.data.as_ref().and_then(|d| d.get(&r.key)) {
-                        Some(v) => Some(text(&v.0)),
-                        None if optional => None,
-                        None => return Err(objects.missing_key("Secret", &r.name, &r.key)),
-                    },
-                }
-            } else {
-                Some(String::new())
-            };
-            // An optional reference to nothing leaves the variable unset.
-            let Some(value) = resolved else { continue };
-            value
-        } else {
-            String::new()
-        };
-        env.set(&mut index, &container.name, var.name.clone(), value.clone())?;
-        defined.insert(var.name.clone(), value);
-    }
-
-    if let Some((name, _)) = env.vars.iter().find(|(_, v)| v.contains('\0')) {
-        return Err(EnvError::NulInValue {
-            name: name.clone(),
-            container: container.name.clone(),
-        });
-    }
-    Ok(env)
+    } else if let Some(r) = &from.secret_key_ref {
+        let optional = r.optional == Some(true);
+        match objects.secret(&r.name, optional)? {
+            None => None,
+            Some(s) => match s.data.as_ref().and_then(|d| d.get(&r.key)) {
+                Some(v) => Some(text(&v.0)),
+                None if optional => None,
+                None => return Err(objects.missing_key("Secret", &r.name, &r.key)),
+            },
+        }
+    } else {
+        Some(String::new())
+    })
 }
 
 /// Secret bytes as an environment string. The kubelet passes bytes on and the runtime's
