@@ -199,6 +199,11 @@ fn node_registers_and_a_bound_pod_runs_until_deleted() {
     a.wait_pod("web", "running locally", WAIT, |p| {
         p["status"]["phase"] == "Running"
     });
+    // Running means the process was started; its SIGTERM trap is set once it says so.
+    a.wait_until("web to say it started", WAIT, |a| {
+        a.pod("web")
+            .is_some_and(|p| a.container_log(&p, "main", 0).contains("started"))
+    });
     wait(&api, &a, "events Created and Started", |api| {
         let reasons: Vec<String> = api
             .list_events()
