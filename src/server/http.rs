@@ -17,8 +17,9 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
 use super::admission::Permit;
+use super::deps::ApiDeps;
 use super::tls::ClientAuth;
-use super::{routes, ApiDeps, Port, HANDSHAKE_TIMEOUT, HEADER_READ_TIMEOUT};
+use super::{routes, Port, HANDSHAKE_TIMEOUT, HEADER_READ_TIMEOUT};
 
 /// The most a connection buffers of what the client sends: a request's headers, or a
 /// slice of its body.

@@ -21,6 +21,7 @@ use bytes::Bytes;
 use hyper::StatusCode;
 use tokio::sync::mpsc;
 
+use super::deps::ApiDeps;
 use super::http::{error, Body, Resp};
 use super::pods;
 use super::routes::{segments, Query};
@@ -100,7 +101,7 @@ impl LogOptions {
     }
 }
 
-pub async fn container_logs(deps: &Arc<super::ApiDeps>, path: &str, q: &Query) -> Resp {
+pub async fn container_logs(deps: &Arc<ApiDeps>, path: &str, q: &Query) -> Resp {
     let seg = segments(path);
     let (ns, pod, uid, container) = match seg.as_slice() {
         [ns, pod, c] => (ns, pod, None, c),
@@ -187,7 +188,7 @@ pub async fn container_logs(deps: &Arc<super::ApiDeps>, path: &str, q: &Query) -
 /// before it; else the kubelet's 400 for a container with no such instance.
 #[allow(clippy::result_large_err)] // the error is the response, built once per request
 fn log_file(
-    deps: &super::ApiDeps,
+    deps: &ApiDeps,
     state: &crate::sync::PodState,
     found: &pods::PodContainer<'_>,
     pod: &str,

@@ -11,8 +11,9 @@ use std::sync::Arc;
 use hyper::StatusCode;
 
 use super::cgroups::Hierarchy;
+use super::deps::{ApiDeps, MAX_STREAMS};
 use super::http::{error, respond, Resp};
-use super::{pods, stats, ApiDeps};
+use super::{pods, stats};
 use crate::metrics::{escape, header};
 
 const TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -273,7 +274,7 @@ pub async fn own(deps: &Arc<ApiDeps>) -> Resp {
         "Log follows, exec, attach and port-forward streams open now",
         "gauge",
     );
-    let open = super::MAX_STREAMS - deps.streams.available_permits();
+    let open = MAX_STREAMS - deps.streams.available_permits();
     let _ = writeln!(out, "holdfast_api_streams_open {open}");
     header(
         &mut out,

@@ -36,6 +36,8 @@
 mod admission;
 mod auth;
 pub mod cgroups;
+mod deps;
+mod error;
 mod http;
 mod logs;
 mod metrics;
@@ -53,24 +55,19 @@ mod websocket;
 mod x509;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
-use crate::config::ServerConfig;
 use crate::runtime::LibcontainerRuntime;
 use crate::store::Tree;
 use crate::sync::PodState;
 
 pub use auth::{Auth, User};
+pub use deps::{ApiDeps, MAX_STREAMS};
+pub use error::ServerError;
 pub use http::Identity;
-
-/// How many long-lived streams (log follows, exec, attach, port-forward) may be open at
-/// once; one more is refused with 429 (as the kubelet's streaming server does when
-/// full). Each holds a thread or a process and a few bounded buffers.
-pub const MAX_STREAMS: usize = 32;
 
 /// How many connections one listener holds at once (see [`admission`]).
 pub const MAX_CONNECTIONS: usize = 256;
@@ -84,56 +81,6 @@ pub const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_sec
 /// How long a client may take to send a request's headers, the first or the next one
 /// on a kept-alive connection (slow senders and idle connections are closed).
 pub const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
-
-/// What the API reads. Cheap to clone (handles).
-#[derive(Clone)]
-pub struct ApiDeps {
-    pub node_name: String,
-    /// `port`: the HTTPS port.
-    pub port: u16,
-    pub root_dir: PathBuf,
-    pub podstates: Tree<PodState>,
-    pub runtime: Arc<LibcontainerRuntime>,
-    pub uplink: Option<crate::uplink::start::UplinkView>,
-    /// What `/configz` shows: the running configuration.
-    pub configz: Arc<serde_json::Value>,
-    pub settings: ServerConfig,
-    /// CPU samples for usageNanoCores.
-    pub sampler: Arc<sampler::Sampler>,
-    pub streams: Arc<Semaphore>,
-    /// Authentication and authorization of the secure port ([`auth`]).
-    pub auth: Arc<Auth>,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum ServerError {
-    #[error("listen on {addr}: {source}")]
-    Listen {
-        addr: SocketAddr,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("serving certificate {path}: {reason}")]
-    Certificate { path: PathBuf, reason: String },
-    #[error("client CA file {path}: {reason}")]
-    ClientCa { path: PathBuf, reason: String },
-    #[error("{context}: {source}")]
-    Io {
-        context: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("tls: {0}")]
-    Tls(String),
-}
-
-impl ServerError {
-    /// A port in use may free up (an old agent still stopping); a bad certificate will
-    /// not fix itself.
-    pub fn is_retryable(&self) -> bool {
-        matches!(self, ServerError::Listen { .. })
-    }
-}
 
 /// Which routes a listener serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -6,8 +6,8 @@ use k8s_openapi::api::core::v1::{Container, ContainerStatus, Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::List;
 
+use super::deps::ApiDeps;
 use super::http::{error, json, Resp};
-use super::ApiDeps;
 use crate::runtime::ContainerId;
 use crate::sync::PodState;
 

@@ -7,8 +7,9 @@ use std::sync::Arc;
 use hyper::body::Incoming;
 use hyper::{Method, Request, StatusCode};
 
+use super::deps::ApiDeps;
 use super::http::{error, respond, Identity, Resp};
-use super::{logs, metrics, pods, stats, streams, ApiDeps, Port};
+use super::{logs, metrics, pods, stats, streams, Port};
 
 /// The routes the kubelet serves, by their first path segment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -6,9 +6,10 @@
 
 use hyper::StatusCode;
 
+use super::deps::ApiDeps;
 use super::http::{error, respond, Resp};
+use super::pods;
 use super::routes::Query;
-use super::{pods, ApiDeps};
 
 /// How long a command may run before it is killed.
 pub const RUN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);

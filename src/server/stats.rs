@@ -12,9 +12,10 @@ use hyper::StatusCode;
 use serde::Serialize;
 
 use super::cgroups::{Hierarchy, Usage};
+use super::deps::ApiDeps;
 use super::http::{error, json, Resp};
+use super::pods;
 use super::routes::Query;
-use super::{pods, ApiDeps};
 use crate::runtime::{ContainerId, ContainerState, Runtime};
 use crate::sync::PodState;
 use crate::time::Timestamp;

@@ -22,9 +22,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Status, StatusCause, Status
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
 
+use super::deps::ApiDeps;
 use super::http::{error, Resp};
+use super::pods;
 use super::routes::Query;
-use super::{pods, ApiDeps};
 use crate::runtime::attach;
 use crate::runtime::exec::{ExecExit, ExecRequest, Frame};
 use crate::runtime::{ContainerId, RuntimeError};

@@ -24,7 +24,7 @@ use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
 
-use super::ServerError;
+use super::error::ServerError;
 use crate::config::ServerConfig;
 
 /// The serving config and the client check that goes with it.

@@ -24,9 +24,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
+use super::deps::ApiDeps;
 use super::http::{error, Resp};
+use super::pods;
 use super::routes::{segments, Query};
-use super::{pods, ApiDeps};
 use crate::runtime::{ContainerId, ContainerState, Runtime};
 
 /// Connections forwarded at once in one session (SPDY), or ports asked for in one

@@ -19,11 +19,11 @@ use tokio::task::{AbortHandle, JoinSet};
 use tokio::time::Instant;
 
 use super::{forward, parse_port, Downlink, Target, INPUT_QUEUE, MAX_CONNECTIONS};
+use crate::server::deps::ApiDeps;
 use crate::server::spdy::{
     control, data, goaway, read_frame, Frame, Headers, Upgraded, FLAG_FIN, GOAWAY, PING,
     RST_STREAM, STREAM_WAIT, SYN_REPLY, SYN_STREAM,
 };
-use crate::server::ApiDeps;
 
 pub const PROTOCOL: &str = "portforward.k8s.io";
 /// RST_STREAM status CANCEL, what spdystream sends when a stream is refused.
