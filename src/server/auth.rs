@@ -30,7 +30,7 @@ use hyper::{Method, StatusCode};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
-use super::http::{error, Identity, Resp};
+use super::http::{error, Identity, Resp, User};
 use super::x509::Subject;
 use crate::config::{AuthorizationMode, ServerConfig};
 use crate::metrics;
@@ -42,15 +42,6 @@ const LOGGED_REFUSALS: usize = 1024;
 /// The most groups, extra keys and values per key a TokenReview may give a user.
 const MAX_GROUPS: usize = 256;
 const MAX_EXTRA: usize = 64;
-
-/// An authenticated user, as a SubjectAccessReview names it.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct User {
-    pub name: String,
-    pub uid: String,
-    pub groups: Vec<String>,
-    pub extra: BTreeMap<String, Vec<String>>,
-}
 
 const AUTHENTICATED: &str = "system:authenticated";
 

@@ -22,9 +22,8 @@ use hyper::StatusCode;
 use tokio::sync::mpsc;
 
 use super::deps::ApiDeps;
-use super::http::{error, Body, Resp};
+use super::http::{error, segments, Body, Query, Resp};
 use super::pods;
-use super::routes::{segments, Query};
 use crate::runtime::{ContainerId, ContainerState, LibcontainerRuntime, Runtime};
 use crate::time::Timestamp;
 

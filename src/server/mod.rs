@@ -36,6 +36,7 @@
 mod admission;
 mod auth;
 pub mod cgroups;
+mod connection;
 mod deps;
 mod error;
 mod http;
@@ -57,41 +58,20 @@ mod x509;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 use crate::runtime::LibcontainerRuntime;
 use crate::store::Tree;
 use crate::sync::PodState;
 
-pub use auth::{Auth, User};
+pub use auth::Auth;
+pub use connection::{
+    HANDSHAKE_TIMEOUT, HEADER_READ_TIMEOUT, MAX_CONNECTIONS, MAX_CONNECTIONS_PER_SOURCE,
+};
 pub use deps::{ApiDeps, MAX_STREAMS};
 pub use error::ServerError;
-pub use http::Identity;
-
-/// How many connections one listener holds at once (see [`admission`]).
-pub const MAX_CONNECTIONS: usize = 256;
-
-/// How many of them may come from one source address (an IPv6 /64).
-pub const MAX_CONNECTIONS_PER_SOURCE: usize = 2 * MAX_STREAMS;
-
-/// How long a client may take over its TLS handshake.
-pub const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// How long a client may take to send a request's headers, the first or the next one
-/// on a kept-alive connection (slow senders and idle connections are closed).
-pub const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
-
-/// Which routes a listener serves.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Port {
-    /// The authenticated HTTPS port: everything.
-    Secure,
-    /// `readOnlyPort`: no authentication, read-only routes.
-    ReadOnly,
-    /// `healthzPort`: `/healthz` only.
-    Healthz,
-}
+pub use http::{Identity, User};
+pub use routes::Port;
 
 /// Starts the listeners the settings ask for, each in its own task; a listener whose
 /// port is taken is retried with back-off, so the pods run whatever happens here.
@@ -118,7 +98,7 @@ pub async fn listen(
     let acceptor = tokio_rustls::TlsAcceptor::from(tls.config);
     let verifier = tls.clients;
     let secure = SocketAddr::new(s.address, deps.port);
-    spawn_listener(
+    connection::spawn_listener(
         secure,
         Port::Secure,
         deps.clone(),
@@ -126,62 +106,13 @@ pub async fn listen(
     );
     if s.read_only_port != 0 {
         let addr = SocketAddr::new(s.address, s.read_only_port);
-        spawn_listener(addr, Port::ReadOnly, deps.clone(), None);
+        connection::spawn_listener(addr, Port::ReadOnly, deps.clone(), None);
     }
     if s.healthz_port != 0 {
         let addr = SocketAddr::new(s.healthz_bind_address, s.healthz_port);
-        spawn_listener(addr, Port::Healthz, deps, None);
+        connection::spawn_listener(addr, Port::Healthz, deps, None);
     }
     Ok(())
-}
-
-fn spawn_listener(
-    addr: SocketAddr,
-    port: Port,
-    deps: ApiDeps,
-    tls: Option<(tokio_rustls::TlsAcceptor, Arc<tls::ClientAuth>)>,
-) {
-    tokio::spawn(async move {
-        let mut delay = std::time::Duration::from_secs(1);
-        let listener = loop {
-            match TcpListener::bind(addr).await {
-                Ok(l) => break l,
-                Err(source) => {
-                    let e = ServerError::Listen { addr, source };
-                    log::error!("kubelet API: {e}; trying again in {delay:?}");
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(std::time::Duration::from_secs(60));
-                }
-            }
-        };
-        log::info!("kubelet API ({port:?}) listening on {addr}");
-        let deps = Arc::new(deps);
-        let admission = admission::Admission::new(MAX_CONNECTIONS, MAX_CONNECTIONS_PER_SOURCE);
-        loop {
-            let (stream, peer) = match listener.accept().await {
-                Ok(s) => s,
-                Err(e) => {
-                    // EMFILE and the like: pause rather than spin.
-                    log::warn!("kubelet API: accept on {addr}: {e}");
-                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-                    continue;
-                }
-            };
-            let permit = match admission.admit(peer.ip()) {
-                Ok(p) => p,
-                Err(why) => {
-                    // Dropped unread: closed before anything is allocated for it.
-                    log::debug!("kubelet API ({port:?}): refused {peer}: {why:?} cap reached");
-                    drop(stream);
-                    continue;
-                }
-            };
-            let _ = stream.set_nodelay(true);
-            let deps = deps.clone();
-            let tls = tls.clone();
-            tokio::spawn(http::serve_admitted(stream, peer, port, deps, tls, permit));
-        }
-    });
 }
 
 /// Starts the kubelet API for `holdfast run`. A failure here is logged and the agent
@@ -219,9 +150,9 @@ pub async fn start(
 /// API.
 #[doc(hidden)]
 pub mod fuzz {
-    pub use super::http::serve_connection;
+    pub use super::connection::serve_connection;
+    pub use super::http::Query;
     pub use super::logs::{stream as read_log, LogOptions, Sink};
-    pub use super::routes::Query;
     pub use super::spdy::{read_frame, Frame, Headers};
     pub use super::websocket::read_message;
 }

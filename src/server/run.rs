@@ -7,9 +7,8 @@
 use hyper::StatusCode;
 
 use super::deps::ApiDeps;
-use super::http::{error, respond, Resp};
+use super::http::{container_path, error, respond, Query, Resp};
 use super::pods;
-use super::routes::Query;
 
 /// How long a command may run before it is killed.
 pub const RUN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
@@ -17,7 +16,7 @@ pub const RUN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120)
 pub const MAX_OUTPUT: usize = 1 << 20;
 
 pub async fn run(deps: &ApiDeps, path: &str, q: &Query) -> Resp {
-    let at = match super::routes::container_path(path) {
+    let at = match container_path(path) {
         Ok(t) => t,
         Err(r) => return *r,
     };

@@ -13,9 +13,8 @@ use serde::Serialize;
 
 use super::cgroups::{Hierarchy, Usage};
 use super::deps::ApiDeps;
-use super::http::{error, json, Resp};
+use super::http::{error, json, Query, Resp};
 use super::pods;
-use super::routes::Query;
 use crate::runtime::{ContainerId, ContainerState, Runtime};
 use crate::sync::PodState;
 use crate::time::Timestamp;

@@ -23,9 +23,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
 
 use super::deps::ApiDeps;
-use super::http::{error, Resp};
+use super::http::{container_path, error, Query, Resp};
 use super::pods;
-use super::routes::Query;
 use crate::runtime::attach;
 use crate::runtime::exec::{ExecExit, ExecRequest, Frame};
 use crate::runtime::{ContainerId, RuntimeError};
@@ -81,7 +80,7 @@ pub async fn handle(
     if kind == Kind::PortForward {
         return super::portforward::handle(req, path, q, deps).await;
     }
-    let at = match super::routes::container_path(path) {
+    let at = match container_path(path) {
         Ok(t) => t,
         Err(r) => return *r,
     };

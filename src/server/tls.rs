@@ -25,6 +25,7 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
 
 use super::error::ServerError;
+use super::http::User;
 use crate::config::ServerConfig;
 
 /// The serving config and the client check that goes with it.
@@ -230,10 +231,7 @@ impl ClientAuth {
 
     /// The user named by the certificates a client presented if they chain to the
     /// client CA (subject CN and O); if not, why not, in words for the client's 401.
-    pub fn identify(
-        &self,
-        certs: Option<&[CertificateDer<'_>]>,
-    ) -> Result<super::auth::User, String> {
+    pub fn identify(&self, certs: Option<&[CertificateDer<'_>]>) -> Result<User, String> {
         let Some([leaf, rest @ ..]) = certs else {
             return Err("no client certificate".into());
         };
@@ -257,7 +255,7 @@ impl ClientAuth {
             .map_err(|e| refusal(&e))?;
         let subject =
             super::x509::subject(leaf).ok_or("the client certificate's subject cannot be read")?;
-        super::auth::User::from_subject(subject)
+        User::from_subject(subject)
     }
 }
 

@@ -25,9 +25,8 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
 use super::deps::ApiDeps;
-use super::http::{error, Resp};
+use super::http::{error, segments, Query, Resp};
 use super::pods;
-use super::routes::{segments, Query};
 use crate::runtime::{ContainerId, ContainerState, Runtime};
 
 /// Connections forwarded at once in one session (SPDY), or ports asked for in one

@@ -1,97 +1,89 @@
-//! HTTP plumbing: one hyper HTTP/1.1 connection per client (TLS or plain), the
-//! response body (whole, or streamed from a bounded channel), and the kubelet's error
-//! responses.
+//! Connections: each listener's accept loop (admission first, see
+//! [`super::admission`]), the TLS handshake and the client's certificate, then one
+//! hyper HTTP/1.1 connection per client whose requests go to [`super::routes`].
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
-use bytes::Bytes;
-use http_body::Frame;
 use hyper::body::Incoming;
-use hyper::{Request, Response, StatusCode};
+use hyper::Request;
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
-use tokio::sync::mpsc;
+use tokio::net::{TcpListener, TcpStream};
 
-use super::admission::Permit;
-use super::deps::ApiDeps;
+use super::admission::{Admission, Permit};
+use super::deps::{ApiDeps, MAX_STREAMS};
+use super::error::ServerError;
+use super::http::Identity;
+use super::routes::{self, Port};
 use super::tls::ClientAuth;
-use super::{routes, Port, HANDSHAKE_TIMEOUT, HEADER_READ_TIMEOUT};
+
+/// How many connections one listener holds at once (see [`super::admission`]).
+pub const MAX_CONNECTIONS: usize = 256;
+
+/// How many of them may come from one source address (an IPv6 /64).
+pub const MAX_CONNECTIONS_PER_SOURCE: usize = 2 * MAX_STREAMS;
+
+/// How long a client may take over its TLS handshake.
+pub const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// How long a client may take to send a request's headers, the first or the next one
+/// on a kept-alive connection (slow senders and idle connections are closed).
+pub const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The most a connection buffers of what the client sends: a request's headers, or a
 /// slice of its body.
 const MAX_HEADER_BYTES: usize = 32 * 1024;
 
-/// Who is calling, as authentication found it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Identity {
-    /// A certificate that chains to the client CA, and the user it names.
-    Client(Arc<super::auth::User>),
-    /// No valid certificate (or a plain-HTTP port); on the TLS port, why not.
-    Anonymous(Option<Arc<str>>),
-}
-
-/// A response body: whole, or chunks from a producer (a log reader) through a bounded
-/// channel, so that a client that reads slowly holds the producer back instead of
-/// growing a buffer.
-pub enum Body {
-    Full(Option<Bytes>),
-    Stream(mpsc::Receiver<Bytes>),
-}
-
-impl http_body::Body for Body {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        match self.get_mut() {
-            Body::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
-            Body::Stream(rx) => rx.poll_recv(cx).map(|o| o.map(|b| Ok(Frame::data(b)))),
+/// Accepts connections on `addr` in a task of its own, retrying the bind with back-off
+/// while the port is taken.
+pub fn spawn_listener(
+    addr: SocketAddr,
+    port: Port,
+    deps: ApiDeps,
+    tls: Option<(tokio_rustls::TlsAcceptor, Arc<ClientAuth>)>,
+) {
+    tokio::spawn(async move {
+        let mut delay = std::time::Duration::from_secs(1);
+        let listener = loop {
+            match TcpListener::bind(addr).await {
+                Ok(l) => break l,
+                Err(source) => {
+                    let e = ServerError::Listen { addr, source };
+                    log::error!("kubelet API: {e}; trying again in {delay:?}");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(std::time::Duration::from_secs(60));
+                }
+            }
+        };
+        log::info!("kubelet API ({port:?}) listening on {addr}");
+        let deps = Arc::new(deps);
+        let admission = Admission::new(MAX_CONNECTIONS, MAX_CONNECTIONS_PER_SOURCE);
+        loop {
+            let (stream, peer) = match listener.accept().await {
+                Ok(s) => s,
+                Err(e) => {
+                    // EMFILE and the like: pause rather than spin.
+                    log::warn!("kubelet API: accept on {addr}: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                    continue;
+                }
+            };
+            let permit = match admission.admit(peer.ip()) {
+                Ok(p) => p,
+                Err(why) => {
+                    // Dropped unread: closed before anything is allocated for it.
+                    log::debug!("kubelet API ({port:?}): refused {peer}: {why:?} cap reached");
+                    drop(stream);
+                    continue;
+                }
+            };
+            let _ = stream.set_nodelay(true);
+            let deps = deps.clone();
+            let tls = tls.clone();
+            tokio::spawn(serve_admitted(stream, peer, port, deps, tls, permit));
         }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        matches!(self, Body::Full(None))
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        match self {
-            Body::Full(Some(b)) => http_body::SizeHint::with_exact(b.len() as u64),
-            Body::Full(None) => http_body::SizeHint::with_exact(0),
-            Body::Stream(_) => http_body::SizeHint::default(),
-        }
-    }
-}
-
-pub type Resp = Response<Body>;
-
-/// A whole response.
-pub fn respond(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Resp {
-    let mut r = Response::new(Body::Full(Some(body.into())));
-    *r.status_mut() = status;
-    if let Ok(v) = hyper::header::HeaderValue::from_str(content_type) {
-        r.headers_mut().insert(hyper::header::CONTENT_TYPE, v);
-    }
-    r
-}
-
-pub fn json(value: &impl serde::Serialize) -> Resp {
-    match serde_json::to_vec(value) {
-        Ok(b) => respond(StatusCode::OK, "application/json", b),
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &format!("encode: {e}")),
-    }
-}
-
-/// An error as the kubelet writes it (go-restful's `WriteError`): the message as
-/// plain text.
-pub fn error(status: StatusCode, message: &str) -> Resp {
-    respond(status, "text/plain; charset=utf-8", format!("{message}\n"))
+    });
 }
 
 /// Serves one client connection until it closes.
