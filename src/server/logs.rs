@@ -23,7 +23,7 @@ use tokio::sync::mpsc;
 
 use super::deps::ApiDeps;
 use super::http::{error, segments, Body, Query, Resp};
-use super::pods;
+use super::lookup;
 use crate::runtime::{ContainerId, ContainerState, LibcontainerRuntime, Runtime};
 use crate::time::Timestamp;
 
@@ -117,11 +117,11 @@ pub async fn container_logs(deps: &Arc<ApiDeps>, path: &str, q: &Query) -> Resp 
         Ok(o) => o,
         Err((status, m)) => return error(status, &m),
     };
-    let state = match pods::find(deps, ns, pod, uid).await {
+    let state = match lookup::find(deps, ns, pod, uid).await {
         Ok(s) => s,
         Err(r) => return r,
     };
-    let found = match pods::container(&state, container) {
+    let found = match lookup::container(&state, container) {
         Ok(c) => c,
         Err(r) => return r,
     };
@@ -189,7 +189,7 @@ pub async fn container_logs(deps: &Arc<ApiDeps>, path: &str, q: &Query) -> Resp 
 fn log_file(
     deps: &ApiDeps,
     state: &crate::sync::PodState,
-    found: &pods::PodContainer<'_>,
+    found: &lookup::PodContainer<'_>,
     pod: &str,
     opts: &LogOptions,
 ) -> Result<PathBuf, Resp> {
@@ -216,7 +216,7 @@ fn log_file(
         }
         restarts
     };
-    Ok(pods::log_dir(deps, state)
+    Ok(lookup::log_dir(deps, state)
         .join(container)
         .join(format!("{index}.log")))
 }

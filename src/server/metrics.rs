@@ -13,13 +13,13 @@ use hyper::StatusCode;
 use super::cgroups::Hierarchy;
 use super::deps::{ApiDeps, MAX_STREAMS};
 use super::http::{error, respond, Resp};
-use super::{pods, stats};
+use super::lookup;
 use crate::metrics::{escape, header};
 
 const TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 pub async fn resource(deps: &Arc<ApiDeps>) -> Resp {
-    let states = match pods::all(deps).await {
+    let states = match lookup::all(deps).await {
         Ok(s) => s,
         Err(r) => return r,
     };
@@ -47,7 +47,7 @@ fn render_resource(deps: &ApiDeps, states: &[crate::sync::PodState]) -> String {
     let mut scrape_error = 0;
     for s in states {
         let m = &s.pod.metadata;
-        for (name, id) in stats::running_ids(s) {
+        for (name, id) in lookup::running_ids(s) {
             let Some(u) = h.read(&deps.runtime.cgroups_path(&id)) else {
                 scrape_error = 1;
                 continue;
@@ -192,7 +192,7 @@ fn render_resource(deps: &ApiDeps, states: &[crate::sync::PodState]) -> String {
 
 /// holdfast's own series.
 pub async fn own(deps: &Arc<ApiDeps>) -> Resp {
-    let states = match pods::all(deps).await {
+    let states = match lookup::all(deps).await {
         Ok(s) => s,
         Err(r) => return r,
     };

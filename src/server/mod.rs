@@ -41,6 +41,7 @@ mod deps;
 mod error;
 mod http;
 mod logs;
+mod lookup;
 mod metrics;
 mod pods;
 mod portforward;

@@ -8,7 +8,7 @@ use hyper::StatusCode;
 
 use super::deps::ApiDeps;
 use super::http::{container_path, error, respond, Query, Resp};
-use super::pods;
+use super::lookup;
 
 /// How long a command may run before it is killed.
 pub const RUN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
@@ -26,11 +26,11 @@ pub async fn run(deps: &ApiDeps, path: &str, q: &Query) -> Resp {
         Some(c) if !c.trim().is_empty() => c.split(' ').map(str::to_owned).collect(),
         _ => return error(StatusCode::BAD_REQUEST, "you must specify a command (cmd)"),
     };
-    let state = match pods::find(deps, ns, pod, uid).await {
+    let state = match lookup::find(deps, ns, pod, uid).await {
         Ok(s) => s,
         Err(r) => return r,
     };
-    let found = match pods::container(&state, container) {
+    let found = match lookup::container(&state, container) {
         Ok(c) => c,
         Err(r) => return r,
     };

@@ -14,8 +14,8 @@ use serde::Serialize;
 use super::cgroups::{Hierarchy, Usage};
 use super::deps::ApiDeps;
 use super::http::{error, json, Query, Resp};
-use super::pods;
-use crate::runtime::{ContainerId, ContainerState, Runtime};
+use super::lookup;
+use crate::runtime::{ContainerState, Runtime};
 use crate::sync::PodState;
 use crate::time::Timestamp;
 
@@ -161,7 +161,7 @@ pub async fn summary(deps: &std::sync::Arc<ApiDeps>, q: &Query) -> Resp {
 /// Reads everything, off the async threads. The first time a cgroup is seen there is
 /// no earlier CPU reading to take a rate from, so it reads again after a short pause.
 pub async fn gather(deps: &std::sync::Arc<ApiDeps>) -> Result<Summary, Resp> {
-    let states = pods::all(deps).await?;
+    let states = lookup::all(deps).await?;
     let d = deps.clone();
     let first = tokio::task::spawn_blocking(move || collect(&d, &states))
         .await
@@ -170,7 +170,7 @@ pub async fn gather(deps: &std::sync::Arc<ApiDeps>) -> Result<Summary, Resp> {
         return Ok(first.0);
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let states = pods::all(deps).await?;
+    let states = lookup::all(deps).await?;
     let d = deps.clone();
     tokio::task::spawn_blocking(move || collect(&d, &states).0)
         .await
@@ -215,7 +215,7 @@ fn collect(deps: &ApiDeps, states: &[PodState]) -> (Summary, bool) {
             let Some(running) = cs.state.as_ref().and_then(|st| st.running.as_ref()) else {
                 continue;
             };
-            let Some(id) = pods::instance_id(cs, false) else {
+            let Some(id) = lookup::instance_id(cs, false) else {
                 continue;
             };
             let path = deps.runtime.cgroups_path(&id);
@@ -226,7 +226,7 @@ fn collect(deps: &ApiDeps, states: &[PodState]) -> (Summary, bool) {
                 }
             }
             let dir = deps.runtime.container_dir(&id);
-            let logs = pods::log_dir(deps, s).join(&cs.name);
+            let logs = lookup::log_dir(deps, s).join(&cs.name);
             containers.push(ContainerStats {
                 name: cs.name.clone(),
                 start_time: running.started_at.as_ref().map(|t| t.0),
@@ -387,17 +387,6 @@ fn pod_network(pid: i32, now: Timestamp) -> Option<NetworkStats> {
         return None;
     }
     net_dev(Path::new(&format!("/proc/{pid}/net/dev")), now)
-}
-
-/// The ids of every running container with its pod, for the resource metrics.
-pub fn running_ids(s: &PodState) -> Vec<(String, ContainerId)> {
-    s.status
-        .container_statuses
-        .iter()
-        .flatten()
-        .filter(|c| c.state.as_ref().is_some_and(|st| st.running.is_some()))
-        .filter_map(|c| Some((c.name.clone(), pods::instance_id(c, false)?)))
-        .collect()
 }
 
 #[cfg(test)]

@@ -24,7 +24,7 @@ use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
 
 use super::deps::ApiDeps;
 use super::http::{container_path, error, Query, Resp};
-use super::pods;
+use super::lookup;
 use crate::runtime::attach;
 use crate::runtime::exec::{ExecExit, ExecRequest, Frame};
 use crate::runtime::{ContainerId, RuntimeError};
@@ -93,11 +93,11 @@ pub async fn handle(
     if kind == Kind::Exec && command.is_empty() {
         return error(StatusCode::BAD_REQUEST, "you must specify a command");
     }
-    let state = match pods::find(&deps, ns, pod, uid).await {
+    let state = match lookup::find(&deps, ns, pod, uid).await {
         Ok(s) => s,
         Err(r) => return r,
     };
-    let found = match pods::container(&state, container) {
+    let found = match lookup::container(&state, container) {
         Ok(c) => c,
         Err(r) => return r,
     };

@@ -26,7 +26,7 @@ use tokio::sync::mpsc;
 
 use super::deps::ApiDeps;
 use super::http::{error, segments, Query, Resp};
-use super::pods;
+use super::lookup;
 use crate::runtime::{ContainerId, ContainerState, Runtime};
 
 /// Connections forwarded at once in one session (SPDY), or ports asked for in one
@@ -71,7 +71,7 @@ pub async fn handle(req: Request<Incoming>, path: &str, q: &Query, deps: Arc<Api
     } else {
         Vec::new()
     };
-    let state = match pods::find(&deps, ns, name, uid).await {
+    let state = match lookup::find(&deps, ns, name, uid).await {
         Ok(s) => s,
         Err(r) => return r,
     };
@@ -83,7 +83,7 @@ pub async fn handle(req: Request<Incoming>, path: &str, q: &Query, deps: Arc<Api
         containers: spec
             .iter()
             .flat_map(|s| s.containers.iter())
-            .filter_map(|c| pods::container(&state, &c.name).ok()?.id(false))
+            .filter_map(|c| lookup::container(&state, &c.name).ok()?.id(false))
             .collect(),
     };
     let Ok(permit) = deps.streams.clone().try_acquire_owned() else {

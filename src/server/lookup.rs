@@ -1,0 +1,258 @@
+//! Finding pods and their containers (app or init) for the routes, from the sync
+//! loop's pod states in the store: the one lookup every route that names a pod or a
+//! container shares, with the kubelet's 404 and 400 when there is none.
+
+use hyper::StatusCode;
+use k8s_openapi::api::core::v1::{Container, ContainerStatus};
+
+use super::deps::ApiDeps;
+use super::http::{error, Resp};
+use crate::runtime::ContainerId;
+use crate::sync::PodState;
+
+/// Every pod state the store holds, off the async threads.
+pub async fn all(deps: &ApiDeps) -> Result<Vec<PodState>, Resp> {
+    let tree = deps.podstates.clone();
+    match tokio::task::spawn_blocking(move || tree.entries()).await {
+        Ok(Ok(entries)) => Ok(entries.into_iter().map(|(_, s)| s).collect()),
+        Ok(Err(e)) => Err(error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &format!("read pod states: {e}"),
+        )),
+        Err(e) => Err(error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string())),
+    }
+}
+
+/// The pod `namespace/name` (with `uid` if the path named one), or the kubelet's 404.
+pub async fn find(
+    deps: &ApiDeps,
+    namespace: &str,
+    name: &str,
+    uid: Option<&str>,
+) -> Result<PodState, Resp> {
+    let states = all(deps).await?;
+    states
+        .into_iter()
+        .find(|s| {
+            s.pod.metadata.namespace.as_deref().unwrap_or("default") == namespace
+                && s.pod.metadata.name.as_deref() == Some(name)
+                && uid.is_none_or(|u| s.pod.metadata.uid.as_deref() == Some(u))
+        })
+        .ok_or_else(|| {
+            error(
+                StatusCode::NOT_FOUND,
+                &format!("pod \"{name}\" does not exist"),
+            )
+        })
+}
+
+/// One of the pod's containers as the kubelet API reaches it: an app container or an
+/// init container (a sidecar is an init container with `restartPolicy: Always`), with
+/// the status the sync loop reported for it. Ephemeral containers are not run here, so
+/// none is found, as the kubelet finds no container that does not exist.
+pub struct PodContainer<'a> {
+    pub spec: &'a Container,
+    /// None until the sync loop reported the container.
+    pub status: Option<&'a ContainerStatus>,
+}
+
+/// The container `name` of the pod, among its containers and init containers; else
+/// the kubelet's 404. Every route that names a container finds it here.
+#[allow(clippy::result_large_err)] // the error is the response, built once per request
+pub fn container<'a>(state: &'a PodState, name: &str) -> Result<PodContainer<'a>, Resp> {
+    let spec = state
+        .pod
+        .spec
+        .iter()
+        .flat_map(|s| {
+            s.containers
+                .iter()
+                .chain(s.init_containers.iter().flatten())
+        })
+        .find(|c| c.name == name)
+        .ok_or_else(|| {
+            error(
+                StatusCode::NOT_FOUND,
+                &format!(
+                    "container \"{name}\" not found in pod \"{}\"",
+                    state.pod.metadata.name.as_deref().unwrap_or("")
+                ),
+            )
+        })?;
+    let status = state
+        .status
+        .container_statuses
+        .iter()
+        .flatten()
+        .chain(state.status.init_container_statuses.iter().flatten())
+        .find(|c| c.name == name);
+    Ok(PodContainer { spec, status })
+}
+
+impl PodContainer<'_> {
+    /// The runtime id of its current instance (or the one before, with `previous`).
+    pub fn id(&self, previous: bool) -> Option<ContainerId> {
+        self.status.and_then(|cs| instance_id(cs, previous))
+    }
+
+    /// Its restart count, as its status says.
+    pub fn restart_count(&self) -> Option<u32> {
+        self.status
+            .and_then(|c| u32::try_from(c.restart_count).ok())
+    }
+
+    /// The runtime id of its instance if it is running now; else the kubelet's 400 for
+    /// exec, attach and run (`container c is not valid for pod p`).
+    pub fn running_id(&self, pod: &str) -> Result<ContainerId, Box<Resp>> {
+        self.status
+            .filter(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
+            .and_then(|cs| instance_id(cs, false))
+            .ok_or_else(|| {
+                Box::new(error(
+                    StatusCode::BAD_REQUEST,
+                    &format!("container {} is not valid for pod {pod}", self.spec.name),
+                ))
+            })
+    }
+
+    /// Why it has no instance yet, for the kubelet's 400s: its waiting reason, or None
+    /// if it runs or ran.
+    pub fn waiting_reason(&self) -> Option<String> {
+        match self.status {
+            None => Some("ContainerCreating".into()),
+            Some(c) => c
+                .state
+                .as_ref()
+                .and_then(|s| s.waiting.as_ref())
+                .filter(|_| c.container_id.is_none())
+                .map(|w| {
+                    w.reason
+                        .clone()
+                        .unwrap_or_else(|| "ContainerCreating".into())
+                }),
+        }
+    }
+}
+
+/// The runtime id of a container's current instance (or the one before, with
+/// `previous`), from the status the sync loop reported.
+pub fn instance_id(cs: &ContainerStatus, previous: bool) -> Option<ContainerId> {
+    let uri = if previous {
+        cs.last_state
+            .as_ref()?
+            .terminated
+            .as_ref()?
+            .container_id
+            .clone()?
+    } else {
+        cs.container_id.clone()?
+    };
+    let id = uri.rsplit("://").next()?.to_owned();
+    Some(ContainerId(id))
+}
+
+/// The name and runtime id of each of the pod's running app containers.
+pub fn running_ids(s: &PodState) -> Vec<(String, ContainerId)> {
+    s.status
+        .container_statuses
+        .iter()
+        .flatten()
+        .filter(|c| c.state.as_ref().is_some_and(|st| st.running.is_some()))
+        .filter_map(|c| Some((c.name.clone(), instance_id(c, false)?)))
+        .collect()
+}
+
+/// The pod's log directory, `<root>/logs/pods/<ns>_<name>_<uid>`.
+pub fn log_dir(deps: &ApiDeps, state: &PodState) -> std::path::PathBuf {
+    let m = &state.pod.metadata;
+    crate::runtime::pod_log_dir(
+        &deps.root_dir,
+        m.namespace.as_deref().unwrap_or("default"),
+        m.name.as_deref().unwrap_or(""),
+        m.uid.as_deref().unwrap_or(""),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::Pod;
+
+    /// A pod with an app container, a completed init container that ran twice, a
+    /// running sidecar, and an ephemeral container in its spec only.
+    fn state() -> PodState {
+        let pod = serde_json::json!({
+            "metadata": {"name": "p", "namespace": "default", "uid": "u"},
+            "spec": {
+                "initContainers": [
+                    {"name": "setup", "image": "i"},
+                    {"name": "sidecar", "image": "i", "restartPolicy": "Always"}
+                ],
+                "containers": [{"name": "main", "image": "i"}],
+                "ephemeralContainers": [{"name": "debug", "image": "i"}]
+            },
+            "status": {
+                "initContainerStatuses": [
+                    {"name": "setup", "image": "i", "imageID": "", "ready": true,
+                     "restartCount": 1, "containerID": "holdfast://setup-1",
+                     "state": {"terminated": {"exitCode": 0}},
+                     "lastState": {"terminated": {"exitCode": 1,
+                                                  "containerID": "holdfast://setup-0"}}},
+                    {"name": "sidecar", "image": "i", "imageID": "", "ready": true,
+                     "restartCount": 0, "containerID": "holdfast://sidecar-0",
+                     "state": {"running": {}}}
+                ],
+                "containerStatuses": [
+                    {"name": "main", "image": "i", "imageID": "", "ready": false,
+                     "restartCount": 0, "state": {"waiting": {"reason": "PodInitializing"}}}
+                ]
+            }
+        });
+        let mut pod: Pod = serde_json::from_value(pod).expect("pod");
+        let status = pod.status.take().expect("status");
+        PodState {
+            pod,
+            status,
+            start_time: crate::time::now(),
+            stop_deadline: None,
+        }
+    }
+
+    #[test]
+    fn init_containers_and_sidecars_are_found() {
+        let s = state();
+        let id = |c: &PodContainer<'_>, previous| c.id(previous).map(|i| i.0);
+        let found = |name| match container(&s, name) {
+            Ok(c) => c,
+            Err(r) => panic!("{name}: {}", r.status()),
+        };
+        let setup = found("setup");
+        assert_eq!(id(&setup, false).as_deref(), Some("setup-1"));
+        assert_eq!(id(&setup, true).as_deref(), Some("setup-0"));
+        assert_eq!(setup.restart_count(), Some(1));
+        assert_eq!(setup.waiting_reason(), None);
+        let ended = setup.running_id("p").map(|i| i.0).map_err(|r| r.status());
+        assert_eq!(ended, Err(StatusCode::BAD_REQUEST));
+        let sidecar = found("sidecar");
+        assert_eq!(
+            sidecar.running_id("p").ok().map(|i| i.0).as_deref(),
+            Some("sidecar-0")
+        );
+        let main = found("main");
+        assert_eq!(main.waiting_reason().as_deref(), Some("PodInitializing"));
+        assert!(main.running_id("p").is_err());
+    }
+
+    #[test]
+    fn unknown_and_ephemeral_containers_are_not_found() {
+        let s = state();
+        for name in ["nosuch", "debug"] {
+            let r = container(&s, name).map(|c| c.spec.name.clone());
+            assert_eq!(
+                r.map_err(|r| r.status()),
+                Err(StatusCode::NOT_FOUND),
+                "{name}"
+            );
+        }
+    }
+}
