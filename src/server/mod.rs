@@ -39,6 +39,7 @@ pub mod cgroups;
 mod connection;
 mod deps;
 mod error;
+mod exec;
 mod http;
 mod logs;
 mod lookup;

@@ -9,7 +9,7 @@ use hyper::{Method, Request, StatusCode};
 
 use super::deps::ApiDeps;
 use super::http::{error, respond, Identity, Query, Resp};
-use super::{logs, metrics, pods, stats, streams};
+use super::{exec, logs, metrics, pods, stats};
 
 /// Which routes a listener serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -136,16 +136,16 @@ pub async fn handle(
         Route::ContainerLogs => logs::container_logs(&deps, &path, &query).await,
         Route::Run => super::run::run(&deps, &path, &query).await,
         Route::Exec | Route::Attach | Route::PortForward => {
-            streams::handle(req, route_kind(route), &path, &query, deps).await
+            exec::handle(req, route_kind(route), &path, &query, deps).await
         }
     }
 }
 
-fn route_kind(route: Route) -> streams::Kind {
+fn route_kind(route: Route) -> exec::Kind {
     match route {
-        Route::Exec => streams::Kind::Exec,
-        Route::Attach => streams::Kind::Attach,
-        _ => streams::Kind::PortForward,
+        Route::Exec => exec::Kind::Exec,
+        Route::Attach => exec::Kind::Attach,
+        _ => exec::Kind::PortForward,
     }
 }
 

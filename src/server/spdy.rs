@@ -19,7 +19,7 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::http::{error, Body, Resp};
-use super::streams::{sizes, In, Opts, Out, Start};
+use super::streams::{sizes, Ends, In, Launch, Opts, Out, Upgraded};
 
 mod headers;
 pub use headers::Headers;
@@ -44,12 +44,9 @@ pub fn is_upgrade(req: &Request<Incoming>) -> bool {
         .is_some_and(|v| v.eq_ignore_ascii_case("SPDY/3.1"))
 }
 
-pub fn upgrade(req: Request<Incoming>, opts: Opts, start: Start) -> Resp {
+pub fn upgrade(req: Request<Incoming>, opts: Opts, start: Launch) -> Resp {
     accept(req, &[PROTOCOL], move |io, _| session(io, opts, start))
 }
-
-/// The upgraded connection a session gets.
-pub type Upgraded = TokioIo<hyper::upgrade::Upgraded>;
 
 /// Answers an upgrade to SPDY/3.1 with the first of `protocols` the client offers in
 /// `X-Stream-Protocol-Version` (403 if none), then runs `serve` on the connection.
@@ -186,7 +183,7 @@ enum Channel {
     Resize,
 }
 
-async fn session<IO>(io: IO, opts: Opts, start: Start) -> std::io::Result<()>
+async fn session<IO>(io: IO, opts: Opts, start: Launch) -> std::io::Result<()>
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -216,8 +213,8 @@ where
             wr.write_all(&reply).await?;
         }
     }
-    let ends = start.run(opts).await;
-    let super::streams::Ends {
+    let ends = start(opts).await;
+    let Ends {
         input,
         mut output,
         status,

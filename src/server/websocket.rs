@@ -11,7 +11,7 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::http::{error, Body, Resp};
-use super::streams::{sizes, In, Opts, Out, Start};
+use super::streams::{sizes, Ends, In, Launch, Opts, Out, Upgraded};
 
 const PROTOCOLS: [&str; 2] = ["v5.channel.k8s.io", "v4.channel.k8s.io"];
 /// RFC 6455's key suffix.
@@ -35,7 +35,7 @@ pub fn accept_key(key: &str) -> String {
     base64::engine::general_purpose::STANDARD.encode(digest.as_ref())
 }
 
-pub fn upgrade(req: Request<Incoming>, opts: Opts, start: Start) -> Resp {
+pub fn upgrade(req: Request<Incoming>, opts: Opts, start: Launch) -> Resp {
     accept(req, &PROTOCOLS, false, move |io, protocol| {
         session(io, opts, start, protocol == PROTOCOLS[0])
     })
@@ -51,7 +51,7 @@ pub fn accept<F, Fut>(
     serve: F,
 ) -> Resp
 where
-    F: FnOnce(super::spdy::Upgraded, &'static str) -> Fut + Send + 'static,
+    F: FnOnce(Upgraded, &'static str) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = std::io::Result<()>> + Send + 'static,
 {
     let offered: Vec<String> = req
@@ -120,13 +120,13 @@ where
     resp
 }
 
-async fn session<IO>(io: IO, opts: Opts, start: Start, v5: bool) -> std::io::Result<()>
+async fn session<IO>(io: IO, opts: Opts, start: Launch, v5: bool) -> std::io::Result<()>
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let (mut rd, mut wr) = tokio::io::split(io);
-    let ends = start.run(opts).await;
-    let super::streams::Ends {
+    let ends = start(opts).await;
+    let Ends {
         input,
         mut output,
         status,

@@ -21,9 +21,10 @@ use tokio::time::Instant;
 use super::{forward, parse_port, Downlink, Target, INPUT_QUEUE, MAX_CONNECTIONS};
 use crate::server::deps::ApiDeps;
 use crate::server::spdy::{
-    control, data, goaway, read_frame, Frame, Headers, Upgraded, FLAG_FIN, GOAWAY, PING,
-    RST_STREAM, STREAM_WAIT, SYN_REPLY, SYN_STREAM,
+    control, data, goaway, read_frame, Frame, Headers, FLAG_FIN, GOAWAY, PING, RST_STREAM,
+    STREAM_WAIT, SYN_REPLY, SYN_STREAM,
 };
+use crate::server::streams::Upgraded;
 
 pub const PROTOCOL: &str = "portforward.k8s.io";
 /// RST_STREAM status CANCEL, what spdystream sends when a stream is refused.

@@ -13,7 +13,7 @@ use tokio::task::JoinSet;
 
 use super::{forward, Downlink, Target, INPUT_QUEUE};
 use crate::server::deps::ApiDeps;
-use crate::server::spdy::Upgraded;
+use crate::server::streams::Upgraded;
 use crate::server::websocket::{channel_frame, frame, read_message};
 
 pub const PROTOCOLS: [&str; 2] = ["v4.channel.k8s.io", "portforward.k8s.io"];
