@@ -34,7 +34,6 @@ use crate::runtime::{ContainerId, RuntimeError};
 pub enum Kind {
     Exec,
     Attach,
-    PortForward,
 }
 
 /// Queue depth each way: 16 chunks of at most 32 KiB.
@@ -47,9 +46,6 @@ pub async fn handle(
     q: &Query,
     deps: Arc<ApiDeps>,
 ) -> Resp {
-    if kind == Kind::PortForward {
-        return super::portforward::handle(req, path, q, deps).await;
-    }
     let at = match container_path(path) {
         Ok(t) => t,
         Err(r) => return *r,
@@ -88,7 +84,7 @@ pub async fn handle(
         Kind::Attach => Target::Attach {
             container: container.clone(),
         },
-        _ => Target::Exec(ExecRequest {
+        Kind::Exec => Target::Exec(ExecRequest {
             command,
             tty: opts.tty,
             stdin: opts.stdin,

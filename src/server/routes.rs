@@ -1,15 +1,18 @@
-//! Routing: which path goes where, which methods each takes (405 otherwise), which
-//! routes each port serves, and on the secure port every route but `/healthz` passes
-//! [`super::auth`] first (401 or 403).
+//! Routing: one table ([`ROUTES`]) says which path goes to which handler, which
+//! methods each takes (405 otherwise) and which ports serve it; on the secure port every
+//! route but `/healthz` passes [`super::auth`] first (401 or 403). Handlers share the
+//! [`super::http`] vocabulary and never call one another or come back here.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use hyper::body::Incoming;
 use hyper::{Method, Request, StatusCode};
 
 use super::deps::ApiDeps;
-use super::http::{error, respond, Identity, Query, Resp};
-use super::{exec, logs, metrics, pods, stats};
+use super::http::{error, json, respond, Identity, Query, Resp};
+use super::{exec, logs, metrics, pods, portforward, run, stats};
 
 /// Which routes a listener serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,64 +25,166 @@ pub enum Port {
     Healthz,
 }
 
-/// The routes the kubelet serves, by their first path segment.
+/// What a handler is given: the request (a stream route upgrades it), its path and
+/// query, and what the API reads.
+struct Call {
+    req: Request<Incoming>,
+    path: String,
+    query: Query,
+    deps: Arc<ApiDeps>,
+}
+
+type Reply = Pin<Box<dyn Future<Output = Resp> + Send>>;
+
+/// Who may reach a route.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Route {
-    Healthz,
-    Pods,
-    RunningPods,
-    StatsSummary,
-    Metrics,
-    MetricsResource,
-    Configz,
-    ContainerLogs,
-    Exec,
-    Attach,
-    PortForward,
-    Run,
+enum Access {
+    /// Every port, without authentication (`/healthz`).
+    Open,
+    /// The secure port, and the read-only port (the kubelet's default handlers).
+    ReadOnly,
+    /// The secure port only (the debugging handlers).
+    Secure,
+}
+
+/// One route: the path (whole, or the prefix of a path that names a pod or container),
+/// the methods it takes, who may reach it, and its handler.
+struct Route {
+    path: &'static str,
+    prefix: bool,
+    methods: &'static [Method],
+    access: Access,
+    handler: fn(Call) -> Reply,
 }
 
 impl Route {
-    fn of(path: &str) -> Option<Route> {
-        let trimmed = path.trim_end_matches('/');
-        Some(match trimmed {
-            "/healthz" => Route::Healthz,
-            "/pods" => Route::Pods,
-            "/runningpods" => Route::RunningPods,
-            "/stats/summary" => Route::StatsSummary,
-            "/metrics" => Route::Metrics,
-            "/metrics/resource" => Route::MetricsResource,
-            "/configz" => Route::Configz,
-            _ if path.starts_with("/containerLogs/") => Route::ContainerLogs,
-            _ if path.starts_with("/exec/") => Route::Exec,
-            _ if path.starts_with("/attach/") => Route::Attach,
-            _ if path.starts_with("/portForward/") => Route::PortForward,
-            _ if path.starts_with("/run/") => Route::Run,
-            _ => return None,
-        })
-    }
-
-    fn methods(self) -> &'static [Method] {
-        match self {
-            Route::Exec | Route::Attach | Route::PortForward => &[Method::GET, Method::POST],
-            Route::StatsSummary => &[Method::GET, Method::POST],
-            Route::Run => &[Method::POST],
-            _ => &[Method::GET],
+    fn matches(&self, path: &str) -> bool {
+        if self.prefix {
+            path.starts_with(self.path)
+        } else {
+            path.trim_end_matches('/') == self.path
         }
     }
 
-    /// What the read-only port serves (the kubelet's default handlers, no debugging
-    /// handlers).
-    fn read_only(self) -> bool {
-        matches!(
-            self,
-            Route::Healthz
-                | Route::Pods
-                | Route::StatsSummary
-                | Route::Metrics
-                | Route::MetricsResource
-        )
+    fn served_on(&self, port: Port) -> bool {
+        match port {
+            Port::Secure => true,
+            Port::ReadOnly => self.access != Access::Secure,
+            Port::Healthz => self.access == Access::Open,
+        }
     }
+}
+
+const GET: &[Method] = &[Method::GET];
+const GET_POST: &[Method] = &[Method::GET, Method::POST];
+const POST: &[Method] = &[Method::POST];
+
+/// The routes the kubelet serves.
+static ROUTES: &[Route] = &[
+    Route {
+        path: "/healthz",
+        prefix: false,
+        methods: GET,
+        access: Access::Open,
+        handler: |_| Box::pin(async { respond(StatusCode::OK, "text/plain; charset=utf-8", "ok") }),
+    },
+    Route {
+        path: "/pods",
+        prefix: false,
+        methods: GET,
+        access: Access::ReadOnly,
+        handler: |c| Box::pin(async move { pods::pods(&c.deps).await }),
+    },
+    Route {
+        path: "/runningpods",
+        prefix: false,
+        methods: GET,
+        access: Access::Secure,
+        handler: |c| Box::pin(async move { pods::running_pods(&c.deps).await }),
+    },
+    Route {
+        path: "/stats/summary",
+        prefix: false,
+        methods: GET_POST,
+        access: Access::ReadOnly,
+        handler: |c| Box::pin(async move { stats::summary(&c.deps, &c.query).await }),
+    },
+    Route {
+        path: "/metrics",
+        prefix: false,
+        methods: GET,
+        access: Access::ReadOnly,
+        handler: |c| Box::pin(async move { metrics::own(&c.deps).await }),
+    },
+    Route {
+        path: "/metrics/resource",
+        prefix: false,
+        methods: GET,
+        access: Access::ReadOnly,
+        handler: |c| Box::pin(async move { metrics::resource(&c.deps).await }),
+    },
+    Route {
+        path: "/configz",
+        prefix: false,
+        methods: GET,
+        access: Access::Secure,
+        handler: |c| {
+            Box::pin(
+                async move { json(&serde_json::json!({"kubeletconfig": c.deps.configz.as_ref()})) },
+            )
+        },
+    },
+    Route {
+        path: "/containerLogs/",
+        prefix: true,
+        methods: GET,
+        access: Access::Secure,
+        handler: |c| {
+            Box::pin(async move { logs::container_logs(&c.deps, &c.path, &c.query).await })
+        },
+    },
+    Route {
+        path: "/exec/",
+        prefix: true,
+        methods: GET_POST,
+        access: Access::Secure,
+        handler: |c| {
+            Box::pin(async move {
+                exec::handle(c.req, exec::Kind::Exec, &c.path, &c.query, c.deps).await
+            })
+        },
+    },
+    Route {
+        path: "/attach/",
+        prefix: true,
+        methods: GET_POST,
+        access: Access::Secure,
+        handler: |c| {
+            Box::pin(async move {
+                exec::handle(c.req, exec::Kind::Attach, &c.path, &c.query, c.deps).await
+            })
+        },
+    },
+    Route {
+        path: "/portForward/",
+        prefix: true,
+        methods: GET_POST,
+        access: Access::Secure,
+        handler: |c| {
+            Box::pin(async move { portforward::handle(c.req, &c.path, &c.query, c.deps).await })
+        },
+    },
+    Route {
+        path: "/run/",
+        prefix: true,
+        methods: POST,
+        access: Access::Secure,
+        handler: |c| Box::pin(async move { run::run(&c.deps, &c.path, &c.query).await }),
+    },
+];
+
+fn route(path: &str) -> Option<&'static Route> {
+    ROUTES.iter().find(|r| r.matches(path))
 }
 
 pub async fn handle(
@@ -89,18 +194,10 @@ pub async fn handle(
     deps: Arc<ApiDeps>,
 ) -> Resp {
     let path = req.uri().path().to_owned();
-    let Some(route) = Route::of(&path) else {
+    let Some(route) = route(&path).filter(|r| r.served_on(port)) else {
         return error(StatusCode::NOT_FOUND, "404 page not found");
     };
-    let allowed = match port {
-        Port::Secure => true,
-        Port::ReadOnly => route.read_only(),
-        Port::Healthz => route == Route::Healthz,
-    };
-    if !allowed {
-        return error(StatusCode::NOT_FOUND, "404 page not found");
-    }
-    if route != Route::Healthz && port == Port::Secure {
+    if route.access != Access::Open && port == Port::Secure {
         let admitted = deps
             .auth
             .admit(&identity, req.method(), req.headers(), &path)
@@ -109,44 +206,31 @@ pub async fn handle(
             return refusal;
         }
     }
-    if !route.methods().contains(req.method()) {
-        let mut r = error(StatusCode::METHOD_NOT_ALLOWED, "405: Method Not Allowed");
-        let allow = route
-            .methods()
-            .iter()
-            .map(Method::as_str)
-            .collect::<Vec<_>>()
-            .join(", ");
-        if let Ok(v) = hyper::header::HeaderValue::from_str(&allow) {
-            r.headers_mut().insert(hyper::header::ALLOW, v);
-        }
-        return r;
+    if !route.methods.contains(req.method()) {
+        return not_allowed(route.methods);
     }
     let query = Query::parse(req.uri().query().unwrap_or(""));
-    match route {
-        Route::Healthz => respond(StatusCode::OK, "text/plain; charset=utf-8", "ok"),
-        Route::Pods => pods::pods(&deps).await,
-        Route::RunningPods => pods::running_pods(&deps).await,
-        Route::Configz => super::http::json(&serde_json::json!({
-            "kubeletconfig": deps.configz.as_ref()
-        })),
-        Route::StatsSummary => stats::summary(&deps, &query).await,
-        Route::Metrics => metrics::own(&deps).await,
-        Route::MetricsResource => metrics::resource(&deps).await,
-        Route::ContainerLogs => logs::container_logs(&deps, &path, &query).await,
-        Route::Run => super::run::run(&deps, &path, &query).await,
-        Route::Exec | Route::Attach | Route::PortForward => {
-            exec::handle(req, route_kind(route), &path, &query, deps).await
-        }
-    }
+    (route.handler)(Call {
+        req,
+        path,
+        query,
+        deps,
+    })
+    .await
 }
 
-fn route_kind(route: Route) -> exec::Kind {
-    match route {
-        Route::Exec => exec::Kind::Exec,
-        Route::Attach => exec::Kind::Attach,
-        _ => exec::Kind::PortForward,
+/// 405, with the methods the route takes.
+fn not_allowed(methods: &[Method]) -> Resp {
+    let mut r = error(StatusCode::METHOD_NOT_ALLOWED, "405: Method Not Allowed");
+    let allow = methods
+        .iter()
+        .map(Method::as_str)
+        .collect::<Vec<_>>()
+        .join(", ");
+    if let Ok(v) = hyper::header::HeaderValue::from_str(&allow) {
+        r.headers_mut().insert(hyper::header::ALLOW, v);
     }
+    r
 }
 
 #[cfg(test)]
@@ -155,17 +239,19 @@ mod tests {
 
     #[test]
     fn routes() {
-        assert_eq!(Route::of("/pods/"), Some(Route::Pods));
-        assert_eq!(Route::of("/runningpods/"), Some(Route::RunningPods));
-        assert_eq!(
-            Route::of("/containerLogs/ns/p/c"),
-            Some(Route::ContainerLogs)
-        );
-        assert_eq!(Route::of("/exec/ns/p/c"), Some(Route::Exec));
-        assert_eq!(Route::of("/run/ns/p/c"), Some(Route::Run));
-        assert!(!Route::Run.read_only());
-        assert_eq!(Route::of("/nope"), None);
-        assert!(!Route::ContainerLogs.read_only());
-        assert!(Route::MetricsResource.read_only());
+        let path = |p| route(p).map(|r| r.path);
+        assert_eq!(path("/pods/"), Some("/pods"));
+        assert_eq!(path("/runningpods/"), Some("/runningpods"));
+        assert_eq!(path("/containerLogs/ns/p/c"), Some("/containerLogs/"));
+        assert_eq!(path("/exec/ns/p/c"), Some("/exec/"));
+        assert_eq!(path("/run/ns/p/c"), Some("/run/"));
+        assert_eq!(path("/nope"), None);
+        assert_eq!(path("/metrics/resource/"), Some("/metrics/resource"));
+        let served = |p, port| route(p).is_some_and(|r| r.served_on(port));
+        assert!(!served("/run/ns/p/c", Port::ReadOnly));
+        assert!(!served("/containerLogs/ns/p/c", Port::ReadOnly));
+        assert!(served("/metrics/resource", Port::ReadOnly));
+        assert!(served("/healthz", Port::Healthz));
+        assert!(!served("/pods", Port::Healthz));
     }
 }
