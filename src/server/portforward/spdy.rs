@@ -18,7 +18,7 @@ use tokio::sync::mpsc;
 use tokio::task::{AbortHandle, JoinSet};
 use tokio::time::Instant;
 
-use super::{forward, parse_port, Downlink, Target, INPUT_QUEUE, MAX_CONNECTIONS};
+use super::tunnel::{forward, parse_port, Downlink, Out, Target, INPUT_QUEUE, MAX_CONNECTIONS};
 use crate::server::deps::ApiDeps;
 use crate::server::spdy::{
     control, data, goaway, read_frame, Frame, Headers, FLAG_FIN, GOAWAY, PING, RST_STREAM,
@@ -31,17 +31,6 @@ pub const PROTOCOL: &str = "portforward.k8s.io";
 const CANCEL: u32 = 5;
 /// Frames queued for the writer.
 const OUT_QUEUE: usize = 32;
-
-/// What the writer sends.
-#[derive(Debug)]
-pub enum Out {
-    /// SYN_REPLY to a stream (its header block takes the writer's compressor).
-    Reply(u32),
-    /// A DATA frame: stream, payload, FIN.
-    Data(u32, Vec<u8>, bool),
-    /// Any other whole frame.
-    Raw(Vec<u8>),
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {

@@ -11,7 +11,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
-use super::{forward, Downlink, Target, INPUT_QUEUE};
+use super::tunnel::{forward, Downlink, Target, INPUT_QUEUE};
 use crate::server::deps::ApiDeps;
 use crate::server::streams::Upgraded;
 use crate::server::websocket::{channel_frame, frame, read_message};
