@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use hyper::StatusCode;
 
-use super::cgroups::Hierarchy;
+use super::cgroups::{Hierarchy, Usage};
 use super::deps::{ApiDeps, MAX_STREAMS};
 use super::http::{error, respond, Resp};
 use super::lookup;
@@ -43,6 +43,23 @@ fn render_resource(deps: &ApiDeps, states: &[crate::sync::PodState]) -> String {
     let h = Hierarchy::host();
     let ms = crate::time::now().as_millisecond();
     let node = h.node(Path::new("/proc"));
+    let (samples, scrape_error) = samples(deps, &h, states);
+    let mut out = String::new();
+    write_containers(&mut out, &samples, ms);
+    write_node(&mut out, &node, ms);
+    write_pods(&mut out, &samples, ms);
+    header(
+        &mut out,
+        "resource_scrape_error",
+        "[STABLE] 1 if there was an error while getting container metrics, 0 otherwise",
+        "gauge",
+    );
+    let _ = writeln!(out, "resource_scrape_error {scrape_error}");
+    out
+}
+
+/// Each running container's figures, and 1 if a container's cgroup could not be read.
+fn samples(deps: &ApiDeps, h: &Hierarchy, states: &[crate::sync::PodState]) -> (Vec<Sample>, u8) {
     let mut samples = Vec::new();
     let mut scrape_error = 0;
     for s in states {
@@ -70,7 +87,11 @@ fn render_resource(deps: &ApiDeps, states: &[crate::sync::PodState]) -> String {
             });
         }
     }
-    let mut out = String::new();
+    (samples, scrape_error)
+}
+
+/// The container series: CPU, working set and start time.
+fn write_containers(out: &mut String, samples: &[Sample], ms: i64) {
     let c_labels = |s: &Sample| {
         format!(
             "container=\"{}\",namespace=\"{}\",pod=\"{}\"",
@@ -80,12 +101,12 @@ fn render_resource(deps: &ApiDeps, states: &[crate::sync::PodState]) -> String {
         )
     };
     header(
-        &mut out,
+        out,
         "container_cpu_usage_seconds_total",
         "[STABLE] Cumulative cpu time consumed by the container in core-seconds",
         "counter",
     );
-    for s in &samples {
+    for s in samples {
         if let Some(v) = s.cpu_s {
             let _ = writeln!(
                 out,
@@ -95,12 +116,12 @@ fn render_resource(deps: &ApiDeps, states: &[crate::sync::PodState]) -> String {
         }
     }
     header(
-        &mut out,
+        out,
         "container_memory_working_set_bytes",
         "[STABLE] Current working set of the container in bytes",
         "gauge",
     );
-    for s in &samples {
+    for s in samples {
         if let Some(v) = s.working_set {
             let _ = writeln!(
                 out,
@@ -110,12 +131,12 @@ fn render_resource(deps: &ApiDeps, states: &[crate::sync::PodState]) -> String {
         }
     }
     header(
-        &mut out,
+        out,
         "container_start_time_seconds",
         "[STABLE] Start time of the container since unix epoch in seconds",
         "gauge",
     );
-    for s in &samples {
+    for s in samples {
         if let Some(v) = s.start {
             let _ = writeln!(
                 out,
@@ -125,8 +146,12 @@ fn render_resource(deps: &ApiDeps, states: &[crate::sync::PodState]) -> String {
             );
         }
     }
+}
+
+/// The node series.
+fn write_node(out: &mut String, node: &Usage, ms: i64) {
     header(
-        &mut out,
+        out,
         "node_cpu_usage_seconds_total",
         "[STABLE] Cumulative cpu time consumed by the node in core-seconds",
         "counter",
@@ -135,7 +160,7 @@ fn render_resource(deps: &ApiDeps, states: &[crate::sync::PodState]) -> String {
         let _ = writeln!(out, "node_cpu_usage_seconds_total {} {ms}", ns as f64 / 1e9);
     }
     header(
-        &mut out,
+        out,
         "node_memory_working_set_bytes",
         "[STABLE] Current working set of the node in bytes",
         "gauge",
@@ -143,9 +168,12 @@ fn render_resource(deps: &ApiDeps, states: &[crate::sync::PodState]) -> String {
     if let Some(m) = node.memory {
         let _ = writeln!(out, "node_memory_working_set_bytes {} {ms}", m.working_set);
     }
-    // Pods: the sums of their containers.
+}
+
+/// The pod series: the sums of their containers.
+fn write_pods(out: &mut String, samples: &[Sample], ms: i64) {
     let mut by_pod: BTreeMap<(String, String), (f64, u64)> = BTreeMap::new();
-    for s in &samples {
+    for s in samples {
         let e = by_pod
             .entry((s.namespace.clone(), s.pod.clone()))
             .or_default();
@@ -153,7 +181,7 @@ fn render_resource(deps: &ApiDeps, states: &[crate::sync::PodState]) -> String {
         e.1 += s.working_set.unwrap_or(0);
     }
     header(
-        &mut out,
+        out,
         "pod_cpu_usage_seconds_total",
         "[STABLE] Cumulative cpu time consumed by the pod in core-seconds",
         "counter",
@@ -167,7 +195,7 @@ fn render_resource(deps: &ApiDeps, states: &[crate::sync::PodState]) -> String {
         );
     }
     header(
-        &mut out,
+        out,
         "pod_memory_working_set_bytes",
         "[STABLE] Current working set of the pod in bytes",
         "gauge",
@@ -180,14 +208,6 @@ fn render_resource(deps: &ApiDeps, states: &[crate::sync::PodState]) -> String {
             escape(pod)
         );
     }
-    header(
-        &mut out,
-        "resource_scrape_error",
-        "[STABLE] 1 if there was an error while getting container metrics, 0 otherwise",
-        "gauge",
-    );
-    let _ = writeln!(out, "resource_scrape_error {scrape_error}");
-    out
 }
 
 /// holdfast's own series.
@@ -198,16 +218,25 @@ pub async fn own(deps: &Arc<ApiDeps>) -> Resp {
     };
     let mut out = String::new();
     crate::metrics::render_all(&mut out);
+    write_phases(&mut out, &states);
+    write_restarts(&mut out, &states);
+    write_uplink(&mut out, deps);
+    write_api(&mut out, deps);
+    respond(StatusCode::OK, TEXT, out)
+}
+
+/// Pods by phase, every phase named even when none is in it.
+fn write_phases(out: &mut String, states: &[crate::sync::PodState]) {
     let mut phases: BTreeMap<&str, u64> = ["Pending", "Running", "Succeeded", "Failed", "Unknown"]
         .into_iter()
         .map(|p| (p, 0))
         .collect();
-    for s in &states {
+    for s in states {
         let phase = s.status.phase.as_deref().unwrap_or("Unknown");
         *phases.entry(phase).or_default() += 1;
     }
     header(
-        &mut out,
+        out,
         "holdfast_pods",
         "Pods the agent runs, by phase",
         "gauge",
@@ -215,13 +244,17 @@ pub async fn own(deps: &Arc<ApiDeps>) -> Resp {
     for (phase, n) in &phases {
         let _ = writeln!(out, "holdfast_pods{{phase=\"{}\"}} {n}", escape(phase));
     }
+}
+
+/// Each container's restarts, as its pod's status counts them.
+fn write_restarts(out: &mut String, states: &[crate::sync::PodState]) {
     header(
-        &mut out,
+        out,
         "holdfast_container_restarts",
         "Restarts of each container, as its pod's status counts them",
         "gauge",
     );
-    for s in &states {
+    for s in states {
         let m = &s.pod.metadata;
         for c in s.status.container_statuses.iter().flatten() {
             let _ = writeln!(
@@ -234,20 +267,24 @@ pub async fn own(deps: &Arc<ApiDeps>) -> Resp {
             );
         }
     }
+}
+
+/// The uplink's state and its outbox; the headers alone when standalone.
+fn write_uplink(out: &mut String, deps: &ApiDeps) {
     header(
-        &mut out,
+        out,
         "holdfast_uplink_up",
         "1 while the apiserver answers, 0 while the link is down; absent when standalone",
         "gauge",
     );
     header(
-        &mut out,
+        out,
         "holdfast_uplink_consecutive_failures",
         "Failed tries to reach the apiserver since it last answered",
         "gauge",
     );
     header(
-        &mut out,
+        out,
         "holdfast_outbox_depth",
         "Pod statuses and events waiting to be sent to the apiserver",
         "gauge",
@@ -268,8 +305,12 @@ pub async fn own(deps: &Arc<ApiDeps>) -> Resp {
             depth.statuses + depth.events + depth.removed_static
         );
     }
+}
+
+/// The API's own load: open streams, and connections refused or evicted.
+fn write_api(out: &mut String, deps: &ApiDeps) {
     header(
-        &mut out,
+        out,
         "holdfast_api_streams_open",
         "Log follows, exec, attach and port-forward streams open now",
         "gauge",
@@ -277,7 +318,7 @@ pub async fn own(deps: &Arc<ApiDeps>) -> Resp {
     let open = MAX_STREAMS - deps.streams.available_permits();
     let _ = writeln!(out, "holdfast_api_streams_open {open}");
     header(
-        &mut out,
+        out,
         "holdfast_kubelet_api_connections_refused_total",
         "Connections to the kubelet API closed on arrival because a listener held its \
          total of proven clients (reason=total) or their source held its share \
@@ -295,7 +336,7 @@ pub async fn own(deps: &Arc<ApiDeps>) -> Resp {
         );
     }
     header(
-        &mut out,
+        out,
         "holdfast_kubelet_api_connections_evicted_total",
         "Connections to the kubelet API without a proven client certificate closed to make \
          room for a newer one when a listener held its total",
@@ -306,5 +347,4 @@ pub async fn own(deps: &Arc<ApiDeps>) -> Resp {
         out,
         "holdfast_kubelet_api_connections_evicted_total {evicted}"
     );
-    respond(StatusCode::OK, TEXT, out)
 }
