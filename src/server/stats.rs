@@ -179,85 +179,69 @@ pub async fn gather(deps: &std::sync::Arc<ApiDeps>) -> Result<Summary, Resp> {
 
 /// The summary, and whether a CPU rate was missing for want of an earlier reading.
 fn collect(deps: &ApiDeps, states: &[PodState]) -> (Summary, bool) {
-    let h = Hierarchy::host();
-    let now = crate::time::now();
-    let mono = Instant::now();
-    let mut missing_rate = false;
-    let mut cpu = |key: &str, u: &Usage| -> Option<CpuStats> {
+    let mut scrape = Scrape {
+        deps,
+        h: Hierarchy::host(),
+        now: crate::time::now(),
+        mono: Instant::now(),
+        missing_rate: false,
+    };
+    let node = scrape.node();
+    let pods = states.iter().map(|s| scrape.pod(s)).collect();
+    (Summary { node, pods }, scrape.missing_rate)
+}
+
+/// One reading of everything, at one time.
+struct Scrape<'a> {
+    deps: &'a ApiDeps,
+    h: Hierarchy,
+    now: Timestamp,
+    mono: Instant,
+    /// Whether a CPU rate was missing for want of an earlier reading.
+    missing_rate: bool,
+}
+
+impl Scrape<'_> {
+    /// CPU time, and its rate since the sampler's last reading of `key`.
+    fn cpu(&mut self, key: &str, u: &Usage) -> Option<CpuStats> {
         let ns = u.cpu_ns?;
-        missing_rate |= !deps.sampler.knows(key);
-        let rate = deps.sampler.rate(key, mono, ns);
+        let sampler = &self.deps.sampler;
+        self.missing_rate |= !sampler.knows(key);
+        let rate = sampler.rate(key, self.mono, ns);
         Some(CpuStats {
-            time: Some(now),
+            time: Some(self.now),
             usage_nano_cores: rate,
             usage_core_nano_seconds: Some(ns),
         })
-    };
-    let node_usage = h.node(Path::new("/proc"));
-    let root_fs = fs_stats(&deps.root_dir, now, None);
-    let node = NodeStats {
-        node_name: deps.node_name.clone(),
-        start_time: boot_time(),
-        cpu: cpu("/", &node_usage),
-        memory: node_usage.memory.map(|m| memory(m, now)),
-        network: net_dev(Path::new("/proc/net/dev"), now),
-        fs: root_fs,
-        runtime: RuntimeStats {
-            image_fs: fs_stats(&deps.root_dir.join("content"), now, None),
-            container_fs: fs_stats(&deps.root_dir.join("containers"), now, None),
-        },
-    };
-    let mut out = Vec::new();
-    for s in states {
-        let mut containers = Vec::new();
-        let mut pid = None;
-        for cs in s.status.container_statuses.iter().flatten() {
-            let Some(running) = cs.state.as_ref().and_then(|st| st.running.as_ref()) else {
-                continue;
-            };
-            let Some(id) = lookup::instance_id(cs, false) else {
-                continue;
-            };
-            let path = deps.runtime.cgroups_path(&id);
-            let Some(u) = h.read(&path) else { continue };
-            if pid.is_none() {
-                if let Ok(ContainerState::Running { pid: p, .. }) = deps.runtime.state(&id) {
-                    pid = Some(p);
-                }
-            }
-            let dir = deps.runtime.container_dir(&id);
-            let logs = lookup::log_dir(deps, s).join(&cs.name);
-            containers.push(ContainerStats {
-                name: cs.name.clone(),
-                start_time: running.started_at.as_ref().map(|t| t.0),
-                cpu: cpu(&id.0, &u),
-                memory: u.memory.map(|m| memory(m, now)),
-                rootfs: fs_stats(&dir, now, Some(du(&dir.join("upper")))),
-                logs: fs_stats(&deps.root_dir, now, Some(du(&logs))),
-            });
+    }
+
+    fn node(&mut self) -> NodeStats {
+        let (deps, now) = (self.deps, self.now);
+        let node_usage = self.h.node(Path::new("/proc"));
+        let root_fs = fs_stats(&deps.root_dir, now, None);
+        NodeStats {
+            node_name: deps.node_name.clone(),
+            start_time: boot_time(),
+            cpu: self.cpu("/", &node_usage),
+            memory: node_usage.memory.map(|m| memory(m, now)),
+            network: net_dev(Path::new("/proc/net/dev"), now),
+            fs: root_fs,
+            runtime: RuntimeStats {
+                image_fs: fs_stats(&deps.root_dir.join("content"), now, None),
+                container_fs: fs_stats(&deps.root_dir.join("containers"), now, None),
+            },
         }
+    }
+
+    /// A pod: its running containers, and their sums.
+    fn pod(&mut self, s: &PodState) -> PodStats {
+        let (deps, now) = (self.deps, self.now);
+        let (containers, pid) = self.containers(s);
         let m = &s.pod.metadata;
         let sum_cpu = sum(&containers, |c| {
             c.cpu.and_then(|c| c.usage_core_nano_seconds)
         });
         let sum_rate = sum(&containers, |c| c.cpu.and_then(|c| c.usage_nano_cores));
-        let pod_mem = (!containers.is_empty()).then(|| {
-            let f = |g: fn(&MemoryStats) -> u64| {
-                containers
-                    .iter()
-                    .filter_map(|c| c.memory.as_ref().map(g))
-                    .sum::<u64>()
-            };
-            MemoryStats {
-                time: Some(now),
-                available_bytes: None,
-                usage_bytes: f(|m| m.usage_bytes),
-                working_set_bytes: f(|m| m.working_set_bytes),
-                rss_bytes: f(|m| m.rss_bytes),
-                page_faults: f(|m| m.page_faults),
-                major_page_faults: f(|m| m.major_page_faults),
-            }
-        });
         let used = containers
             .iter()
             .map(|c| {
@@ -265,7 +249,7 @@ fn collect(deps: &ApiDeps, states: &[PodState]) -> (Summary, bool) {
                     + c.logs.and_then(|f| f.used_bytes).unwrap_or(0)
             })
             .sum();
-        out.push(PodStats {
+        PodStats {
             pod_ref: PodRef {
                 name: m.name.clone().unwrap_or_default(),
                 namespace: m.namespace.clone().unwrap_or_else(|| "default".into()),
@@ -277,13 +261,69 @@ fn collect(deps: &ApiDeps, states: &[PodState]) -> (Summary, bool) {
                 usage_nano_cores: sum_rate,
                 usage_core_nano_seconds: Some(ns),
             }),
-            memory: pod_mem,
+            memory: pod_memory(&containers, now),
             network: pid.and_then(|p| pod_network(p, now)),
             ephemeral_storage: fs_stats(&deps.root_dir, now, Some(used)),
             containers,
-        });
+        }
     }
-    (Summary { node, pods: out }, missing_rate)
+
+    /// The pod's running containers whose cgroup can be read, and the pid of the first
+    /// (its network namespace is the pod's).
+    fn containers(&mut self, s: &PodState) -> (Vec<ContainerStats>, Option<i32>) {
+        let (deps, now) = (self.deps, self.now);
+        let mut containers = Vec::new();
+        let mut pid = None;
+        for cs in s.status.container_statuses.iter().flatten() {
+            let Some(running) = cs.state.as_ref().and_then(|st| st.running.as_ref()) else {
+                continue;
+            };
+            let Some(id) = lookup::instance_id(cs, false) else {
+                continue;
+            };
+            let path = deps.runtime.cgroups_path(&id);
+            let Some(u) = self.h.read(&path) else {
+                continue;
+            };
+            if pid.is_none() {
+                if let Ok(ContainerState::Running { pid: p, .. }) = deps.runtime.state(&id) {
+                    pid = Some(p);
+                }
+            }
+            let dir = deps.runtime.container_dir(&id);
+            let logs = lookup::log_dir(deps, s).join(&cs.name);
+            containers.push(ContainerStats {
+                name: cs.name.clone(),
+                start_time: running.started_at.as_ref().map(|t| t.0),
+                cpu: self.cpu(&id.0, &u),
+                memory: u.memory.map(|m| memory(m, now)),
+                rootfs: fs_stats(&dir, now, Some(du(&dir.join("upper")))),
+                logs: fs_stats(&deps.root_dir, now, Some(du(&logs))),
+            });
+        }
+        (containers, pid)
+    }
+}
+
+/// A pod's memory: the sums of its containers' (none without containers).
+fn pod_memory(containers: &[ContainerStats], now: Timestamp) -> Option<MemoryStats> {
+    (!containers.is_empty()).then(|| {
+        let f = |g: fn(&MemoryStats) -> u64| {
+            containers
+                .iter()
+                .filter_map(|c| c.memory.as_ref().map(g))
+                .sum::<u64>()
+        };
+        MemoryStats {
+            time: Some(now),
+            available_bytes: None,
+            usage_bytes: f(|m| m.usage_bytes),
+            working_set_bytes: f(|m| m.working_set_bytes),
+            rss_bytes: f(|m| m.rss_bytes),
+            page_faults: f(|m| m.page_faults),
+            major_page_faults: f(|m| m.major_page_faults),
+        }
+    })
 }
 
 fn sum(cs: &[ContainerStats], f: impl Fn(&ContainerStats) -> Option<u64>) -> Option<u64> {
