@@ -189,6 +189,30 @@ where
 {
     let (mut rd, mut wr) = tokio::io::split(io);
     let mut headers = Headers::default();
+    // Streams first: the command starts once every expected one is open.
+    let streams = open_streams(&mut rd, &mut wr, &mut headers, &wanted(opts)).await?;
+    let Ends {
+        input,
+        output,
+        status,
+    } = start(opts).await;
+    let (ctl_tx, ctl_rx) = tokio::sync::mpsc::channel::<Vec<u8>>(4);
+    let stdin_id = streams.get(&Channel::Stdin).copied();
+    let resize_id = streams.get(&Channel::Resize).copied();
+    let reader = tokio::spawn(read_client(rd, input, stdin_id, resize_id, ctl_tx));
+    let out = Outputs {
+        stdout: streams.get(&Channel::Stdout).copied(),
+        stderr: streams.get(&Channel::Stderr).copied(),
+    };
+    write_output(&mut wr, &mut headers, output, ctl_rx, out).await?;
+    let st = status.await.unwrap_or_default();
+    finish(&mut wr, &streams, &st).await?;
+    reader.abort();
+    Ok(())
+}
+
+/// The streams a client with these options opens: always the error stream.
+fn wanted(opts: Opts) -> Vec<Channel> {
     let mut want = vec![Channel::Error];
     if opts.stdin {
         want.push(Channel::Stdin);
@@ -202,108 +226,153 @@ where
     if opts.tty {
         want.push(Channel::Resize);
     }
+    want
+}
+
+/// Answers the client's SYN_STREAMs until every stream in `want` is open, within
+/// [`STREAM_WAIT`]; returns each channel's stream id.
+async fn open_streams<R, W>(
+    rd: &mut R,
+    wr: &mut W,
+    headers: &mut Headers,
+    want: &[Channel],
+) -> std::io::Result<HashMap<Channel, u32>>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
     let mut streams: HashMap<Channel, u32> = HashMap::new();
     let deadline = tokio::time::Instant::now() + STREAM_WAIT;
-    // Streams first: the command starts once every expected one is open.
     while want.iter().any(|c| !streams.contains_key(c)) {
-        let f = tokio::time::timeout_at(deadline, read_frame(&mut rd))
+        let f = tokio::time::timeout_at(deadline, read_frame(rd))
             .await
             .map_err(|_| std::io::Error::other("timed out waiting for the client's streams"))??;
-        if let Some(reply) = on_control(&f, &mut headers, &mut streams)? {
+        if let Some(reply) = on_control(&f, headers, &mut streams)? {
             wr.write_all(&reply).await?;
         }
     }
-    let ends = start(opts).await;
-    let Ends {
-        input,
-        mut output,
-        status,
-    } = ends;
-    let stdin_id = streams.get(&Channel::Stdin).copied();
-    let resize_id = streams.get(&Channel::Resize).copied();
-    let (ctl_tx, mut ctl_rx) = tokio::sync::mpsc::channel::<Vec<u8>>(4);
-    let reader = tokio::spawn(async move {
-        let mut resize_buf = Vec::new();
-        while let Ok(f) = read_frame(&mut rd).await {
-            match &f {
-                Frame::Data {
-                    stream,
-                    flags,
-                    payload,
-                } => {
-                    if Some(*stream) == stdin_id {
-                        if !payload.is_empty()
-                            && input.send(In::Stdin(payload.clone())).await.is_err()
-                        {
-                            break;
-                        }
-                        if flags & FLAG_FIN != 0 {
-                            let _ = input.send(In::StdinEof).await;
-                        }
-                    } else if Some(*stream) == resize_id {
-                        resize_buf.extend_from_slice(payload);
-                        for s in sizes(&mut resize_buf) {
-                            let _ = input.send(In::Resize(s.width, s.height)).await;
-                        }
-                        if resize_buf.len() > 4096 {
-                            resize_buf.clear();
-                        }
-                    }
-                }
-                Frame::Control { kind, payload, .. } => {
-                    if *kind == GOAWAY {
+    Ok(streams)
+}
+
+/// What the client sends once the command runs: stdin and terminal sizes go to
+/// `input`; pings and late SYN_STREAMs go to the writer through `ctl` (it holds the
+/// compressor). The client's end (GOAWAY, or the connection closing) ends stdin.
+async fn read_client<R>(
+    mut rd: R,
+    input: tokio::sync::mpsc::Sender<In>,
+    stdin_id: Option<u32>,
+    resize_id: Option<u32>,
+    ctl: tokio::sync::mpsc::Sender<Vec<u8>>,
+) where
+    R: AsyncRead + Unpin,
+{
+    let mut resize_buf = Vec::new();
+    while let Ok(f) = read_frame(&mut rd).await {
+        match &f {
+            Frame::Data {
+                stream,
+                flags,
+                payload,
+            } => {
+                if Some(*stream) == stdin_id {
+                    if !payload.is_empty() && input.send(In::Stdin(payload.clone())).await.is_err()
+                    {
                         break;
                     }
-                    if *kind == RST_STREAM
-                        && payload
-                            .get(..4)
-                            .map(|p| u32::from_be_bytes([p[0], p[1], p[2], p[3]]))
-                            == stdin_id
-                    {
+                    if flags & FLAG_FIN != 0 {
                         let _ = input.send(In::StdinEof).await;
                     }
-                    if *kind == PING {
-                        let _ = ctl_tx.send(control(PING, 0, payload)).await;
+                } else if Some(*stream) == resize_id {
+                    resize_buf.extend_from_slice(payload);
+                    for s in sizes(&mut resize_buf) {
+                        let _ = input.send(In::Resize(s.width, s.height)).await;
                     }
-                    // A late SYN_STREAM (a stream not asked for) still gets its
-                    // reply; the writer holds the compressor, so it is asked to.
-                    if *kind == SYN_STREAM {
-                        if let Some(id) = payload.get(..4) {
-                            let id = u32::from_be_bytes([id[0], id[1], id[2], id[3]]) & 0x7fff_ffff;
-                            let _ = ctl_tx.send(id.to_be_bytes().to_vec()).await;
-                        }
+                    if resize_buf.len() > 4096 {
+                        resize_buf.clear();
+                    }
+                }
+            }
+            Frame::Control { kind, payload, .. } => {
+                if *kind == GOAWAY {
+                    break;
+                }
+                if *kind == RST_STREAM
+                    && payload
+                        .get(..4)
+                        .map(|p| u32::from_be_bytes([p[0], p[1], p[2], p[3]]))
+                        == stdin_id
+                {
+                    let _ = input.send(In::StdinEof).await;
+                }
+                if *kind == PING {
+                    let _ = ctl.send(control(PING, 0, payload)).await;
+                }
+                // A late SYN_STREAM (a stream not asked for) still gets its
+                // reply; the writer holds the compressor, so it is asked to.
+                if *kind == SYN_STREAM {
+                    if let Some(id) = payload.get(..4) {
+                        let id = u32::from_be_bytes([id[0], id[1], id[2], id[3]]) & 0x7fff_ffff;
+                        let _ = ctl.send(id.to_be_bytes().to_vec()).await;
                     }
                 }
             }
         }
-        let _ = input.send(In::StdinEof).await;
-    });
-    let out_id = streams.get(&Channel::Stdout).copied();
-    let err_id = streams.get(&Channel::Stderr).copied();
+    }
+    let _ = input.send(In::StdinEof).await;
+}
+
+/// The streams the command's output goes to.
+struct Outputs {
+    stdout: Option<u32>,
+    stderr: Option<u32>,
+}
+
+/// Writes the command's output, and what the reader asks to be sent, until the output
+/// ends.
+async fn write_output<W>(
+    wr: &mut W,
+    headers: &mut Headers,
+    mut output: tokio::sync::mpsc::Receiver<Out>,
+    mut ctl_rx: tokio::sync::mpsc::Receiver<Vec<u8>>,
+    to: Outputs,
+) -> std::io::Result<()>
+where
+    W: AsyncWrite + Unpin,
+{
     loop {
         tokio::select! {
             msg = output.recv() => match msg {
-                Some(Out::Stdout(d)) => if let Some(id) = out_id {
+                Some(Out::Stdout(d)) => if let Some(id) = to.stdout {
                     wr.write_all(&data(id, 0, &d)).await?
                 },
-                Some(Out::Stderr(d)) => if let Some(id) = err_id {
+                Some(Out::Stderr(d)) => if let Some(id) = to.stderr {
                     wr.write_all(&data(id, 0, &d)).await?
                 },
-                None => break,
+                None => return Ok(()),
             },
             Some(ctl) = ctl_rx.recv() => {
                 if ctl.len() == 4 {
                     // A SYN_STREAM that came late: reply to it.
                     let id = u32::from_be_bytes([ctl[0], ctl[1], ctl[2], ctl[3]]);
-                    wr.write_all(&reply(&mut headers, id)).await?;
+                    wr.write_all(&reply(headers, id)).await?;
                 } else {
                     wr.write_all(&ctl).await?;
                 }
             }
         }
     }
-    let st = status.await.unwrap_or_default();
-    let json = serde_json::to_vec(&st).unwrap_or_default();
+}
+
+/// The end: the status on the error stream, FIN on the output streams, GOAWAY.
+async fn finish<W>(
+    wr: &mut W,
+    streams: &HashMap<Channel, u32>,
+    status: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Status,
+) -> std::io::Result<()>
+where
+    W: AsyncWrite + Unpin,
+{
+    let json = serde_json::to_vec(status).unwrap_or_default();
     if let Some(id) = streams.get(&Channel::Error) {
         wr.write_all(&data(*id, FLAG_FIN, &json)).await?;
     }
@@ -316,7 +385,6 @@ where
     wr.write_all(&goaway(last)).await?;
     wr.flush().await?;
     let _ = wr.shutdown().await;
-    reader.abort();
     Ok(())
 }
 
