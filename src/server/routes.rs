@@ -11,8 +11,9 @@ use hyper::body::Incoming;
 use hyper::{Method, Request, StatusCode};
 
 use super::deps::ApiDeps;
+use super::exec::{self, Kind};
 use super::http::{error, json, respond, Identity, Query, Resp};
-use super::{exec, logs, metrics, pods, portforward, run, stats};
+use super::{logs, metrics, pods, portforward, run, stats};
 
 /// Which routes a listener serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,109 +80,72 @@ const GET: &[Method] = &[Method::GET];
 const GET_POST: &[Method] = &[Method::GET, Method::POST];
 const POST: &[Method] = &[Method::POST];
 
+impl Route {
+    /// A route for one path (a trailing `/` is taken too).
+    const fn exact(
+        path: &'static str,
+        methods: &'static [Method],
+        access: Access,
+        handler: fn(Call) -> Reply,
+    ) -> Route {
+        Route {
+            path,
+            prefix: false,
+            methods,
+            access,
+            handler,
+        }
+    }
+
+    /// A route for every path under `prefix` (the pod or container it names follows).
+    const fn under(
+        prefix: &'static str,
+        methods: &'static [Method],
+        access: Access,
+        handler: fn(Call) -> Reply,
+    ) -> Route {
+        Route {
+            path: prefix,
+            prefix: true,
+            methods,
+            access,
+            handler,
+        }
+    }
+}
+
+/// A handler in the table: `call => its response`, in an async block.
+macro_rules! handler {
+    ($c:ident => $reply:expr) => {
+        |$c: Call| -> Reply { Box::pin(async move { $reply }) }
+    };
+}
+
 /// The routes the kubelet serves.
+#[rustfmt::skip]
 static ROUTES: &[Route] = &[
-    Route {
-        path: "/healthz",
-        prefix: false,
-        methods: GET,
-        access: Access::Open,
-        handler: |_| Box::pin(async { respond(StatusCode::OK, "text/plain; charset=utf-8", "ok") }),
-    },
-    Route {
-        path: "/pods",
-        prefix: false,
-        methods: GET,
-        access: Access::ReadOnly,
-        handler: |c| Box::pin(async move { pods::pods(&c.deps).await }),
-    },
-    Route {
-        path: "/runningpods",
-        prefix: false,
-        methods: GET,
-        access: Access::Secure,
-        handler: |c| Box::pin(async move { pods::running_pods(&c.deps).await }),
-    },
-    Route {
-        path: "/stats/summary",
-        prefix: false,
-        methods: GET_POST,
-        access: Access::ReadOnly,
-        handler: |c| Box::pin(async move { stats::summary(&c.deps, &c.query).await }),
-    },
-    Route {
-        path: "/metrics",
-        prefix: false,
-        methods: GET,
-        access: Access::ReadOnly,
-        handler: |c| Box::pin(async move { metrics::own(&c.deps).await }),
-    },
-    Route {
-        path: "/metrics/resource",
-        prefix: false,
-        methods: GET,
-        access: Access::ReadOnly,
-        handler: |c| Box::pin(async move { metrics::resource(&c.deps).await }),
-    },
-    Route {
-        path: "/configz",
-        prefix: false,
-        methods: GET,
-        access: Access::Secure,
-        handler: |c| {
-            Box::pin(
-                async move { json(&serde_json::json!({"kubeletconfig": c.deps.configz.as_ref()})) },
-            )
-        },
-    },
-    Route {
-        path: "/containerLogs/",
-        prefix: true,
-        methods: GET,
-        access: Access::Secure,
-        handler: |c| {
-            Box::pin(async move { logs::container_logs(&c.deps, &c.path, &c.query).await })
-        },
-    },
-    Route {
-        path: "/exec/",
-        prefix: true,
-        methods: GET_POST,
-        access: Access::Secure,
-        handler: |c| {
-            Box::pin(async move {
-                exec::handle(c.req, exec::Kind::Exec, &c.path, &c.query, c.deps).await
-            })
-        },
-    },
-    Route {
-        path: "/attach/",
-        prefix: true,
-        methods: GET_POST,
-        access: Access::Secure,
-        handler: |c| {
-            Box::pin(async move {
-                exec::handle(c.req, exec::Kind::Attach, &c.path, &c.query, c.deps).await
-            })
-        },
-    },
-    Route {
-        path: "/portForward/",
-        prefix: true,
-        methods: GET_POST,
-        access: Access::Secure,
-        handler: |c| {
-            Box::pin(async move { portforward::handle(c.req, &c.path, &c.query, c.deps).await })
-        },
-    },
-    Route {
-        path: "/run/",
-        prefix: true,
-        methods: POST,
-        access: Access::Secure,
-        handler: |c| Box::pin(async move { run::run(&c.deps, &c.path, &c.query).await }),
-    },
+    Route::exact("/healthz", GET, Access::Open, handler!(_c => healthz())),
+    Route::exact("/pods", GET, Access::ReadOnly, handler!(c => pods::pods(&c.deps).await)),
+    Route::exact("/runningpods", GET, Access::Secure, handler!(c => pods::running_pods(&c.deps).await)),
+    Route::exact("/stats/summary", GET_POST, Access::ReadOnly, handler!(c => stats::summary(&c.deps, &c.query).await)),
+    Route::exact("/metrics", GET, Access::ReadOnly, handler!(c => metrics::own(&c.deps).await)),
+    Route::exact("/metrics/resource", GET, Access::ReadOnly, handler!(c => metrics::resource(&c.deps).await)),
+    Route::exact("/configz", GET, Access::Secure, handler!(c => configz(&c.deps))),
+    Route::under("/containerLogs/", GET, Access::Secure, handler!(c => logs::container_logs(&c.deps, &c.path, &c.query).await)),
+    Route::under("/exec/", GET_POST, Access::Secure, handler!(c => exec::handle(c.req, Kind::Exec, &c.path, &c.query, c.deps).await)),
+    Route::under("/attach/", GET_POST, Access::Secure, handler!(c => exec::handle(c.req, Kind::Attach, &c.path, &c.query, c.deps).await)),
+    Route::under("/portForward/", GET_POST, Access::Secure, handler!(c => portforward::handle(c.req, &c.path, &c.query, c.deps).await)),
+    Route::under("/run/", POST, Access::Secure, handler!(c => run::run(&c.deps, &c.path, &c.query).await)),
 ];
+
+fn healthz() -> Resp {
+    respond(StatusCode::OK, "text/plain; charset=utf-8", "ok")
+}
+
+/// `/configz`: the running configuration.
+fn configz(deps: &ApiDeps) -> Resp {
+    json(&serde_json::json!({"kubeletconfig": deps.configz.as_ref()}))
+}
 
 fn route(path: &str) -> Option<&'static Route> {
     ROUTES.iter().find(|r| r.matches(path))
