@@ -35,6 +35,6 @@ pub struct ApiDeps {
     /// CPU samples for usageNanoCores.
     pub sampler: Arc<Sampler>,
     pub streams: Arc<Semaphore>,
-    /// Authentication and authorization of the secure port ([`auth`]).
+    /// Authentication and authorization of the secure port ([`super::auth`]).
     pub auth: Arc<Auth>,
 }

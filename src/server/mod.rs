@@ -25,13 +25,19 @@
 //! says why). A TLS handshake has [`HANDSHAKE_TIMEOUT`], a
 //! request's headers [`HEADER_READ_TIMEOUT`].
 //!
-//! Files: [`admission`], [`tls`] (serving certificate, client authentication) with
-//! [`x509`] and [`serving`] (the cluster's certificate, `serverTLSBootstrap`), [`http`]
-//! (bodies, responses, connections), [`routes`], [`pods`], [`logs`], [`stats`] with
-//! [`cgroups`] and [`sampler`], [`metrics`], and the streams: [`streams`] (exec and
-//! attach over either protocol), [`portforward`] (TCP into the pod's network
-//! namespace), [`websocket`], [`spdy`]; [`run`] (`/run`: a command's output);
-//! [`auth`] (who is calling and whether they may).
+//! Layers, each importing only those below it:
+//! - [`connection`]: each listener's accept loop, [`admission`], the TLS handshake
+//!   ([`tls`] with [`x509`] and [`serving`], the cluster's certificate) and one hyper
+//!   connection per client, whose requests go to
+//! - [`routes`]: one table of path, methods, ports and handler; [`auth`] first.
+//! - the handlers, which never call one another: [`pods`], [`logs`], [`stats`] (with
+//!   [`cgroups`] and [`sampler`]), [`metrics`], [`run`], [`exec`] (exec and attach) and
+//!   [`portforward`] (TCP into the pod's network namespace).
+//! - what handlers share: [`lookup`] (a pod or container from the store), [`deps`]
+//!   (what the API reads), the stream protocols [`spdy`] and [`websocket`], which know
+//!   no handler.
+//! - the vocabularies at the bottom: [`http`] (responses, the caller, the query) and
+//!   [`streams`] (what a stream protocol and its handler pass each other); [`error`].
 
 mod admission;
 mod auth;
