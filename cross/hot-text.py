@@ -4,6 +4,12 @@
 code that were mapped while the agent idled (benches/footprint.rs, FOOTPRINT_CODE_PAGES).
 
     python3 cross/hot-text.py BINARY PAGES... > cross/hot-text.ld
+    python3 cross/hot-text.py --check BINARY [SCRIPT]
+
+With --check it says how many of holdfast's own functions that the script names no longer
+exist in BINARY (any build with symbols: the debug binary will do), and exits 1 when more
+than a fifth of them are gone: the code has moved since the list was measured, and
+cross/hot-text.sh should measure it again.
 
 Every function that overlaps a mapped page is taken, by its name with what changes from
 build to build left out, so that the script matches the same functions in a build of
@@ -12,12 +18,42 @@ the hash at the end of a legacy Rust name (17h<16 hex>E) and the crate hashes in
 v0 name (Cs<base62>_). A function renamed or added since falls back to the ordinary
 .text: a stale script only costs memory."""
 
+import fnmatch
 import re
 import subprocess
 import sys
 
 
+# The share of holdfast's own functions in the script that may be gone before --check fails.
+STALE_LIMIT = 0.2
+
+
+def symbols(binary):
+    nm = subprocess.run(
+        ["nm", "--defined-only", binary], capture_output=True, text=True, check=True,
+    ).stdout
+    return [f[2] for f in (line.split() for line in nm.splitlines()) if len(f) == 3]
+
+
+def check(binary, script="cross/hot-text.ld"):
+    with open(script) as f:
+        patterns = [line.strip()[len("*(.text."):-1] for line in f
+                    if line.strip().startswith("*(.text.")]
+    own = [p for p in patterns if "8holdfast" in p]
+    names = [n for n in symbols(binary) if "8holdfast" in n]
+    gone = [p for p in own if not any(fnmatch.fnmatchcase(n, p) for n in names)]
+    print(f"hot-text: {len(gone)} of the {len(own)} holdfast functions {script} places "
+          f"are not in {binary}")
+    for p in gone:
+        print(f"  gone: {p}")
+    if not own or len(gone) > STALE_LIMIT * len(own):
+        print("hot-text: the list is stale: measure it again (as root: bash cross/hot-text.sh)")
+        sys.exit(1)
+
+
 def main():
+    if len(sys.argv) >= 3 and sys.argv[1] == "--check":
+        return check(*sys.argv[2:4])
     if len(sys.argv) < 3:
         sys.exit(__doc__)
     binary, page_files = sys.argv[1], sys.argv[2:]
