@@ -757,6 +757,16 @@ mod uplink_proxy {
         assert_eq!(echo(&mut c, b"x"), Ok(b"x".to_vec()));
         proxy.set_mode(Mode::Blackhole);
         let mut held = client(&proxy);
+        // connect() returns once the kernel has queued it: the proxy holds it once its
+        // accept loop has taken it.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while proxy.open_connections() < 2 {
+            assert!(
+                Instant::now() < deadline,
+                "the proxy never accepted the held connection"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
 
         proxy.set_mode(Mode::Reset);
         assert_eq!(proxy.open_connections(), 0);
