@@ -26,12 +26,13 @@ use std::time::{Duration, Instant};
 
 use apiserver::{ApiServerDouble, Fault, Identity, Logged, Matcher, Options};
 use holdfast::backoff::Backoff;
+use holdfast::kube::link::{Link, Stage};
+use holdfast::kube::Client;
 use holdfast::source::{spawn_api_source, ApiSourceOptions, ApiSourceResume, SourceSnapshot};
 use holdfast::time::Timestamp;
-use holdfast::uplink::link::{Link, Stage};
 use holdfast::uplink::node::{new_node_uid, NodeController, NodeModel, Timing};
 use holdfast::uplink::pods::{MirrorSet, PodUplink};
-use holdfast::uplink::{Client, Reporter};
+use holdfast::uplink::Reporter;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
     Container, ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStatus,

@@ -115,9 +115,9 @@ pub async fn run(mut config: Config, shutdown: impl Future<Output = ()>) -> Resu
     let uplink = crate::uplink::start::start(&config, &store, seed, api_tx, objects_tx)?;
     if let Some(link) = uplink.as_ref().map(|u| u.view.link.clone()) {
         notify.set_uplink(move || match link.stage() {
-            crate::uplink::Stage::Down => "uplink down",
-            crate::uplink::Stage::NodeReady => "uplink up, sending what waited",
-            crate::uplink::Stage::Drained => "uplink up",
+            crate::kube::Stage::Down => "uplink down",
+            crate::kube::Stage::NodeReady => "uplink up, sending what waited",
+            crate::kube::Stage::Drained => "uplink up",
         });
     }
     let mut uplink = uplink;

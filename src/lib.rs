@@ -29,8 +29,10 @@
 //! - [`node`]: facts about the device: address, CPUs, memory, storage (and what a
 //!   directory holds of it), identity; and the node model on them: the node as
 //!   configured, its reservations and eviction thresholds, capacity and allocatable.
-//! - [`uplink`]: the kube-apiserver: client (kubeconfig, TLS), Node and Lease, pod status
-//!   and final deletes, mirror pods, events, ConfigMaps and Secrets.
+//! - [`kube`]: the apiserver client library: kubeconfig, credentials, TLS and the node's
+//!   certificates (CSR, bootstrap, rotation), requests, watches, the link's state.
+//! - [`uplink`]: the node's reports over that client: Node and Lease, pod status and
+//!   final deletes, mirror pods, events, ConfigMaps and Secrets, tokens.
 //! - [`time`]: wall-clock time as Kubernetes reports it; times taken before the clock
 //!   was set (a board without an RTC boots in 1970) are corrected or held back.
 //! - [`quantity`]: Kubernetes quantities (`64Mi`, `500m`), read and written back in
@@ -56,6 +58,7 @@ pub mod config;
 pub mod control;
 pub mod eviction;
 pub mod image;
+pub mod kube;
 pub mod malloc;
 pub mod metrics;
 pub mod network;

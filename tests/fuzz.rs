@@ -173,7 +173,7 @@ fn kubeconfig_exec() -> Exec {
     Box::new(move |input| {
         let _keep = &dir;
         fs::write(&path, input).expect("write the kubeconfig");
-        match holdfast::uplink::kubeconfig::Kubeconfig::load_at(&path, now) {
+        match holdfast::kube::kubeconfig::Kubeconfig::load_at(&path, now) {
             Ok(_) => "ok".to_string(),
             Err(e) => kind(&chain(&e)),
         }

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use apiserver::pki::Pki;
 use apiserver::{ApiServerDouble, Credential, Identity, KubeconfigOptions, Options};
-use holdfast::uplink::kubeconfig::Kubeconfig;
-use holdfast::uplink::{ApiError, Client, Patch};
+use holdfast::kube::kubeconfig::Kubeconfig;
+use holdfast::kube::{ApiError, Client, Patch};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::WatchEvent;
 use serde_json::Value;

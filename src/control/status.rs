@@ -7,10 +7,10 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::kube::link::{LinkReport, Stage};
 use crate::store::{dir_size, Store, Tree};
 use crate::sync::PodState;
 use crate::time::Timestamp;
-use crate::uplink::link::{LinkReport, Stage};
 use crate::uplink::report::{self, Depth};
 use crate::uplink::start::UplinkView;
 
@@ -67,7 +67,7 @@ pub struct ClientCertStatus {
 }
 
 impl ClientCertStatus {
-    fn of(r: &crate::uplink::rotation::CertReport) -> Option<ClientCertStatus> {
+    fn of(r: &crate::kube::rotation::CertReport) -> Option<ClientCertStatus> {
         let at = |s: Option<i64>| s.and_then(|s| Timestamp::from_second(s).ok());
         let status = ClientCertStatus {
             not_after: at(r.not_after),
@@ -293,7 +293,7 @@ fn human_bytes(bytes: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::uplink::link::Link;
+    use crate::kube::link::Link;
     use crate::uplink::report::Reporter;
     use std::time::{Duration, Instant};
 
@@ -358,7 +358,7 @@ mod tests {
             credentials: Default::default(),
         };
         view.credentials
-            .set_validity(Some(crate::uplink::der::Validity {
+            .set_validity(Some(crate::kube::der::Validity {
                 not_before: at(-100).as_second(),
                 not_after: at(-10).as_second(),
             }));

@@ -291,7 +291,7 @@ fn write_uplink(out: &mut String, deps: &ApiDeps) {
     );
     if let Some(v) = &deps.uplink {
         let link = v.link();
-        let up = u8::from(link.stage != crate::uplink::link::Stage::Down);
+        let up = u8::from(link.stage != crate::kube::link::Stage::Down);
         let _ = writeln!(out, "holdfast_uplink_up {up}");
         let _ = writeln!(
             out,

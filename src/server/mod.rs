@@ -146,7 +146,7 @@ pub async fn start(
         auth: Auth::new(
             &config.server,
             &config.node_name,
-            crate::uplink::bootstrap::node_kubeconfig(config),
+            crate::kube::bootstrap::node_kubeconfig(config),
         ),
     };
     if let Err(e) = listen(deps, serving::Bootstrap::from_config(config)).await {

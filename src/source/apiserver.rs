@@ -30,7 +30,7 @@ use tokio::sync::mpsc::Sender;
 
 use super::SourceSnapshot;
 use crate::backoff::Backoff;
-use crate::uplink::{ApiError, Link};
+use crate::kube::{ApiError, Link};
 
 pub use lister::{list_path, watch_path, PodList, PodLister, PodWatch, LIST_LIMIT};
 pub use pods::normalise;

@@ -407,7 +407,7 @@ fn drain(inotify: &Inotify, watch: &mut Option<WatchDescriptor>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::uplink::testpki::Scratch;
+    use crate::kube::testpki::Scratch;
 
     fn manifest(name: &str) -> String {
         format!(

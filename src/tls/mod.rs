@@ -1,5 +1,5 @@
 //! tls: the one TLS client stack in the binary, rustls with ring under ureq, shared by
-//! the apiserver client (`uplink`) and the registry client (`image::registry`): the
+//! the apiserver client (`kube`) and the registry client (`image::registry`): the
 //! connector that lets each bring its own rustls config, PEM reading, and the words for
 //! handshake failures. Holds no policy about whom to trust; the callers decide that.
 

@@ -24,11 +24,11 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, NodeStatus};
 use serde_json::Value;
 
-use super::client::{Client, Patch};
-use super::error::ApiError;
-use super::link::Link;
 use super::pods::NodeUid;
 use crate::backoff::Backoff;
+use crate::kube::client::{Client, Patch};
+use crate::kube::error::ApiError;
+use crate::kube::link::Link;
 use crate::time::Timestamp;
 
 /// The calls the controller makes; [`Client`] makes them over HTTP.
@@ -47,25 +47,25 @@ pub trait NodeApi {
 
 const LEASE_NS: &str = "kube-node-lease";
 
-use super::link::MIN_RETRY;
+use crate::kube::link::MIN_RETRY;
 
 impl NodeApi for Client {
     fn create_node(&self, node: &Node) -> Result<Node, ApiError> {
         self.post("/api/v1/nodes", node)
     }
     fn get_node(&self, name: &str) -> Result<Node, ApiError> {
-        self.get(&format!("/api/v1/nodes/{}", super::escape(name)))
+        self.get(&format!("/api/v1/nodes/{}", crate::kube::escape(name)))
     }
     fn patch_node(&self, name: &str, body: &Value) -> Result<Node, ApiError> {
         self.patch(
-            &format!("/api/v1/nodes/{}", super::escape(name)),
+            &format!("/api/v1/nodes/{}", crate::kube::escape(name)),
             Patch::Strategic,
             body,
         )
     }
     fn patch_node_status(&self, name: &str, body: &Value) -> Result<Node, ApiError> {
         self.patch(
-            &format!("/api/v1/nodes/{}/status", super::escape(name)),
+            &format!("/api/v1/nodes/{}/status", crate::kube::escape(name)),
             Patch::Strategic,
             body,
         )
@@ -73,7 +73,7 @@ impl NodeApi for Client {
     fn get_lease(&self, name: &str) -> Result<Lease, ApiError> {
         self.get(&format!(
             "/apis/coordination.k8s.io/v1/namespaces/{LEASE_NS}/leases/{}",
-            super::escape(name)
+            crate::kube::escape(name)
         ))
     }
     fn create_lease(&self, lease: &Lease) -> Result<Lease, ApiError> {
@@ -90,7 +90,7 @@ impl NodeApi for Client {
         self.put(
             &format!(
                 "/apis/coordination.k8s.io/v1/namespaces/{LEASE_NS}/leases/{}",
-                super::escape(name)
+                crate::kube::escape(name)
             ),
             lease,
         )

@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::NodeCondition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 
 use super::*;
-use crate::uplink::link::Stage;
+use crate::kube::link::Stage;
 
 #[derive(Default)]
 struct Fake {

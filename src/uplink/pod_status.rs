@@ -13,8 +13,8 @@ use k8s_openapi::api::core::v1::{Pod, PodCondition, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{DeleteOptions, Preconditions};
 use serde_json::{json, Value};
 
-use super::client::{Client, Patch};
-use super::error::ApiError;
+use crate::kube::client::{Client, Patch};
+use crate::kube::error::ApiError;
 
 /// Conditions the agent leaves to others on a pod that came from the cluster.
 /// DisruptionTarget is shared, as the kubelet's `PodConditionSharedByKubelet`: the
@@ -85,8 +85,8 @@ pub fn status_patch(uid: &str, status: &PodStatus, owns_all: bool) -> Value {
 pub fn pod_path(namespace: &str, name: &str, sub: Option<&str>) -> String {
     let mut p = format!(
         "/api/v1/namespaces/{}/pods/{}",
-        super::escape(namespace),
-        super::escape(name)
+        crate::kube::escape(namespace),
+        crate::kube::escape(name)
     );
     if let Some(s) = sub {
         p.push('/');

@@ -13,14 +13,14 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::Value;
 
-use super::client::Client;
-use super::error::ApiError;
 use super::events::{event_object, SpamFilter};
-use super::link::{Link, Stage};
 use super::mirror::{self, Mirror};
 use super::pod_status::{self, delete_for_good, pod_path, send_status, Sent};
 use super::report::{EventReport, Outbox, PodRef, StatusReport};
 use crate::backoff::Backoff;
+use crate::kube::client::Client;
+use crate::kube::error::ApiError;
+use crate::kube::link::{Link, Stage};
 use crate::pod::annotations;
 
 /// How long the thread waits for work when there is none.
@@ -234,7 +234,7 @@ impl PodUplink {
             }
             let path = format!(
                 "/api/v1/namespaces/{}/events",
-                super::escape(&e.pod.namespace)
+                crate::kube::escape(&e.pod.namespace)
             );
             match self
                 .client
@@ -396,7 +396,10 @@ impl PodUplink {
             });
         };
         let pod = mirror::mirror_pod(static_pod, &self.node_name, &node_uid);
-        let path = format!("/api/v1/namespaces/{}/pods", super::escape(&r.namespace));
+        let path = format!(
+            "/api/v1/namespaces/{}/pods",
+            crate::kube::escape(&r.namespace)
+        );
         let created = match self.client.post::<_, Pod>(&path, &pod) {
             Ok(p) => p,
             Err(e) if e.is_already_exists() => match self.get_mirror(r)? {

@@ -20,7 +20,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use serde::{Deserialize, Serialize};
 
-use super::link::Link;
+use crate::kube::link::Link;
 use crate::store::{Batch, Store, StoreError, Tree};
 use crate::time::{self, Timestamp};
 

@@ -11,8 +11,6 @@ use k8s_openapi::api::core::v1::{Node, NodeStatus};
 use serde_json::Value;
 use tokio::sync::mpsc;
 
-use super::client::Client;
-use super::link::{Link, LinkReport};
 use super::node::{new_node_uid, NodeController, NodeLoop, NodeModel, Timing};
 use super::node_status;
 use super::objects::{
@@ -20,10 +18,12 @@ use super::objects::{
 };
 use super::pods::{MirrorSet, NodeUid, PodUplink, SharedMirrors};
 use super::report::{Depth, Outbox, Reporter};
-use super::rotation::{ClientCertState, Rotation};
 use super::tokens::TokenManager;
 use crate::backoff::Backoff;
 use crate::config::Config;
+use crate::kube::client::Client;
+use crate::kube::link::{Link, LinkReport};
+use crate::kube::rotation::{ClientCertState, Rotation};
 use crate::node::facts::NodeFacts;
 use crate::node::NodeInput;
 use crate::source::{ApiSourceResume, SourceSnapshot};
@@ -149,7 +149,7 @@ pub fn start(
     api_pods: mpsc::Sender<SourceSnapshot>,
     objects_changed: mpsc::Sender<ObjectKey>,
 ) -> Result<Option<Uplink>, crate::Error> {
-    let Some(kubeconfig) = super::bootstrap::node_kubeconfig(config) else {
+    let Some(kubeconfig) = crate::kube::bootstrap::node_kubeconfig(config) else {
         return Ok(None);
     };
     let model = DeviceModel {
@@ -245,7 +245,7 @@ impl Parts {
             }
             // With a bootstrap kubeconfig this also asks the cluster for the node's
             // client certificate, waiting for the signer; the pods run meanwhile.
-            match super::bootstrap::connect(&self.config, kubeconfig, &self.credentials) {
+            match crate::kube::bootstrap::connect(&self.config, kubeconfig, &self.credentials) {
                 Ok(c) => break c,
                 Err(e) => {
                     let msg = e.message;
@@ -344,7 +344,7 @@ impl Parts {
         }
         let rotation = Rotation {
             client: client.clone(),
-            files: super::bootstrap::client_pair_files(&self.config),
+            files: crate::kube::bootstrap::client_pair_files(&self.config),
             node_name: self.config.node_name.clone(),
             bootstrap: Some(bootstrap),
             state: self.credentials.clone(),

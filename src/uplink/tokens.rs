@@ -21,9 +21,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use serde::{Deserialize, Serialize};
 
-use super::client::Client;
-use super::error::ApiError;
-use super::link::Link;
+use crate::kube::client::Client;
+use crate::kube::error::ApiError;
+use crate::kube::link::Link;
 use crate::store::{Store, StoreError, Tree};
 
 /// Store tree holding the pods' service-account tokens.
@@ -95,8 +95,8 @@ impl TokenKey {
     fn path(&self) -> String {
         format!(
             "/api/v1/namespaces/{}/serviceaccounts/{}/token",
-            super::escape(&self.namespace),
-            super::escape(&self.service_account)
+            crate::kube::escape(&self.namespace),
+            crate::kube::escape(&self.service_account)
         )
     }
 }

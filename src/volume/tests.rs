@@ -24,7 +24,7 @@ struct Rig {
 struct Mint;
 
 impl Minter for Mint {
-    fn mint(&self, key: &TokenKey) -> Result<CachedToken, crate::uplink::ApiError> {
+    fn mint(&self, key: &TokenKey) -> Result<CachedToken, crate::kube::ApiError> {
         Ok(CachedToken {
             token: format!("token-for-{}-{}", key.pod_name, key.expiration_seconds),
             expiration: crate::time::now().as_second() + key.expiration_seconds,
@@ -387,7 +387,7 @@ fn empty_dirs_and_sub_paths() {
 struct Stale(std::sync::atomic::AtomicU32);
 
 impl Minter for Stale {
-    fn mint(&self, _: &TokenKey) -> Result<CachedToken, crate::uplink::ApiError> {
+    fn mint(&self, _: &TokenKey) -> Result<CachedToken, crate::kube::ApiError> {
         let n = self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
         Ok(CachedToken {
             token: format!("stale-{n}"),

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Semaphore;
 
-use crate::uplink::client::Client;
-use crate::uplink::error::ApiError;
+use crate::kube::client::Client;
+use crate::kube::error::ApiError;
 
 /// The longest one review may take, a wait for a free slot included.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);

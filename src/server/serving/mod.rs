@@ -11,7 +11,7 @@
 //! that could not be sent, or was denied, is sent again with back-off. Whatever happens
 //! the listener keeps what it serves, and each new reason is logged once.
 //!
-//! The CSR and the pair files are [`crate::uplink::csr`]'s; this module decides what to
+//! The CSR and the pair files are [`crate::kube::csr`]'s; this module decides what to
 //! ask for and when. Files: [`resolver`] (the certificate the listener hands out), [`san`]
 //! (the names a certificate is for).
 
@@ -24,8 +24,8 @@ use rustls::sign::CertifiedKey;
 
 use crate::backoff::Backoff;
 use crate::config::Config;
-use crate::uplink::csr::{self, CsrError, CsrSpec, Issued, PairFiles};
-use crate::uplink::Client;
+use crate::kube::csr::{self, CsrError, CsrSpec, Issued, PairFiles};
+use crate::kube::Client;
 
 mod resolver;
 mod san;
@@ -166,7 +166,7 @@ impl Bootstrap {
         if !config.server.server_tls_bootstrap {
             return None;
         }
-        let Some(kubeconfig) = crate::uplink::bootstrap::node_kubeconfig(config) else {
+        let Some(kubeconfig) = crate::kube::bootstrap::node_kubeconfig(config) else {
             log::warn!(
                 "kubelet API: serverTLSBootstrap needs a kubeconfig to ask the cluster for a \
                  serving certificate; serving the certificate made here"
@@ -328,7 +328,7 @@ impl Bootstrap {
 #[derive(Debug, thiserror::Error)]
 enum Failure {
     #[error(transparent)]
-    Kubeconfig(crate::uplink::KubeconfigError),
+    Kubeconfig(crate::kube::KubeconfigError),
     #[error(transparent)]
     Csr(CsrError),
     #[error("the issued certificate cannot be served: {0}")]

@@ -7,7 +7,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::WatchEvent;
 
-use crate::uplink::{ApiError, Client};
+use crate::kube::{ApiError, Client};
 
 /// One page of pods, as `GET /api/v1/pods` returns it.
 pub type PodList = k8s_openapi::List<Pod>;
@@ -65,7 +65,7 @@ pub fn list_path(node_name: &str, limit: u32, continue_token: Option<&str>) -> S
     let mut path = format!("{}&limit={limit}", selected(node_name));
     if let Some(token) = continue_token {
         path.push_str("&continue=");
-        path.push_str(&crate::uplink::escape(token));
+        path.push_str(&crate::kube::escape(token));
     }
     path
 }
@@ -75,14 +75,14 @@ pub fn watch_path(node_name: &str, resource_version: &str, timeout_secs: u64) ->
     format!(
         "{}&watch=true&allowWatchBookmarks=true&resourceVersion={}&timeoutSeconds={timeout_secs}",
         selected(node_name),
-        crate::uplink::escape(resource_version)
+        crate::kube::escape(resource_version)
     )
 }
 
 fn selected(node_name: &str) -> String {
     format!(
         "/api/v1/pods?fieldSelector={}",
-        crate::uplink::escape(&format!("spec.nodeName={node_name}"))
+        crate::kube::escape(&format!("spec.nodeName={node_name}"))
     )
 }
 
@@ -125,8 +125,8 @@ mod tests {
 
     #[test]
     fn query_values_are_escaped() {
-        assert_eq!(crate::uplink::escape("a=b&c d/+"), "a%3Db%26c%20d%2F%2B");
-        assert_eq!(crate::uplink::escape("tok-_.~9"), "tok-_.~9");
+        assert_eq!(crate::kube::escape("a=b&c d/+"), "a%3Db%26c%20d%2F%2B");
+        assert_eq!(crate::kube::escape("tok-_.~9"), "tok-_.~9");
         assert!(list_path("n1", 500, Some("x=&y")).ends_with("&continue=x%3D%26y"));
     }
 }

@@ -18,9 +18,9 @@ use tokio::sync::mpsc::Sender;
 use super::lister::{PodLister, PodWatch};
 use super::pods::PodSet;
 use super::{ApiSourceError, ApiSourceOptions, ApiSourceResume, Clock};
+use crate::kube::{ApiError, Link, Stage};
 use crate::pod::annotations::SOURCE_API;
 use crate::source::SourceSnapshot;
-use crate::uplink::{ApiError, Link, Stage};
 
 /// client-go's reflector asks for watches of 5 to 10 minutes, at random, so that many
 /// clients do not reconnect in step.

@@ -6,7 +6,7 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::WatchEvent;
 
 use super::Object;
-use crate::uplink::{ApiError, Client};
+use crate::kube::{ApiError, Client};
 
 /// How much longer than `timeoutSeconds` the client waits for a watch body to end.
 const WATCH_SLACK: Duration = Duration::from_secs(15);

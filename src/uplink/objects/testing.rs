@@ -10,7 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::WatchEvent;
 use serde_json::{json, Value};
 
 use super::{Listed, Object, ObjectFetcher, ObjectKey};
-use crate::uplink::ApiError;
+use crate::kube::ApiError;
 
 /// An error the fake can hand out again and again (`ApiError` is not `Clone`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -14,7 +14,7 @@ use tokio::sync::mpsc;
 
 use super::{Object, ObjectCache, ObjectFetcher, ObjectKey, ObjectKind};
 use crate::backoff::Backoff;
-use crate::uplink::ApiError;
+use crate::kube::ApiError;
 
 /// A watch that ends sooner than this having delivered nothing is a failure (as in
 /// client-go's reflector), so a server that closes watches at once is not hammered.

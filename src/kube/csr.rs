@@ -478,7 +478,7 @@ fn from_unix(s: i64) -> SystemTime {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::uplink::testpki::Pki;
+    use crate::kube::testpki::Pki;
 
     fn scratch(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!(
@@ -504,7 +504,7 @@ mod tests {
             pem.starts_with("-----BEGIN CERTIFICATE REQUEST-----"),
             "{pem}"
         );
-        let der = crate::uplink::der::base64_decode(
+        let der = crate::kube::der::base64_decode(
             &pem.lines()
                 .filter(|l| !l.starts_with("-----"))
                 .collect::<String>(),

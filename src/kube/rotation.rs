@@ -280,7 +280,7 @@ mod tests {
 
     #[test]
     fn a_failed_rotation_is_retried_with_back_off_counted_and_shown() {
-        use crate::uplink::testpki::{Pki, Scratch};
+        use crate::kube::testpki::{Pki, Scratch};
         let pki = Pki::new("ca");
         // Valid 1990-2030: its 70-90 % point has passed, so rotation starts at once.
         let leaf = pki.client_between("system:node:gw", 1990, 2030);

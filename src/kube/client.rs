@@ -1,6 +1,6 @@
 //! The apiserver client: one `ureq` agent over rustls, trusting the cluster CA only,
 //! authenticating with a client certificate or a bearer token from the kubeconfig.
-//! Blocking: callers run it on the uplink threads, never on the sync loop.
+//! Blocking: callers run it on threads of their own, never on the sync loop.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -3,7 +3,8 @@
 //! unreadable), a key is made on the device, a `kubernetes.io/kube-apiserver-client-kubelet`
 //! CSR is sent with the bootstrap credential (a bootstrap token), and once signed the
 //! pair goes to `<root>/pki/kubelet-client-current.pem` and a kubeconfig naming it is
-//! written. Runs on the uplink's start thread: the pods run meanwhile.
+//! written. Runs on the thread that connects the agent to the cluster: the pods run
+//! meanwhile.
 
 use std::fs::{self, OpenOptions};
 use std::io::{self, Write};
@@ -25,7 +26,7 @@ pub fn client_pair_files(config: &Config) -> PairFiles {
     PairFiles::new(config.root_dir.join("pki"), CLIENT_PREFIX)
 }
 
-/// The kubeconfig the uplink uses: `--kubeconfig`, else (with a bootstrap kubeconfig)
+/// The node's kubeconfig: `--kubeconfig`, else (with a bootstrap kubeconfig)
 /// `<root>/kubeconfig`, which the bootstrap writes.
 pub fn node_kubeconfig(config: &Config) -> Option<PathBuf> {
     match (&config.kubeconfig, &config.bootstrap_kubeconfig) {
@@ -223,7 +224,7 @@ mod tests {
     use std::os::unix::fs::PermissionsExt;
 
     use super::*;
-    use crate::uplink::testpki::Pki;
+    use crate::kube::testpki::Pki;
 
     #[test]
     fn the_written_kubeconfig_names_the_pair_file_and_loads() {

@@ -3,8 +3,8 @@
 use std::time::SystemTime;
 
 use super::*;
-use crate::uplink::credentials::Token;
-use crate::uplink::testpki::{base64, Leaf, Pki, Scratch};
+use crate::kube::credentials::Token;
+use crate::kube::testpki::{base64, Leaf, Pki, Scratch};
 
 struct Fixture {
     dir: Scratch,
@@ -366,7 +366,7 @@ fn a_key_of_another_certificate_is_refused_when_the_client_is_built() {
     );
     let path = f.dir.write("kubeconfig", &f.config(CLUSTER, &user));
     let kc = Kubeconfig::load(&path).expect("each file is fine on its own");
-    let err = match crate::uplink::Client::new(&kc) {
+    let err = match crate::kube::Client::new(&kc) {
         Ok(_) => panic!("a mismatched key must be refused"),
         Err(e) => e,
     };
