@@ -103,40 +103,34 @@ pub async fn run(mut config: Config, shutdown: impl Future<Output = ()>) -> Resu
         mux.apply(first)?;
         initial = mux.desired();
     }
-    // With a kubeconfig, pods the cluster binds to this node join the file source's;
-    // mirror pods (the cluster's view of our static pods) go to the uplink instead.
-    let (api_tx, mut api_rx) = mpsc::channel::<source::SourceSnapshot>(8);
+    // With a kubeconfig, one client for the apiserver, made once the kubeconfig can be
+    // used; pods the cluster binds to this node join the file source's, and mirror pods
+    // (the cluster's view of our static pods) go to the uplink instead.
     // A changed ConfigMap or Secret resyncs the pods that reference it.
     let (objects_tx, objects_rx) = mpsc::channel(16);
-    let seed = crate::uplink::start::ApiSeed {
-        pods: mux.source_pods(crate::pod::annotations::SOURCE_API),
-        resource_version: mux.resource_version(crate::pod::annotations::SOURCE_API),
-    };
-    let uplink = crate::uplink::start::start(&config, &store, seed, api_tx, objects_tx)?;
-    if let Some(link) = uplink.as_ref().map(|u| u.view.link.clone()) {
+    let mut uplink = None;
+    let mut client = None;
+    if let Some(kubeconfig) = crate::kube::bootstrap::node_kubeconfig(&config) {
+        let cluster = cluster(&config, kubeconfig);
+        let shared = cluster.client.clone();
+        let stop = cluster.stop.clone();
+        let link = cluster.link.clone();
+        let mut u = crate::uplink::start::start(&config, &store, cluster, objects_tx)?;
         notify.set_uplink(move || match link.stage() {
             crate::kube::Stage::Down => "uplink down",
             crate::kube::Stage::NodeReady => "uplink up, sending what waited",
             crate::kube::Stage::Drained => "uplink up",
         });
-    }
-    let mut uplink = uplink;
-    if let Some(u) = uplink.as_mut() {
-        let mirrors = u.mirrors.clone();
-        let pod_set = u.pod_set.take();
-        let snap_tx = snap_tx_api;
-        tokio::spawn(async move {
-            while let Some(mut snapshot) = api_rx.recv().await {
-                crate::uplink::pods::update_mirrors(&mirrors, &snapshot.pods);
-                snapshot.pods.retain(|p| !crate::pod::is_mirror(p));
-                if let Some(set) = &pod_set {
-                    set.set_pods(&snapshot.pods);
-                }
-                if snap_tx.send(snapshot).await.is_err() {
-                    return;
-                }
-            }
-        });
+        let api = ApiSource {
+            pods: mux.source_pods(crate::pod::annotations::SOURCE_API),
+            resource_version: mux.resource_version(crate::pod::annotations::SOURCE_API),
+            link: u.view.link.clone(),
+            tap: u.api_pods_tap().map(|t| -> source::PodTap { Arc::new(t) }),
+            tx: snap_tx_api,
+        };
+        api.start(&config.node_name, shared.clone(), stop);
+        uplink = Some(u);
+        client = Some(shared);
     }
     let reporter = uplink
         .as_ref()
@@ -198,6 +192,7 @@ pub async fn run(mut config: Config, shutdown: impl Future<Output = ()>) -> Resu
         &runtime,
         &podstates,
         uplink.as_ref().map(|u| u.view.clone()),
+        client,
     )
     .await;
 
@@ -280,6 +275,83 @@ pub async fn run(mut config: Config, shutdown: impl Future<Output = ()>) -> Resu
     drop(uplink);
     log::info!("holdfast stopped; containers keep running");
     Ok(())
+}
+
+/// The cluster link: the one client, made on a thread of its own once the node's
+/// kubeconfig can be used, and the link's state every user of it shares.
+fn cluster(config: &Config, kubeconfig: PathBuf) -> crate::uplink::start::Cluster {
+    // While the link is down it is probed as often as a healthy node renews its Lease
+    // (see `kube::link`): no more load than the node puts on the apiserver when up, and
+    // the node notices the link is back within one renewal interval, however long it
+    // was gone. `uplinkRetryMax` can only make that period shorter.
+    let link = crate::kube::Link::new(
+        config
+            .node_status_update_frequency
+            .min(config.uplink_retry_max),
+    );
+    let cluster = crate::uplink::start::Cluster {
+        client: crate::kube::connect::SharedClient::new(),
+        link,
+        credentials: crate::kube::rotation::ClientCertState::published(),
+        stop: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+    };
+    let connect = crate::kube::connect::Connect {
+        config: config.clone(),
+        kubeconfig,
+        credentials: cluster.credentials.clone(),
+        stop: cluster.stop.clone(),
+    };
+    if let Err(e) = connect.spawn(cluster.client.clone()) {
+        log::error!("uplink: cannot start a thread: {e}; running standalone");
+    }
+    cluster
+}
+
+/// The api pod source, started once the client is made: what the store kept of it
+/// (its pods and where they were, so that it resumes its watch there after a restart),
+/// the link it follows, and the mux it sends to.
+struct ApiSource {
+    pods: Vec<k8s_openapi::api::core::v1::Pod>,
+    resource_version: Option<String>,
+    link: crate::kube::Link,
+    tap: Option<source::PodTap>,
+    tx: mpsc::Sender<source::SourceSnapshot>,
+}
+
+impl ApiSource {
+    fn start(
+        self,
+        node_name: &str,
+        client: crate::kube::connect::SharedClient,
+        stop: Arc<std::sync::atomic::AtomicBool>,
+    ) {
+        let node_name = node_name.to_owned();
+        let spawned = std::thread::Builder::new()
+            .name("source-api-start".into())
+            .spawn(move || {
+                let Some(client) = client.wait(&stop) else {
+                    return;
+                };
+                let options = source::ApiSourceOptions {
+                    known_pods: self.pods.len(),
+                    ..source::ApiSourceOptions::default()
+                };
+                let resume = source::ApiSourceResume {
+                    link: Some(self.link),
+                    pods: self.pods,
+                    resource_version: self.resource_version,
+                    tap: self.tap,
+                };
+                if let Err(e) =
+                    source::spawn_api_source(client, node_name, options, resume, self.tx)
+                {
+                    log::error!("uplink: cannot start the pod source: {e}");
+                }
+            });
+        if let Err(e) = spawned {
+            log::error!("uplink: cannot start the pod source: {e}");
+        }
+    }
 }
 
 /// The first stage: the root dir made private (0700, narrowed from a wider mode) and

@@ -10,6 +10,7 @@
 
 pub mod bootstrap;
 pub mod client;
+pub mod connect;
 pub mod credentials;
 pub mod csr;
 pub mod der;

@@ -21,7 +21,6 @@ mod cache;
 mod review;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -33,6 +32,7 @@ use sha2::{Digest, Sha256};
 use super::http::{error, Identity, Resp, User};
 use super::x509::Subject;
 use crate::config::{AuthorizationMode, ServerConfig};
+use crate::kube::connect::SharedClient;
 use crate::metrics;
 use review::Answer;
 
@@ -209,13 +209,13 @@ fn digest(bytes: &[u8]) -> [u8; 32] {
 }
 
 impl Auth {
-    /// `kubeconfig` is how the apiserver is reached (the agent's own); without it,
+    /// `client` is how the apiserver is reached (the agent's own); without it,
     /// every review "could not be asked".
-    pub fn new(settings: &ServerConfig, node: &str, kubeconfig: Option<PathBuf>) -> Arc<Auth> {
+    pub fn new(settings: &ServerConfig, node: &str, client: Option<SharedClient>) -> Arc<Auth> {
         Arc::new(Auth {
             settings: settings.clone(),
             node: node.to_owned(),
-            apiserver: review::Apiserver::new(kubeconfig),
+            apiserver: review::Apiserver::new(client),
             tokens: cache::TtlCache::new(CACHE_ENTRIES),
             decisions: cache::TtlCache::new(CACHE_ENTRIES),
             logged: cache::Once::new(LOGGED_REFUSALS),

@@ -125,12 +125,15 @@ pub async fn listen(
 
 /// Starts the kubelet API for `holdfast run`. A failure here is logged and the agent
 /// runs its pods without the API: a bad certificate must not take the site down.
+/// `client` is the agent's apiserver client, for delegated auth and the serving
+/// certificate; `None` on a node with no kubeconfig.
 pub async fn start(
     config: &crate::config::Config,
     root: &std::path::Path,
     runtime: &Arc<LibcontainerRuntime>,
     podstates: &Tree<PodState>,
     uplink: Option<crate::uplink::start::UplinkView>,
+    client: Option<crate::kube::connect::SharedClient>,
 ) {
     let deps = ApiDeps {
         node_name: config.node_name.clone(),
@@ -143,13 +146,9 @@ pub async fn start(
         settings: config.server.clone(),
         sampler: Arc::new(sampler::Sampler::default()),
         streams: Arc::new(Semaphore::new(MAX_STREAMS)),
-        auth: Auth::new(
-            &config.server,
-            &config.node_name,
-            crate::kube::bootstrap::node_kubeconfig(config),
-        ),
+        auth: Auth::new(&config.server, &config.node_name, client.clone()),
     };
-    if let Err(e) = listen(deps, serving::Bootstrap::from_config(config)).await {
+    if let Err(e) = listen(deps, serving::Bootstrap::from_config(config, client)).await {
         log::error!("kubelet API not started: {}", crate::error_chain(&e));
     }
 }

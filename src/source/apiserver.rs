@@ -21,6 +21,7 @@ mod reflector;
 mod tests;
 
 use std::io;
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -61,7 +62,12 @@ impl Default for ApiSourceOptions {
     }
 }
 
-/// Where the source starts from and whom it follows.
+/// What sees each snapshot's pods on the source's thread before the mux does, and may
+/// take out those that are not the node's to run (the cluster's mirrors of its static
+/// pods). Given by whoever wires the source; the source knows nothing of them.
+pub type PodTap = Arc<dyn Fn(&mut Vec<Pod>) + Send + Sync>;
+
+/// Where the source starts from, whom it follows and who sees its pods first.
 #[derive(Clone, Default)]
 pub struct ApiSourceResume {
     /// The uplink's link: while it is down the source waits for it (the node controller
@@ -73,6 +79,8 @@ pub struct ApiSourceResume {
     /// The resourceVersion stored with them: with one, the source starts by watching
     /// from it (no LIST), and lists only if the apiserver answers 410.
     pub resource_version: Option<String>,
+    /// Sees every snapshot's pods before they are sent; `None`: all are sent.
+    pub tap: Option<PodTap>,
 }
 
 /// Starts the api source on its own thread. It sends a snapshot after each successful

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 pub use apiserver::{
     list_path, normalise, spawn_api_source, watch_path, ApiSourceError, ApiSourceOptions,
-    ApiSourceResume, PodList, PodLister, PodWatch, LIST_LIMIT,
+    ApiSourceResume, PodList, PodLister, PodTap, PodWatch, LIST_LIMIT,
 };
 pub use file::{read_manifests, spawn_file_source};
 pub use mux::{Mux, PODS_TREE};

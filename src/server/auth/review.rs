@@ -1,17 +1,16 @@
 //! The apiserver side of delegated auth: a TokenReview or SubjectAccessReview posted
-//! with the node's own credentials (its kubeconfig), on a blocking thread, each call
+//! with the node's own credentials (the agent's one client), on a blocking thread, each call
 //! bounded by [`CALL_TIMEOUT`]. Says whether the apiserver answered, refused (a 4xx:
 //! its message), or could not be asked (and why). After a call that could not reach
 //! it, the next [`RETRY_AFTER`] answer "could not be asked" at once, so that requests
 //! while the link is down do not each wait out a timeout.
 
-use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Semaphore;
 
-use crate::kube::client::Client;
+use crate::kube::connect::SharedClient;
 use crate::kube::error::ApiError;
 
 /// The longest one review may take, a wait for a free slot included.
@@ -37,10 +36,8 @@ pub enum Answer {
 
 /// The apiserver as delegated auth reaches it.
 pub struct Apiserver {
-    kubeconfig: Option<PathBuf>,
-    /// Made on first use; dropped after a transport failure, so that the next call
-    /// starts on fresh connections (and reads the kubeconfig's credentials again).
-    client: Mutex<Option<Client>>,
+    /// The agent's client; its certificate is rotated in place, never here.
+    client: Option<SharedClient>,
     /// Since when, and why, the apiserver could not be reached.
     down: Mutex<Option<(Instant, String)>>,
     slots: Semaphore,
@@ -51,10 +48,10 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Apiserver {
-    pub fn new(kubeconfig: Option<PathBuf>) -> Self {
+    /// `None`: a node with no kubeconfig, which has nobody to ask.
+    pub fn new(client: Option<SharedClient>) -> Self {
         Apiserver {
-            kubeconfig,
-            client: Mutex::new(None),
+            client,
             down: Mutex::new(None),
             slots: Semaphore::new(SLOTS),
         }
@@ -63,8 +60,11 @@ impl Apiserver {
     /// Posts `body` to `path` (one of the review paths). Never logs the body: a
     /// TokenReview carries the client's token.
     pub async fn post(&self, path: &'static str, body: serde_json::Value) -> Answer {
-        let Some(kubeconfig) = self.kubeconfig.clone() else {
+        let Some(shared) = &self.client else {
             return Answer::Unreachable("this node has no kubeconfig".into());
+        };
+        let Some(client) = shared.get() else {
+            return Answer::Unreachable("the node's kubeconfig cannot be used yet".into());
         };
         if let Some((since, why)) = lock(&self.down).clone() {
             if since.elapsed() < RETRY_AFTER {
@@ -75,49 +75,20 @@ impl Apiserver {
             let Ok(_slot) = self.slots.acquire().await else {
                 return Answer::Unreachable("shutting down".into());
             };
-            let cached = lock(&self.client).clone();
             let task = tokio::task::spawn_blocking(move || {
-                let fresh = || {
-                    Client::from_kubeconfig(&kubeconfig).map_err(|e| ApiError::Transport {
-                        method: "POST",
-                        path: path.into(),
-                        message: e.to_string(),
-                    })
-                };
-                let (client, was_cached) = match cached {
-                    Some(c) => (c, true),
-                    None => (fresh()?, false),
-                };
-                match client.post::<_, serde_json::Value>(path, &body) {
-                    // The node's own credentials were refused: a client certificate
-                    // rotated since this client was made has let the old one expire.
-                    // Read the kubeconfig again (it names the current pair) and ask
-                    // once more.
-                    Err(ApiError::Status { code: 401, .. }) if was_cached => {
-                        let client = fresh()?;
-                        let r = client.post::<_, serde_json::Value>(path, &body);
-                        r.map(|v| (v, client))
-                    }
-                    r => r.map(|v| (v, client)),
-                }
+                client.post::<_, serde_json::Value>(path, &body)
             });
             match task.await {
-                Ok(Ok((v, client))) => {
-                    *lock(&self.client) = Some(client);
-                    Answer::Got(v)
-                }
+                Ok(Ok(v)) => Answer::Got(v),
                 // The node's own credentials refused: the review was never made.
                 Ok(Err(ApiError::Status {
                     code: 401,
                     reason,
                     message,
                     ..
-                })) => {
-                    *lock(&self.client) = None;
-                    Answer::Unreachable(format!(
-                        "it refused this node's credentials (401 {reason}: {message})"
-                    ))
-                }
+                })) => Answer::Unreachable(format!(
+                    "it refused this node's credentials (401 {reason}: {message})"
+                )),
                 Ok(Err(ApiError::Status {
                     code,
                     reason,
@@ -132,10 +103,7 @@ impl Apiserver {
                     message,
                     ..
                 })) => Answer::Unreachable(format!("it answered {code} {reason}: {message}")),
-                Ok(Err(e)) => {
-                    *lock(&self.client) = None;
-                    Answer::Unreachable(e.to_string())
-                }
+                Ok(Err(e)) => Answer::Unreachable(e.to_string()),
                 Err(e) => Answer::Unreachable(format!("review thread: {e}")),
             }
         };

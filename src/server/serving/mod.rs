@@ -16,7 +16,6 @@
 //! (the names a certificate is for).
 
 use std::net::IpAddr;
-use std::path::PathBuf;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime};
 
@@ -24,8 +23,8 @@ use rustls::sign::CertifiedKey;
 
 use crate::backoff::Backoff;
 use crate::config::Config;
+use crate::kube::connect::SharedClient;
 use crate::kube::csr::{self, CsrError, CsrSpec, Issued, PairFiles};
-use crate::kube::Client;
 
 mod resolver;
 mod san;
@@ -36,7 +35,7 @@ pub use resolver::ServingCert;
 /// manager waits 15 minutes).
 pub const CSR_WAIT: Duration = Duration::from_secs(15 * 60);
 
-/// The longest wait for a kubeconfig that cannot be read yet.
+/// The longest wait for the agent's client while the kubeconfig cannot be used yet.
 const KUBECONFIG_RETRY: Duration = Duration::from_secs(30);
 
 /// How often the node's addresses are looked at while a certificate is served.
@@ -155,18 +154,19 @@ fn certified(issued: &Issued) -> Result<CertifiedKey, String> {
 /// `serverTLSBootstrap` for one agent: what it asks for and where it keeps it.
 pub struct Bootstrap {
     config: Config,
-    kubeconfig: PathBuf,
+    /// The agent's client, which asks with the node's own certificate.
+    client: SharedClient,
     files: PairFiles,
 }
 
 impl Bootstrap {
-    /// Some when the config asks for `serverTLSBootstrap` and has a kubeconfig (or a
-    /// bootstrap kubeconfig, which writes one).
-    pub fn from_config(config: &Config) -> Option<Bootstrap> {
+    /// Some when the config asks for `serverTLSBootstrap` and the node has a client
+    /// for the apiserver (a kubeconfig, or a bootstrap kubeconfig, which writes one).
+    pub fn from_config(config: &Config, client: Option<SharedClient>) -> Option<Bootstrap> {
         if !config.server.server_tls_bootstrap {
             return None;
         }
-        let Some(kubeconfig) = crate::kube::bootstrap::node_kubeconfig(config) else {
+        let Some(client) = client else {
             log::warn!(
                 "kubelet API: serverTLSBootstrap needs a kubeconfig to ask the cluster for a \
                  serving certificate; serving the certificate made here"
@@ -175,7 +175,7 @@ impl Bootstrap {
         };
         Some(Bootstrap {
             config: config.clone(),
-            kubeconfig,
+            client,
             files: PairFiles::new(config.root_dir.join("pki"), csr::SERVER_PREFIX),
         })
     }
@@ -285,9 +285,9 @@ impl Bootstrap {
                     }
                     failures = failures.saturating_add(1);
                     let mut delay = RETRY.jittered(failures, crate::backoff::random());
-                    if let Failure::Kubeconfig(_) = e {
-                        // Being written by the client bootstrap, most likely: a file
-                        // read is cheap, and the pair is wanted soon after.
+                    if let Failure::NoClient = e {
+                        // The client bootstrap is under way, most likely: asking the
+                        // handle is cheap, and the pair is wanted soon after.
                         delay = delay.min(KUBECONFIG_RETRY);
                     }
                     if !sleep_while_served(&serving, delay.max(RETRY.initial)) {
@@ -298,10 +298,9 @@ impl Bootstrap {
         }
     }
 
-    /// One request with a client read from the kubeconfig now (it may have been
-    /// written, or its client certificate rotated, since the last one).
+    /// One request with the agent's client (its certificate rotated in place).
     fn request(&self, names: &Names) -> Result<(Issued, CertifiedKey), Failure> {
-        let client = Client::from_kubeconfig(&self.kubeconfig).map_err(Failure::Kubeconfig)?;
+        let client = self.client.get().ok_or(Failure::NoClient)?;
         let issued = csr::request(&client, &names.request(&self.config.node_name), CSR_WAIT)
             .map_err(Failure::Csr)?;
         let certified = certified(&issued).map_err(Failure::Unusable)?;
@@ -327,8 +326,8 @@ impl Bootstrap {
 
 #[derive(Debug, thiserror::Error)]
 enum Failure {
-    #[error(transparent)]
-    Kubeconfig(crate::kube::KubeconfigError),
+    #[error("the node's kubeconfig cannot be used yet")]
+    NoClient,
     #[error(transparent)]
     Csr(CsrError),
     #[error("the issued certificate cannot be served: {0}")]
@@ -381,22 +380,20 @@ mod tests {
     }
 
     #[test]
-    fn it_runs_with_server_tls_bootstrap_and_a_kubeconfig_or_a_bootstrap_one() {
+    fn it_runs_with_server_tls_bootstrap_and_a_client() {
         let mut c = Config::with_defaults("gw".into());
-        c.kubeconfig = Some("/etc/holdfast/kubeconfig".into());
-        assert!(Bootstrap::from_config(&c).is_none(), "off by default");
+        let client = || Some(SharedClient::new());
+        assert!(
+            Bootstrap::from_config(&c, client()).is_none(),
+            "off by default"
+        );
         c.server.server_tls_bootstrap = true;
-        let b = Bootstrap::from_config(&c).expect("on");
-        assert_eq!(b.kubeconfig, PathBuf::from("/etc/holdfast/kubeconfig"));
+        let b = Bootstrap::from_config(&c, client()).expect("on");
         assert_eq!(
             b.files.current_path(),
             c.root_dir.join("pki/kubelet-server-current.pem")
         );
-        c.kubeconfig = None;
-        assert!(Bootstrap::from_config(&c).is_none(), "nobody to ask");
-        c.bootstrap_kubeconfig = Some("/etc/holdfast/bootstrap-kubeconfig".into());
-        let b = Bootstrap::from_config(&c).expect("the kubeconfig the bootstrap writes");
-        assert_eq!(b.kubeconfig, c.root_dir.join("kubeconfig"));
+        assert!(Bootstrap::from_config(&c, None).is_none(), "nobody to ask");
     }
 
     #[test]

@@ -77,6 +77,7 @@ pub(super) struct Reflector<L, C> {
     link: Option<Link>,
     /// Where to start: a stored resourceVersion to watch from.
     resume_from: Option<String>,
+    tap: Option<super::PodTap>,
 }
 
 impl<L: PodLister, C: Clock> Reflector<L, C> {
@@ -113,6 +114,7 @@ impl<L: PodLister, C: Clock> Reflector<L, C> {
             rv: resume_from.clone(),
             link: resume.link,
             resume_from,
+            tap: resume.tap,
         }
     }
 
@@ -383,9 +385,12 @@ impl<L: PodLister, C: Clock> Reflector<L, C> {
 
     /// Sends the set if it changed; false once nobody listens.
     fn send(&mut self) -> bool {
-        let Some(pods) = self.pods.take_snapshot() else {
+        let Some(mut pods) = self.pods.take_snapshot() else {
             return true;
         };
+        if let Some(tap) = &self.tap {
+            tap(&mut pods);
+        }
         self.sent_at = Some(Instant::now());
         let snapshot = SourceSnapshot {
             source: SOURCE_API,

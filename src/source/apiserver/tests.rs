@@ -612,6 +612,7 @@ fn resumed(pods: Vec<Pod>, rv: &str, link: Option<Link>) -> ApiSourceResume {
         link,
         pods,
         resource_version: Some(rv.into()),
+        tap: None,
     }
 }
 
