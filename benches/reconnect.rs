@@ -203,7 +203,7 @@ impl Instance {
             initial: RETRY_INITIAL,
             max: RENEW,
         };
-        // A dead link is probed once per period, as `uplink::start` sets it up.
+        // A dead link is probed once per period, as the agent sets it up.
         let period = RENEW.min(RETRY_MAX);
         let link = Link::new(period);
         let (reporter, outbox) = Reporter::connected();

@@ -18,7 +18,8 @@
 //!   layer unpacking and image GC.
 //! - [`malloc`]: the C allocator's arena and threshold limits, and giving memory back.
 //! - [`backoff`]: exponential back-off shared by every retry.
-//! - [`agent`]: wires the pieces together for `holdfast run`.
+//! - [`agent`]: the one composition root: `holdfast run`'s start-up as named stages (root,
+//!   pod sources, cluster link, local services) and the sync loop.
 //! - [`cli`]: the `holdfast` subcommands other than `run`.
 //! - [`check`]: `holdfast check`, what the kernel and system provide and what is missing.
 //! - [`control`]: the local control socket `pods` and `image` use while an agent runs.

@@ -23,7 +23,7 @@ pub struct Control {
     pub resync: mpsc::Sender<()>,
     pub root_dir: std::path::PathBuf,
     /// The uplink's link and outbox; `None` standalone.
-    pub uplink: Option<crate::uplink::start::UplinkView>,
+    pub uplink: Option<crate::uplink::UplinkView>,
     /// The agent's pulls, which `holdfast image pull` joins.
     pub puller: Option<crate::image::registry::Puller>,
 }

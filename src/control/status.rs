@@ -12,7 +12,7 @@ use crate::store::{dir_size, Store, Tree};
 use crate::sync::PodState;
 use crate::time::Timestamp;
 use crate::uplink::report::{self, Depth};
-use crate::uplink::start::UplinkView;
+use crate::uplink::UplinkView;
 
 /// The uplink as the status shows it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -28,7 +28,7 @@ pub struct ApiDeps {
     pub root_dir: PathBuf,
     pub podstates: Tree<PodState>,
     pub runtime: Arc<LibcontainerRuntime>,
-    pub uplink: Option<crate::uplink::start::UplinkView>,
+    pub uplink: Option<crate::uplink::UplinkView>,
     /// What `/configz` shows: the running configuration.
     pub configz: Arc<serde_json::Value>,
     pub settings: ServerConfig,

@@ -132,7 +132,7 @@ pub async fn start(
     root: &std::path::Path,
     runtime: &Arc<LibcontainerRuntime>,
     podstates: &Tree<PodState>,
-    uplink: Option<crate::uplink::start::UplinkView>,
+    uplink: Option<crate::uplink::UplinkView>,
     client: Option<crate::kube::connect::SharedClient>,
 ) {
     let deps = ApiDeps {

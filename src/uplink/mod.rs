@@ -5,8 +5,10 @@
 //! that sets a pod's volumes up).
 //!
 //! It talks through the one [`crate::kube::Client`] the agent hands it and never builds
-//! a client of its own; it starts no pod source.
+//! a client of its own; it starts no pod source and none of its own threads: the agent
+//! wires it, and starts each service with what it needs.
 
+pub mod device;
 pub mod events;
 pub mod mirror;
 pub mod node;
@@ -15,7 +17,8 @@ pub mod objects;
 pub mod pod_status;
 pub mod pods;
 pub mod report;
-pub mod start;
 pub mod tokens;
+pub mod view;
 
 pub use report::{Outbox, Reporter};
+pub use view::UplinkView;

@@ -45,6 +45,21 @@ pub struct MirrorSet {
 
 pub type SharedMirrors = Arc<Mutex<MirrorSet>>;
 
+/// What the api source's pods pass through on their way to the mux, on the source's
+/// thread: the cluster's mirror pods are kept in `mirrors` for the mirror check and taken
+/// out (they are not the node's to run), and the rest tell the object manager which
+/// ConfigMaps and Secrets to follow. Dropping it (the source ended) stops the manager.
+pub fn api_pods_tap(
+    mirrors: SharedMirrors,
+    pod_set: super::objects::PodSetSender,
+) -> impl Fn(&mut Vec<Pod>) + Send + Sync + 'static {
+    move |pods: &mut Vec<Pod>| {
+        update_mirrors(&mirrors, pods);
+        pods.retain(|p| !crate::pod::is_mirror(p));
+        pod_set.set_pods(pods.iter());
+    }
+}
+
 /// Replaces the mirror set with the mirror pods among `pods` (all the pods the cluster
 /// has bound to this node).
 pub fn update_mirrors(mirrors: &SharedMirrors, pods: &[Pod]) {

@@ -1,0 +1,64 @@
+//! agent: the one composition root of `holdfast run`. Start-up reads as its stages, in
+//! order: the root (root dir, store, images, runtime, adoption), the pod sources and the
+//! mux, the cluster link and its services (one apiserver client, the uplink), the local
+//! services (control socket, kubelet API, the sync loop's deps, eviction), then the sync
+//! loop until shutdown.
+//!
+//! Holds no logic of its own: each stage only wires what the modules below provide, and
+//! nothing else starts a service or a source.
+
+mod cluster;
+mod local;
+mod root;
+mod sources;
+
+use std::future::Future;
+
+use tokio::sync::mpsc;
+
+use crate::config::Config;
+use crate::sync::SyncLoop;
+use crate::Error;
+
+/// A changed ConfigMap or Secret, in flight to the sync loop.
+const OBJECT_CHANGES: usize = 16;
+
+/// Runs the agent until `shutdown` completes. Containers keep running afterwards.
+pub async fn run(mut config: Config, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
+    // Before anything can fork: no shim, container or plugin may inherit NOTIFY_SOCKET.
+    let notify = crate::systemd::Notify::from_env();
+    let root = root::open(&mut config).await?;
+    let sources = sources::open(&config, &root.store)?;
+    // A changed ConfigMap or Secret resyncs the pods that reference it.
+    let (objects_tx, objects_rx) = mpsc::channel(OBJECT_CHANGES);
+    let mut cluster = cluster::start(&config, &root.store, &notify, objects_tx)?;
+    if let Some(cluster) = cluster.as_mut() {
+        sources.start_api(&config, cluster);
+    }
+    let (initial, changes) = sources.run_mux();
+    let local = local::start(&config, &root, cluster.as_ref()).await?;
+    log::info!(
+        "holdfast {} running as node {} (root {}, manifests {})",
+        crate::VERSION,
+        config.node_name,
+        root.dir.display(),
+        config.static_pod_path.display()
+    );
+    let _pinger = notify.start();
+    let stopping = notify.clone();
+    let shutdown = async move {
+        shutdown.await;
+        stopping.stopping();
+    };
+    SyncLoop::new(local.deps)
+        .with_object_changes(objects_rx)
+        .with_evictions(local.evictions)
+        .with_notify(notify)
+        .run(initial, changes, local.exits, local.resyncs, shutdown)
+        .await;
+    let _ = std::fs::remove_file(root.dir.join(crate::control::SOCKET));
+    root.store.flush()?;
+    drop(cluster);
+    log::info!("holdfast stopped; containers keep running");
+    Ok(())
+}
