@@ -48,6 +48,8 @@
 //!   metrics-server and Prometheus.
 //! - [`metrics`]: holdfast's own Prometheus series, recorded by any module.
 //! - [`systemd`]: `Type=notify` readiness, status and a watchdog fed by the sync loop.
+//! - [`wire`]: what the apiserver and registry clients both put on the wire: the
+//!   User-Agent, percent-encoding, base64.
 //! - [`yaml`]: the bounded read and the look at nesting and aliases every YAML file
 //!   from outside gets before serde_yaml decodes it.
 
@@ -77,6 +79,7 @@ pub mod time;
 pub mod tls;
 pub mod uplink;
 pub mod volume;
+pub mod wire;
 pub mod yaml;
 
 mod error;

@@ -20,6 +20,7 @@ use super::error::ApiError;
 use super::kubeconfig::{Kubeconfig, KubeconfigError};
 use super::tls::{self, TlsConnector, TlsFailure};
 pub use super::watch::Watch;
+pub use crate::wire::user_agent;
 
 /// How long a connection (TCP and TLS handshake) may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -67,23 +68,6 @@ struct Inner {
     server: String,
     token: Option<BearerToken>,
     requests: AtomicU64,
-}
-
-/// `holdfast/<version> (linux/<arch>)`, with Go's architecture names as the kubelet
-/// reports them. The apiserver records the part before the `/` as the field manager.
-pub fn user_agent() -> String {
-    let arch = match std::env::consts::ARCH {
-        "x86_64" => "amd64",
-        "aarch64" => "arm64",
-        "x86" => "386",
-        "powerpc64" => "ppc64le",
-        other => other,
-    };
-    format!(
-        "holdfast/{} ({}/{arch})",
-        env!("CARGO_PKG_VERSION"),
-        std::env::consts::OS
-    )
 }
 
 impl Client {

@@ -2,6 +2,8 @@
 //! handshake: the validity window of an X.509 certificate, and the base64 of `*-data`
 //! fields. Pure functions over bytes; no IO, no crypto (rustls verifies signatures).
 
+pub use crate::wire::base64_decode;
+
 /// The `validity` of an X.509 certificate, in seconds since the Unix epoch (UTC).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Validity {
@@ -123,48 +125,6 @@ fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
     era * 146_097 + doe - 719_468
 }
 
-/// Decodes standard base64 (RFC 4648 with padding), ignoring ASCII whitespace, as
-/// kubeconfig `*-data` fields carry it.
-pub fn base64_decode(text: &str) -> Result<Vec<u8>, String> {
-    fn value(c: u8) -> Option<u32> {
-        match c {
-            b'A'..=b'Z' => Some(u32::from(c - b'A')),
-            b'a'..=b'z' => Some(u32::from(c - b'a') + 26),
-            b'0'..=b'9' => Some(u32::from(c - b'0') + 52),
-            b'+' => Some(62),
-            b'/' => Some(63),
-            _ => None,
-        }
-    }
-    let symbols: Vec<u8> = text.bytes().filter(|c| !c.is_ascii_whitespace()).collect();
-    if !symbols.len().is_multiple_of(4) {
-        return Err(format!(
-            "base64 length {} is not a multiple of 4",
-            symbols.len()
-        ));
-    }
-    let mut out = Vec::with_capacity(symbols.len() / 4 * 3);
-    let quads = symbols.len() / 4;
-    for (i, quad) in symbols.chunks(4).enumerate() {
-        let padding = quad.iter().rev().take_while(|c| **c == b'=').count();
-        if padding > 2 || (padding > 0 && i + 1 != quads) {
-            return Err("misplaced base64 padding".to_string());
-        }
-        let mut acc = 0u32;
-        for (j, c) in quad.iter().enumerate() {
-            let v = if j >= 4 - padding {
-                0
-            } else {
-                value(*c).ok_or_else(|| format!("invalid base64 character {:?}", *c as char))?
-            };
-            acc = (acc << 6) | v;
-        }
-        let bytes = acc.to_be_bytes();
-        out.extend_from_slice(&bytes[1..4 - padding]);
-    }
-    Ok(out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -245,27 +205,5 @@ mod tests {
             assert!(validity(&good[..cut]).is_err(), "cut at {cut}");
         }
         assert!(validity(b"not der at all").is_err());
-    }
-
-    #[test]
-    fn base64_round_trips_known_vectors() {
-        for (text, bytes) in [
-            ("", &b""[..]),
-            ("Zg==", b"f"),
-            ("Zm8=", b"fo"),
-            ("Zm9v", b"foo"),
-            ("Zm9vYmFy", b"foobar"),
-            ("+/+/\n", &[0xfb, 0xff, 0xbf][..]),
-        ] {
-            assert_eq!(base64_decode(text).expect(text), bytes, "{text}");
-        }
-    }
-
-    #[test]
-    fn base64_rejects_garbage() {
-        assert!(base64_decode("Zm9").is_err());
-        assert!(base64_decode("Zm9*").is_err());
-        assert!(base64_decode("Zg==Zm9v").is_err());
-        assert!(base64_decode("Z===").is_err());
     }
 }

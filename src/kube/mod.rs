@@ -1,7 +1,7 @@
 //! kube: the apiserver client library, as kube-rs's `kube-client` is one. The
 //! kubeconfig and its credentials, TLS to the apiserver and the node's certificates
-//! (CSR, bootstrap, rotation), requests and watches, the link's state, escaping and the
-//! user agent. One [`Client`] is made per agent and handed to whoever talks to the
+//! (CSR, bootstrap, rotation), requests and watches, the link's state; escaping and the
+//! user agent are [`crate::wire`]'s, shared with the registry client, and named here too. One [`Client`] is made per agent and handed to whoever talks to the
 //! apiserver; its credentials are swapped in place when a certificate is rotated.
 //!
 //! It must not know about pods, nodes or the sync loop: what the node reports, and what
@@ -24,21 +24,8 @@ pub mod watch;
 #[cfg(test)]
 pub(crate) mod testpki;
 
+pub use crate::wire::escape;
 pub use client::{Client, Patch, Watch};
 pub use error::ApiError;
 pub use kubeconfig::KubeconfigError;
 pub use link::{Link, LinkReport, Stage};
-
-/// Percent-encodes `s` for a URL path segment or query value: everything but the
-/// unreserved characters of RFC 3986.
-pub fn escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}

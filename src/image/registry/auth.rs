@@ -338,7 +338,7 @@ impl<'a> Session<'a> {
                 url.push(sep);
                 url.push_str(k);
                 url.push('=');
-                url.push_str(&crate::kube::escape(v));
+                url.push_str(&crate::wire::escape(v));
                 sep = '&';
             }
         }

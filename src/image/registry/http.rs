@@ -160,7 +160,7 @@ fn build_agent(tls: Arc<ClientConfig>) -> Agent {
         .http_status_as_error(false)
         .max_redirects(0)
         .max_redirects_will_error(false)
-        .user_agent(crate::kube::client::user_agent())
+        .user_agent(crate::wire::user_agent())
         .accept_encoding("")
         // No proxy from the environment: the config module owns the environment.
         .proxy(None)

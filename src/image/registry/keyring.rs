@@ -165,7 +165,7 @@ fn credential_of(v: &Value, source: &str, key: &str) -> Result<Option<Credential
             .filter(|s| !s.is_empty())
     };
     if let Some(auth) = field("auth") {
-        let decoded = crate::kube::der::base64_decode(auth)
+        let decoded = crate::wire::base64_decode(auth)
             .map_err(|e| format!("{source}: auths[{key:?}].auth: not base64 ({e})"))?;
         let text = String::from_utf8(decoded)
             .map_err(|_| format!("{source}: auths[{key:?}].auth: not UTF-8"))?;
@@ -291,7 +291,7 @@ mod tests {
     fn base64_round_trips() {
         for s in ["", "a", "ab", "abc", "user:pa:ss", "ünïcode"] {
             let enc = base64_encode(s.as_bytes());
-            let dec = crate::kube::der::base64_decode(&enc).expect("decode");
+            let dec = crate::wire::base64_decode(&enc).expect("decode");
             assert_eq!(dec, s.as_bytes());
         }
         assert_eq!(base64_encode(b"user:pass"), "dXNlcjpwYXNz");
