@@ -16,9 +16,9 @@ use tokio::sync::mpsc;
 
 use crate::backoff::Backoff;
 use crate::config::Config;
+use crate::kube::cert_state::ClientCertState;
 use crate::kube::connect::{Connect, SharedClient};
 use crate::kube::link::{Link, Stage};
-use crate::kube::rotation::ClientCertState;
 use crate::kube::Client;
 use crate::store::Store;
 use crate::systemd::Notify;

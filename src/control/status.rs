@@ -67,7 +67,7 @@ pub struct ClientCertStatus {
 }
 
 impl ClientCertStatus {
-    fn of(r: &crate::kube::rotation::CertReport) -> Option<ClientCertStatus> {
+    fn of(r: &crate::kube::cert_state::CertReport) -> Option<ClientCertStatus> {
         let at = |s: Option<i64>| s.and_then(|s| Timestamp::from_second(s).ok());
         let status = ClientCertStatus {
             not_after: at(r.not_after),

@@ -12,10 +12,10 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use super::cert_state::ClientCertState;
 use super::client::Client;
 use super::csr::{self, CsrError, CsrSpec, PairFiles, CLIENT_PREFIX};
 use super::kubeconfig::{Kubeconfig, KubeconfigError};
-use super::rotation::ClientCertState;
 use crate::config::Config;
 
 /// How long a bootstrap CSR is waited for before it is sent again: the kubelet's hour.

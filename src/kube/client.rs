@@ -18,18 +18,14 @@ use ureq::{Agent, Body};
 use super::credentials::{BearerToken, TOKEN_FILE_PERIOD};
 use super::error::ApiError;
 use super::kubeconfig::{Kubeconfig, KubeconfigError};
-use super::tls::{self, TlsConnector, TlsFailure};
-pub use super::watch::Watch;
+use super::tls::{self, TlsConnector};
+pub use super::watch::{Watch, MAX_BODY};
 pub use crate::wire::user_agent;
 
 /// How long a connection (TCP and TLS handshake) may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long an ordinary request may take, body included.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
-/// The largest response body read, and the longest watch event: a hostile or broken
-/// server must not exhaust a gateway's memory. The largest real objects (a node with
-/// many images, a long pod list) stay far below it.
-pub const MAX_BODY: usize = 16 << 20;
 
 /// How a PATCH body is to be read by the server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -370,21 +366,7 @@ impl Client {
 
     /// A ureq error in words: TLS failures as `tls` put them, the rest with the server.
     fn describe(&self, e: ureq::Error) -> String {
-        describe_transport(&self.inner.server, e)
-    }
-}
-
-pub(super) fn describe_transport(server: &str, e: ureq::Error) -> String {
-    match e {
-        ureq::Error::Io(io) => {
-            if let Some(tls) = io.get_ref().and_then(|i| i.downcast_ref::<TlsFailure>()) {
-                return tls.0.clone();
-            }
-            format!("{server}: {io}")
-        }
-        ureq::Error::Timeout(t) => format!("{server}: timed out ({t})"),
-        ureq::Error::Rustls(tls) => tls::describe(&tls, server),
-        e => format!("{server}: {e}"),
+        tls::describe_transport(&self.inner.server, e)
     }
 }
 

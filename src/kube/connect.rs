@@ -14,8 +14,9 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration;
 
 use super::bootstrap;
+use super::cert_state::ClientCertState;
 use super::client::Client;
-use super::rotation::{ClientCertState, Rotation};
+use super::rotation::Rotation;
 use crate::backoff::Backoff;
 use crate::config::Config;
 

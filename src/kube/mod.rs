@@ -9,6 +9,7 @@
 //! `server`). Blocking: callers run it on threads of their own.
 
 pub mod bootstrap;
+pub mod cert_state;
 pub mod client;
 pub mod connect;
 pub mod credentials;

@@ -158,3 +158,19 @@ pub fn describe(e: &rustls::Error, server: &str) -> String {
         e => crate::tls::describe(e, server),
     }
 }
+
+/// A ureq error in words: TLS failures as [`describe`] puts them, the rest with the
+/// server.
+pub(super) fn describe_transport(server: &str, e: ureq::Error) -> String {
+    match e {
+        ureq::Error::Io(io) => {
+            if let Some(tls) = io.get_ref().and_then(|i| i.downcast_ref::<TlsFailure>()) {
+                return tls.0.clone();
+            }
+            format!("{server}: {io}")
+        }
+        ureq::Error::Timeout(t) => format!("{server}: timed out ({t})"),
+        ureq::Error::Rustls(tls) => describe(&tls, server),
+        e => format!("{server}: {e}"),
+    }
+}

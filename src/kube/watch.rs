@@ -7,8 +7,13 @@ use std::marker::PhantomData;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::WatchEvent;
 use serde::de::DeserializeOwned;
 
-use super::client::{describe_transport, MAX_BODY};
 use super::error::ApiError;
+use super::tls::describe_transport;
+
+/// The largest response body read, and the longest watch event: a hostile or broken
+/// server must not exhaust a gateway's memory. The largest real objects (a node with
+/// many images, a long pod list) stay far below it.
+pub const MAX_BODY: usize = 16 << 20;
 
 /// The events of one watch, one JSON object per line, until the server ends the stream
 /// (`None`) or the connection breaks (`Some(Err(..))`, then `None`).

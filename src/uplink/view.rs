@@ -1,8 +1,8 @@
 //! What `holdfast status` and the kubelet API's metrics read of a running uplink: the
 //! link, the outbox and the client certificate. Read-only; cheap to clone.
 
+use crate::kube::cert_state::ClientCertState;
 use crate::kube::link::{Link, LinkReport};
-use crate::kube::rotation::ClientCertState;
 
 use super::report::{Depth, Outbox};
 
