@@ -5,7 +5,7 @@
 //! rather than retrying on its own; the first pass after that drains the outbox and
 //! moves the link to `Drained`. Nothing here blocks a pod worker.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -105,6 +105,15 @@ enum Pass {
     Down,
 }
 
+/// What one pass is done with (sent, or refused for good): its store records go.
+#[derive(Default)]
+struct Done {
+    statuses: Vec<String>,
+    events: Vec<u64>,
+    removed: Vec<String>,
+    sent_any: bool,
+}
+
 struct State {
     /// Static pods and their last status, by static pod UID: re-sent to a mirror pod
     /// that had to be made again.
@@ -168,6 +177,9 @@ impl PodUplink {
         }
     }
 
+    /// One pass over what waits: statuses, removed static pods' mirrors, events, then
+    /// the mirror check. Stops sending at the first failure a retry can cure; what was
+    /// not sent goes back to the outbox.
     fn pass(&self, st: &mut State, batch: super::report::Pending) -> Pass {
         let super::report::Pending {
             statuses,
@@ -175,13 +187,33 @@ impl PodUplink {
             removed_static,
             ..
         } = batch;
-        let mut down = false;
-        // What is done with (sent, or refused for good): its store record goes.
-        let mut done_statuses = Vec::new();
-        let mut done_events = Vec::new();
-        let mut done_removed = Vec::new();
-        let mut sent_any = false;
+        let mut done = Done::default();
+        let mut down = self.send_statuses(st, statuses, &mut done);
+        down = self.delete_mirrors(st, removed_static, down, &mut done);
+        down = self.send_events(st, events, down, &mut done);
+        self.outbox
+            .sent(&done.statuses, &done.events, &done.removed);
+        if done.sent_any {
+            self.link.synced(crate::time::now());
+        }
+        if !down {
+            down = self.check_mirrors(st);
+        }
+        if down {
+            Pass::Down
+        } else {
+            Pass::Up
+        }
+    }
 
+    /// The pods' statuses; true once the link is down.
+    fn send_statuses(
+        &self,
+        st: &mut State,
+        statuses: BTreeMap<String, StatusReport>,
+        done: &mut Done,
+    ) -> bool {
+        let mut down = false;
         for (uid, report) in statuses {
             if down {
                 self.outbox.retry_status(uid, report);
@@ -195,8 +227,8 @@ impl PodUplink {
             };
             match result {
                 Ok(()) => {
-                    sent_any = true;
-                    done_statuses.push(uid);
+                    done.sent_any = true;
+                    done.statuses.push(uid);
                 }
                 Err(e) if e.is_transient() => {
                     down = true;
@@ -204,11 +236,21 @@ impl PodUplink {
                 }
                 Err(e) => {
                     log::warn!("pod {}: status not reported: {e}", name(&report.pod));
-                    done_statuses.push(uid);
+                    done.statuses.push(uid);
                 }
             }
         }
+        down
+    }
 
+    /// The mirror pods of static pods that are gone; true once the link is down.
+    fn delete_mirrors(
+        &self,
+        st: &mut State,
+        removed_static: Vec<PodRef>,
+        mut down: bool,
+        done: &mut Done,
+    ) -> bool {
         let mut removed_left = Vec::new();
         for r in removed_static {
             st.statics.remove(&r.uid);
@@ -217,21 +259,31 @@ impl PodUplink {
                 continue;
             }
             match self.delete_mirror(&r) {
-                Ok(()) => done_removed.push(r.uid),
+                Ok(()) => done.removed.push(r.uid),
                 Err(e) if e.is_transient() => {
                     down = true;
                     removed_left.push(r);
                 }
                 Err(e) => {
                     log::warn!("mirror pod {}/{}: {e}", r.namespace, r.name);
-                    done_removed.push(r.uid);
+                    done.removed.push(r.uid);
                 }
             }
         }
         if !removed_left.is_empty() {
             self.outbox.retry_removed(removed_left);
         }
+        down
+    }
 
+    /// The events the spam filter lets through; true once the link is down.
+    fn send_events(
+        &self,
+        st: &mut State,
+        events: VecDeque<EventReport>,
+        mut down: bool,
+        done: &mut Done,
+    ) -> bool {
         let mut unsent: Vec<EventReport> = Vec::new();
         for e in events {
             if down {
@@ -244,7 +296,7 @@ impl PodUplink {
                     e.reason,
                     e.pod.name
                 );
-                done_events.push(e.id);
+                done.events.push(e.id);
                 continue;
             }
             let path = format!(
@@ -255,7 +307,7 @@ impl PodUplink {
                 .client
                 .post::<_, Value>(&path, &event_object(&e, &self.node_name))
             {
-                Ok(_) => done_events.push(e.id),
+                Ok(_) => done.events.push(e.id),
                 Err(err) if err.is_transient() => {
                     down = true;
                     unsent.push(e);
@@ -268,62 +320,55 @@ impl PodUplink {
                         e.pod.namespace,
                         e.pod.name
                     );
-                    done_events.push(e.id);
+                    done.events.push(e.id);
                 }
             }
         }
         if !unsent.is_empty() {
             self.outbox.retry_events(unsent);
         }
-        self.outbox
-            .sent(&done_statuses, &done_events, &done_removed);
-        if sent_any {
-            self.link.synced(crate::time::now());
-        }
+        down
+    }
 
-        if !down {
-            // The kubelet checks a static pod's mirror on each sync; here, whenever the
-            // cluster's mirror pods change (one deleted, even with grace 0) or the Node
-            // was made again under a new UID (its mirror pods are to name it).
-            let generation = lock(&self.mirrors).generation;
-            let node_uid = lock(&self.node_uid).clone();
-            if generation != st.mirror_generation || node_uid != st.mirror_node_uid {
-                st.mirror_generation = generation;
-                st.mirror_node_uid = node_uid;
-                // Only the static pods whose mirror pod is missing or stale: the others
-                // have their status already.
-                let statics: Vec<StatusReport> = {
-                    let set = lock(&self.mirrors);
-                    let uid = st.mirror_node_uid.as_deref();
-                    st.statics
-                        .values()
-                        .filter(|r| {
-                            let key = key_of(&PodRef::of(&r.pod));
-                            let hash = annotations::static_hash(&r.pod);
-                            !set.pods.get(&key).is_some_and(|m| m.is_current(&hash, uid))
-                        })
-                        .cloned()
-                        .collect()
-                };
-                for report in statics {
-                    if let Err(e) = self.mirror_status(&report) {
-                        if e.is_transient() {
-                            down = true;
-                            if let Some(uid) = report.pod.metadata.uid.clone() {
-                                self.outbox.retry_status(uid, report);
-                            }
-                            break;
-                        }
-                        log::warn!("mirror pod for {}: {e}", name(&report.pod));
+    /// The kubelet checks a static pod's mirror on each sync; here, whenever the
+    /// cluster's mirror pods change (one deleted, even with grace 0) or the Node was
+    /// made again under a new UID (its mirror pods are to name it). True once the link
+    /// is down.
+    fn check_mirrors(&self, st: &mut State) -> bool {
+        let generation = lock(&self.mirrors).generation;
+        let node_uid = lock(&self.node_uid).clone();
+        if generation == st.mirror_generation && node_uid == st.mirror_node_uid {
+            return false;
+        }
+        st.mirror_generation = generation;
+        st.mirror_node_uid = node_uid;
+        // Only the static pods whose mirror pod is missing or stale: the others have
+        // their status already.
+        let statics: Vec<StatusReport> = {
+            let set = lock(&self.mirrors);
+            let uid = st.mirror_node_uid.as_deref();
+            st.statics
+                .values()
+                .filter(|r| {
+                    let key = key_of(&PodRef::of(&r.pod));
+                    let hash = annotations::static_hash(&r.pod);
+                    !set.pods.get(&key).is_some_and(|m| m.is_current(&hash, uid))
+                })
+                .cloned()
+                .collect()
+        };
+        for report in statics {
+            if let Err(e) = self.mirror_status(&report) {
+                if e.is_transient() {
+                    if let Some(uid) = report.pod.metadata.uid.clone() {
+                        self.outbox.retry_status(uid, report);
                     }
+                    return true;
                 }
+                log::warn!("mirror pod for {}: {e}", name(&report.pod));
             }
         }
-        if down {
-            Pass::Down
-        } else {
-            Pass::Up
-        }
+        false
     }
 
     /// A pod from the cluster: patch its status; a finished one is then deleted for good.
