@@ -10,24 +10,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
 use super::der::{self, Validity};
-use super::kubeconfig::{KubeconfigError, RawUser, Site};
-
-/// Where a PEM blob came from: a file the kubeconfig names, or its `*-data` field.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Source {
-    File(PathBuf),
-    Data,
-}
-
-impl Source {
-    /// The kubeconfig field that held it (`client-key` or `client-key-data`).
-    pub fn field(&self, base: &str) -> String {
-        match self {
-            Source::File(_) => base.to_string(),
-            Source::Data => format!("{base}-data"),
-        }
-    }
-}
+pub use super::site::Source;
+use super::site::{KubeconfigError, RawUser, Site};
 
 /// A client certificate chain and its private key.
 pub struct ClientIdentity {

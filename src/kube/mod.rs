@@ -19,6 +19,7 @@ pub mod error;
 pub mod kubeconfig;
 pub mod link;
 pub mod rotation;
+pub mod site;
 pub mod tls;
 pub mod watch;
 
