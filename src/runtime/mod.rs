@@ -55,6 +55,7 @@ pub mod attach;
 mod cgroup;
 mod command;
 pub mod delegation;
+mod effective;
 pub mod exec;
 mod exec_seccomp;
 mod exec_shim;

@@ -19,7 +19,7 @@ use std::path::Path;
 
 use oci_spec::runtime::LinuxSeccomp;
 
-use super::security::Effective;
+use super::effective::Effective;
 use super::RuntimeError;
 
 /// Calls refused unless the container holds the capability that unlocks them (as in
