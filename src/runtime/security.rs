@@ -9,7 +9,7 @@
 use std::collections::{HashMap, HashSet};
 
 use k8s_openapi::api::core::v1::{Container, Pod};
-use oci_spec::runtime::{Capability, LinuxCapabilitiesBuilder, Spec};
+use oci_spec::runtime::{Capability, LinuxCapabilities, LinuxCapabilitiesBuilder, Spec};
 
 pub use super::effective::{effective, Effective};
 use super::sysctl::normalize_sysctl;
@@ -205,70 +205,107 @@ pub fn apply(
     gids: &[u32],
     host: &Host,
 ) -> Result<(), RuntimeError> {
-    let mut caps: Vec<String> = DEFAULT_CAPS.iter().map(|s| (*s).to_owned()).collect();
-    let all: Vec<String> = ALL_CAPS
-        .iter()
-        .enumerate()
-        .take(host.cap_last_cap.saturating_add(1))
-        .filter(|(i, _)| host.bounding & (1u64 << i) != 0)
-        .map(|(_, s)| (*s).to_owned())
-        .collect();
-    if sc.privileged {
-        caps = all.clone();
-    } else {
-        let upper = |v: &[String]| -> Vec<String> {
-            v.iter()
-                .map(|c| {
-                    c.trim()
-                        .to_uppercase()
-                        .trim_start_matches("CAP_")
-                        .to_owned()
-                })
-                .collect()
-        };
-        let (add, drop) = (upper(&sc.capabilities_add), upper(&sc.capabilities_drop));
-        // containerd: "ALL" first, so single names still apply (add ALL, drop CHOWN).
-        if add.iter().any(|c| c == "ALL") {
-            caps = all.clone();
-        }
-        if drop.iter().any(|c| c == "ALL") {
-            caps.clear();
-        }
-        for c in add.iter().filter(|c| *c != "ALL") {
-            let held = ALL_CAPS
-                .iter()
-                .position(|k| k == c)
-                .is_some_and(|i| host.bounding & (1u64 << i) != 0);
-            if ALL_CAPS.contains(&c.as_str()) && !held {
-                return Err(RuntimeError::Config(format!(
-                    "capability \"CAP_{c}\" is not in holdfast's own bounding set: no container can have it"
-                )));
-            }
-            if !caps.contains(c) {
-                caps.push(c.clone());
-            }
-        }
-        caps.retain(|c| !drop.contains(c));
-    }
+    let caps = capability_names(sc, host)?;
     // Privileged containers run unconfined, as with containerd.
     let seccomp = if sc.privileged {
         None
     } else {
         super::seccomp::profile(sc, &caps, &host.seccomp_root)?
     };
+    let capabilities = capability_set(&caps)?;
+    apply_process(spec, capabilities, sc, gids);
+    if sc.read_only_root_filesystem {
+        if let Some(root) = spec.root_mut() {
+            root.set_readonly(Some(true));
+        }
+    }
+    check_proc_mount(sc)?;
+    let sysctls = pod_sysctls(pod);
+    if sc.privileged {
+        privileged(spec, host)?;
+    }
+    if let Some(linux) = spec.linux_mut() {
+        if !sysctls.is_empty() {
+            linux.set_sysctl(Some(sysctls));
+        }
+        linux.set_seccomp(seccomp);
+    }
+    Ok(())
+}
+
+/// The capabilities this host can hand on: those the kernel knows and holdfast holds.
+fn host_capabilities(host: &Host) -> Vec<String> {
+    ALL_CAPS
+        .iter()
+        .enumerate()
+        .take(host.cap_last_cap.saturating_add(1))
+        .filter(|(i, _)| host.bounding & (1u64 << i) != 0)
+        .map(|(_, s)| (*s).to_owned())
+        .collect()
+}
+
+/// The container's capability names (upper case, no `CAP_`): containerd's defaults
+/// with `add` and `drop` applied, or everything the host holds when privileged.
+fn capability_names(sc: &Effective, host: &Host) -> Result<Vec<String>, RuntimeError> {
+    let all = host_capabilities(host);
+    if sc.privileged {
+        return Ok(all);
+    }
+    let mut caps: Vec<String> = DEFAULT_CAPS.iter().map(|s| (*s).to_owned()).collect();
+    let upper = |v: &[String]| -> Vec<String> {
+        v.iter()
+            .map(|c| {
+                c.trim()
+                    .to_uppercase()
+                    .trim_start_matches("CAP_")
+                    .to_owned()
+            })
+            .collect()
+    };
+    let (add, drop) = (upper(&sc.capabilities_add), upper(&sc.capabilities_drop));
+    // containerd: "ALL" first, so single names still apply (add ALL, drop CHOWN).
+    if add.iter().any(|c| c == "ALL") {
+        caps = all;
+    }
+    if drop.iter().any(|c| c == "ALL") {
+        caps.clear();
+    }
+    for c in add.iter().filter(|c| *c != "ALL") {
+        let held = ALL_CAPS
+            .iter()
+            .position(|k| k == c)
+            .is_some_and(|i| host.bounding & (1u64 << i) != 0);
+        if ALL_CAPS.contains(&c.as_str()) && !held {
+            return Err(RuntimeError::Config(format!(
+                "capability \"CAP_{c}\" is not in holdfast's own bounding set: no container can have it"
+            )));
+        }
+        if !caps.contains(c) {
+            caps.push(c.clone());
+        }
+    }
+    caps.retain(|c| !drop.contains(c));
+    Ok(caps)
+}
+
+/// `caps` as the process's bounding, effective and permitted sets; none inherited.
+fn capability_set(caps: &[String]) -> Result<LinuxCapabilities, RuntimeError> {
     let set: HashSet<Capability> = caps
         .iter()
         .map(|c| capability(c))
         .collect::<Result<_, _>>()?;
-    let capabilities = LinuxCapabilitiesBuilder::default()
+    LinuxCapabilitiesBuilder::default()
         .bounding(set.clone())
         .effective(set.clone())
         .permitted(set)
         .inheritable(HashSet::new())
         .ambient(HashSet::new())
         .build()
-        .map_err(oci)?;
+        .map_err(oci)
+}
 
+/// The process's capabilities, no_new_privs and supplemental groups.
+fn apply_process(spec: &mut Spec, capabilities: LinuxCapabilities, sc: &Effective, gids: &[u32]) {
     if let Some(process) = spec.process_mut() {
         process.set_capabilities(Some(capabilities));
         // The kubelet's AddNoNewPrivileges: only an explicit false sets the bit. Unset
@@ -281,44 +318,30 @@ pub fn apply(
             process.user_mut().set_additional_gids(Some(gids.to_vec()));
         }
     }
-    if sc.read_only_root_filesystem {
-        if let Some(root) = spec.root_mut() {
-            root.set_readonly(Some(true));
-        }
-    }
-    match sc.proc_mount.as_deref() {
-        None | Some("Default") => {}
-        Some("Unmasked") => {
-            return Err(RuntimeError::Config(
-                "procMount Unmasked needs a user namespace (hostUsers: false), which holdfast does not provide"
-                    .to_owned(),
-            ))
-        }
-        Some(other) => {
-            return Err(RuntimeError::Config(format!("unknown procMount {other:?}")))
-        }
-    }
+}
 
-    let sysctls: HashMap<String, String> = pod
-        .spec
+/// Refuses a procMount holdfast cannot give.
+fn check_proc_mount(sc: &Effective) -> Result<(), RuntimeError> {
+    match sc.proc_mount.as_deref() {
+        None | Some("Default") => Ok(()),
+        Some("Unmasked") => Err(RuntimeError::Config(
+            "procMount Unmasked needs a user namespace (hostUsers: false), which holdfast does not provide"
+                .to_owned(),
+        )),
+        Some(other) => Err(RuntimeError::Config(format!("unknown procMount {other:?}"))),
+    }
+}
+
+/// The pod's sysctls, names in their dotted form.
+fn pod_sysctls(pod: &Pod) -> HashMap<String, String> {
+    pod.spec
         .as_ref()
         .and_then(|s| s.security_context.as_ref())
         .and_then(|p| p.sysctls.as_ref())
         .into_iter()
         .flatten()
         .map(|s| (normalize_sysctl(&s.name), s.value.clone()))
-        .collect();
-
-    if sc.privileged {
-        privileged(spec, host)?;
-    }
-    if let Some(linux) = spec.linux_mut() {
-        if !sysctls.is_empty() {
-            linux.set_sysctl(Some(sysctls));
-        }
-        linux.set_seccomp(seccomp);
-    }
-    Ok(())
+        .collect()
 }
 
 /// The spec's `noNewPrivileges`: `Some(true)` for `allowPrivilegeEscalation: false`,
