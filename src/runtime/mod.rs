@@ -67,6 +67,7 @@ mod remove;
 mod reset;
 pub mod root_dir;
 mod rootfs;
+mod running;
 pub mod sandbox;
 pub mod seccomp;
 pub mod security;

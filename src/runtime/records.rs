@@ -16,7 +16,7 @@
 //!   ended, which its restart policy still needs after a reboot. The shim writes it
 //!   ([`write_unsynced`]) and tells the agent (`exits/<id>`); the agent takes the exit
 //!   into its store, flushes it, and removes `exits/<id>`. Only if that does not
-//!   happen within [`super::shim::EXIT_TAKEN_WAIT`] (no agent runs) does the shim sync
+//!   happen within [`super::running::EXIT_TAKEN_WAIT`] (no agent runs) does the shim sync
 //!   the record itself ([`sync`]): an fsync on the container's dir forces a journal
 //!   commit of everything the filesystem has pending, the costliest write of a
 //!   container's life on flash, and the store's flush already covers it.

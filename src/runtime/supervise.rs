@@ -24,7 +24,7 @@ use super::attach::Attach;
 use super::exec::ExecExit;
 use super::logs::{CriLog, LineBuffer, Stream};
 use super::records;
-use super::shim::{cleanup, notify_exit, ContainerOutput, Running};
+use super::running::{cleanup, notify_exit, ContainerOutput, Running};
 use super::ExitInfo;
 use crate::time;
 
@@ -186,7 +186,7 @@ pub fn run(running: Running) {
     });
     cleanup(&config);
     // Durable either way: in the agent's store, or synced here if no agent took it.
-    if written.is_ok() && !super::shim::exit_taken(&config) {
+    if written.is_ok() && !super::running::exit_taken(&config) {
         if let Err(e) = records::sync(&config.container_dir, records::EXIT) {
             log::error!("shim {}: {e}", config.id);
         }
