@@ -11,7 +11,8 @@ use std::rc::Rc;
 
 use flate2::read::MultiGzDecoder;
 
-use super::content::{copy_hashing, read_limited, verify, Content};
+use super::content::{copy_hashing, read_limited, Content};
+use super::digest::{verify, Expect};
 use super::space::DiskBudget;
 use super::unpack::{Bounded, Limits};
 use super::{io_err, ImageError};
@@ -41,13 +42,6 @@ impl Drop for Staged {
     fn drop(&mut self) {
         let _ = fs::remove_dir_all(&self.dir);
     }
-}
-
-/// What a blob is expected to be, as far as the archive says.
-#[derive(Clone, Copy, Default)]
-pub(crate) struct Expect<'a> {
-    pub digest: Option<&'a str>,
-    pub size: Option<u64>,
 }
 
 impl Archive {

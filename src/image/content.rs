@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use sha2::{Digest, Sha256};
 
-use super::archive::Expect;
+use super::digest::{hex, hex_of, verify, Expect};
 use super::reference::check_digest;
 use super::{io_err, unpack, ImageError};
 
@@ -349,46 +349,6 @@ impl Content {
         fs::rename(&dir, &tmp).map_err(io_err(format!("move away layer {}", dir.display())))?;
         fs::remove_dir_all(&tmp).map_err(io_err(format!("remove {}", tmp.display())))
     }
-}
-
-pub(crate) fn hex_of(digest: &str) -> Result<&str, ImageError> {
-    check_digest(digest).map_err(|reason| ImageError::BadDigest {
-        digest: digest.to_string(),
-        reason,
-    })?;
-    Ok(&digest["sha256:".len()..])
-}
-
-pub(crate) fn verify(
-    what: &str,
-    want: &str,
-    want_size: u64,
-    got: &str,
-    got_size: u64,
-) -> Result<(), ImageError> {
-    if want != got {
-        return Err(ImageError::DigestMismatch {
-            what: what.to_string(),
-            expected: want.to_string(),
-            actual: got.to_string(),
-        });
-    }
-    if want_size != got_size {
-        return Err(ImageError::SizeMismatch {
-            what: what.to_string(),
-            expected: want_size,
-            actual: got_size,
-        });
-    }
-    Ok(())
-}
-
-pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
-    format!("sha256:{}", hex(&Sha256::digest(bytes)))
-}
-
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Copies everything, returning the sha256 digest and byte count of what passed.

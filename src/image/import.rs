@@ -7,8 +7,9 @@ use std::collections::HashMap;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::archive::{Archive, Expect};
-use super::content::{hex_of, sha256_hex, Content};
+use super::archive::Archive;
+use super::content::Content;
+use super::digest::{hex_of, sha256_hex, Expect};
 use super::platform::{self, Descriptor, Platform};
 use super::reference::{check_digest, Reference};
 use super::unpack::{detect_compression, Compression};

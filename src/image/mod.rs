@@ -5,6 +5,7 @@
 
 mod archive;
 mod content;
+mod digest;
 pub mod gc;
 mod import;
 mod platform;

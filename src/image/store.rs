@@ -778,7 +778,7 @@ fn dir_size(dir: &Path) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::image::archive::Expect;
+    use crate::image::digest::Expect;
 
     /// Stores image `i` in `images`' content store: a config, a layer and a manifest
     /// (the layer is never unpacked here), and records it under `name`.

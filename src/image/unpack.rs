@@ -21,7 +21,7 @@ use nix::sys::time::{time_t, TimeSpec};
 use sha2::{Digest, Sha256};
 use tar::EntryType;
 
-use super::content::hex;
+use super::digest::hex;
 use super::space::{self, DiskBudget};
 use super::{io_err, ImageError};
 

@@ -183,7 +183,7 @@ impl<'a> Session<'a> {
         let key = format!(
             "{}\n{repository}\n{}",
             endpoint.base,
-            super::super::content::hex(&h.finalize())
+            super::super::digest::hex(&h.finalize())
         );
         let authorization = tokens.recall(&key);
         Session {
@@ -298,7 +298,7 @@ impl<'a> Session<'a> {
                     h.update(c.username.as_bytes());
                     h.update([0]);
                     h.update(c.password.as_bytes());
-                    super::super::content::hex(&h.finalize())
+                    super::super::digest::hex(&h.finalize())
                 });
                 let key = format!(
                     "{realm}\n{}\n{scope}\n{}",

@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use super::super::content::{hex, Content};
+use super::super::content::Content;
+use super::super::digest::hex;
 use super::super::space::DiskBudget;
 use super::super::{io_err, ImageError};
 use super::auth::Session;

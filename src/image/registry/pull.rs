@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::super::content::sha256_hex;
+use super::super::digest::sha256_hex;
 use super::super::import::{parse_config, Pending, JSON_LIMIT};
 use super::super::platform::{self, Descriptor, Platform};
 use super::super::reference::Reference;
@@ -196,7 +196,7 @@ impl Registry {
             content.write_blob(
                 &mut resolved.manifest.as_slice(),
                 &format!("manifest {}", resolved.manifest_digest),
-                super::super::archive::Expect {
+                super::super::digest::Expect {
                     digest: Some(&resolved.manifest_digest),
                     size: Some(resolved.manifest.len() as u64),
                 },
@@ -211,7 +211,7 @@ impl Registry {
             content.write_blob(
                 &mut config.as_slice(),
                 &format!("config {}", resolved.config.digest),
-                super::super::archive::Expect {
+                super::super::digest::Expect {
                     digest: Some(&resolved.config.digest),
                     size: Some(resolved.config.size),
                 },
@@ -459,7 +459,7 @@ impl Registry {
             }
             .into());
         }
-        super::super::content::hex_of(&desc.digest)?;
+        super::super::digest::hex_of(&desc.digest)?;
         self.each(
             endpoints,
             |e| e.pull,
@@ -479,7 +479,7 @@ impl Registry {
                     .read_to_vec()
                     .map_err(|e| super::http::transport(&url, e))?;
                 let digest = sha256_hex(&bytes);
-                super::super::content::verify(
+                super::super::digest::verify(
                     &format!("config from {url}"),
                     &desc.digest,
                     desc.size,

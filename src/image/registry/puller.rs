@@ -246,5 +246,5 @@ fn job_key(req: &PullRequest) -> String {
         h.update(c.password.as_bytes());
         h.update([0]);
     }
-    super::super::content::hex(&h.finalize())
+    super::super::digest::hex(&h.finalize())
 }
