@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 
 use serde_yaml::{Mapping, Value};
 
-use super::file::{parse_mapping, short, type_name, FileConfig};
+use super::file::{parse_mapping, FileConfig};
+use super::reader::{short, type_name};
 use super::ConfigError;
 
 /// Where installed profiles live, one `<name>.yaml` each.

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use serde_yaml::Value;
 
-use super::file::{short, FileConfig, Reader};
+use super::file::FileConfig;
+use super::reader::{short, Reader};
 use super::ConfigError;
 
 /// `nodeStatusUpdateFrequency` when the file leaves it out.

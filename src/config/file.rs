@@ -10,9 +10,11 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Taint;
 use serde_yaml::{Mapping, Value};
 
-use super::duration::parse_duration;
+use super::images::FileImages;
+use super::pods::PodKeys;
+use super::reader::{type_name, Reader};
+use super::server::ServerFileConfig;
 use super::ConfigError;
-use crate::quantity::parse_bytes as parse_quantity;
 
 const API_VERSION: &str = "kubelet.config.k8s.io/v1beta1";
 const KIND: &str = "KubeletConfiguration";
@@ -62,11 +64,11 @@ pub struct FileConfig {
     /// (tries go every `nodeStatusUpdateFrequency` unless this is shorter).
     pub uplink_retry_max: Option<Duration>,
     /// Image GC, pulls, registries and credentials.
-    pub images: super::images::FileImages,
+    pub images: FileImages,
     /// Pods' sandboxes: networking, resources, security, eviction.
-    pub pods: super::pods::PodKeys,
+    pub pods: PodKeys,
     /// The kubelet API's keys (`address`, `tlsCertFile`, `authentication`, ...).
-    pub server: super::server::ServerFileConfig,
+    pub server: ServerFileConfig,
 }
 
 /// Reads and parses the config file at `path`; returns what it sets and a warning for
@@ -182,9 +184,9 @@ pub(super) fn parse_mapping(
             "evictionHard" => out.eviction_hard = reader.eviction(&key, value)?,
             _ => {
                 if !reader.cluster_key(&key, value, &mut out)?
-                    && !reader.image_key(&key, value, &mut out)?
+                    && !reader.image_key(&key, value, &mut out.images)?
                     && !reader.pod_key(&key, value, &mut out.pods)?
-                    && !reader.server_key(&key, value, base, &mut out)?
+                    && !reader.server_key(&key, value, base, &mut out.server)?
                 {
                     warnings.push(reader.unknown(&key));
                 }
@@ -203,61 +205,7 @@ pub(super) fn parse_mapping(
     Ok((out, warnings))
 }
 
-pub(super) struct Reader<'a> {
-    pub(super) path: &'a Path,
-    pub(super) prefix: &'a str,
-}
-
 impl Reader<'_> {
-    pub(super) fn err(&self, key: &str, reason: String) -> ConfigError {
-        ConfigError::Key {
-            path: self.path.to_path_buf(),
-            key: format!("{}{key}", self.prefix),
-            reason,
-        }
-    }
-
-    /// `value` as a mapping, or an error naming `key`.
-    pub(super) fn mapping<'v>(
-        &self,
-        key: &str,
-        value: &'v Value,
-    ) -> Result<&'v Mapping, ConfigError> {
-        match value {
-            Value::Mapping(m) => Ok(m),
-            other => Err(self.err(
-                key,
-                format!(
-                    "expected a mapping, got {} {}",
-                    type_name(other),
-                    short(other)
-                ),
-            )),
-        }
-    }
-
-    fn unknown(&self, key: &str) -> String {
-        format!(
-            "config file {}: unknown key {}{key} ignored",
-            self.path.display(),
-            self.prefix
-        )
-    }
-
-    fn key_name(&self, key: &Value, prefix: &str) -> Result<String, ConfigError> {
-        match key {
-            Value::String(s) => Ok(format!("{prefix}{s}")),
-            other => Err(ConfigError::File {
-                path: self.path.to_path_buf(),
-                reason: format!(
-                    "keys must be strings, found {} key {}",
-                    type_name(other),
-                    short(other)
-                ),
-            }),
-        }
-    }
-
     fn holdfast_section(
         &self,
         section: &Mapping,
@@ -311,7 +259,7 @@ impl Reader<'_> {
                     out.bootstrap_kubeconfig = Some(base.join(self.path_value(&key, value)?));
                 }
                 _ => {
-                    if !self.image_holdfast_key(&key, value, base, out)?
+                    if !self.image_holdfast_key(&key, value, base, &mut out.images)?
                         && !self.pod_holdfast_key(&key, value, base, &mut out.pods)?
                         && !self.server_holdfast_key(&key, value, &mut out.server)?
                     {
@@ -321,122 +269,6 @@ impl Reader<'_> {
             }
         }
         Ok(())
-    }
-
-    pub(super) fn string(&self, key: &str, value: &Value) -> Result<String, ConfigError> {
-        match value {
-            Value::String(s) => Ok(s.clone()),
-            other => Err(self.err(
-                key,
-                format!(
-                    "expected a string, got {} {}",
-                    type_name(other),
-                    short(other)
-                ),
-            )),
-        }
-    }
-
-    fn path_value(&self, key: &str, value: &Value) -> Result<PathBuf, ConfigError> {
-        let s = self.string(key, value)?;
-        if s.is_empty() {
-            return Err(self.err(key, "expected a path, got an empty string".into()));
-        }
-        Ok(PathBuf::from(s))
-    }
-
-    pub(super) fn positive_duration(
-        &self,
-        key: &str,
-        value: &Value,
-    ) -> Result<Duration, ConfigError> {
-        let s = match value {
-            Value::String(s) => s,
-            other => {
-                return Err(self.err(
-                    key,
-                    format!(
-                        "expected a duration string like 20s or 1m30s, got {} {}",
-                        type_name(other),
-                        short(other)
-                    ),
-                ))
-            }
-        };
-        let d = parse_duration(s).map_err(|reason| {
-            self.err(
-                key,
-                format!("expected a duration like 20s or 1m30s: {reason}"),
-            )
-        })?;
-        if d.is_zero() {
-            return Err(self.err(key, "must be greater than zero".into()));
-        }
-        Ok(d)
-    }
-
-    fn quantity(&self, key: &str, value: &Value) -> Result<u64, ConfigError> {
-        let bytes = match value {
-            Value::String(s) => parse_quantity(s).map_err(|reason| {
-                self.err(key, format!("expected a quantity like 10Mi: {reason}"))
-            })?,
-            Value::Number(n) => n
-                .as_u64()
-                .ok_or_else(|| self.err(key, format!("expected a quantity like 10Mi, got {n}")))?,
-            other => {
-                return Err(self.err(
-                    key,
-                    format!(
-                        "expected a quantity like 10Mi, got {} {}",
-                        type_name(other),
-                        short(other)
-                    ),
-                ))
-            }
-        };
-        if bytes == 0 {
-            return Err(self.err(key, "must be greater than zero".into()));
-        }
-        Ok(bytes)
-    }
-
-    fn log_max_files(&self, key: &str, value: &Value) -> Result<u32, ConfigError> {
-        let n = match value {
-            Value::Number(n) => n.as_u64().and_then(|n| u32::try_from(n).ok()),
-            _ => None,
-        };
-        match n {
-            Some(n) if n >= 2 => Ok(n),
-            _ => Err(self.err(
-                key,
-                format!("expected an integer of at least 2, got {}", short(value)),
-            )),
-        }
-    }
-}
-
-pub(super) fn type_name(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "boolean",
-        Value::Number(_) => "number",
-        Value::String(_) => "string",
-        Value::Sequence(_) => "list",
-        Value::Mapping(_) => "mapping",
-        Value::Tagged(_) => "tagged value",
-    }
-}
-
-/// A short rendering of a value for an error message; values can be whole subtrees.
-pub(super) fn short(v: &Value) -> String {
-    match v {
-        Value::Null => "null".into(),
-        Value::Bool(b) => b.to_string(),
-        Value::Number(n) => n.to_string(),
-        Value::String(s) => format!("{s:?}"),
-        Value::Sequence(_) => "[...]".into(),
-        Value::Mapping(_) => "{...}".into(),
-        Value::Tagged(t) => format!("!{}", t.tag),
     }
 }
 

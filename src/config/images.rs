@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde_yaml::Value;
 
-use super::file::{short, type_name, FileConfig, Reader};
+use super::reader::{short, type_name, Reader};
 use super::ConfigError;
 use crate::image::registry::{Capability, EndpointConfig, RegistryConfig, RegistryHosts};
 
@@ -183,9 +183,8 @@ impl Reader<'_> {
         &self,
         key: &str,
         value: &Value,
-        out: &mut FileConfig,
+        i: &mut FileImages,
     ) -> Result<bool, ConfigError> {
-        let i = &mut out.images;
         match key {
             "imageGCHighThresholdPercent" => i.gc_high = Some(self.percent(key, value)?),
             "imageGCLowThresholdPercent" => i.gc_low = Some(self.percent(key, value)?),
@@ -205,9 +204,8 @@ impl Reader<'_> {
         key: &str,
         value: &Value,
         base: &Path,
-        out: &mut FileConfig,
+        i: &mut FileImages,
     ) -> Result<bool, ConfigError> {
-        let i = &mut out.images;
         match key {
             "holdfast.dockerConfig" => i.docker_config = Some(base.join(self.path(key, value)?)),
             "holdfast.registries" => i.registries = Some(self.registries(key, value, base)?),
@@ -405,7 +403,7 @@ impl Reader<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{parse_config, ConfigError};
+    use crate::config::{parse_config, ConfigError, FileConfig};
 
     fn parse(text: &str) -> Result<FileConfig, ConfigError> {
         parse_config(Path::new("/etc/holdfast/config.yaml"), text).map(|(c, w)| {

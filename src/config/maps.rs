@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 
 use serde_yaml::Value;
 
-use super::file::{short, type_name, Reader};
 use super::names::check_dns1123_subdomain;
+use super::reader::{short, type_name, Reader};
 use super::ConfigError;
 use crate::quantity::{parse_bytes, parse_millicpu};
 

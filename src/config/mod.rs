@@ -14,6 +14,7 @@ mod maps;
 mod names;
 mod node;
 mod pods;
+mod reader;
 mod server;
 mod taints;
 

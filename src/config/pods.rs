@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde_yaml::Value;
 
-use super::file::{short, type_name, Reader};
+use super::reader::{short, type_name, Reader};
 use super::ConfigError;
 
 /// The settings as merged, with the kubelet's defaults.

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use serde_yaml::Value;
 
-use super::file::{short, FileConfig, Reader};
+use super::reader::{short, Reader};
 use super::ConfigError;
 
 /// `healthzPort` when the file leaves it out: the kubelet's.
@@ -190,9 +190,8 @@ impl Reader<'_> {
         key: &str,
         value: &Value,
         base: &Path,
-        out: &mut FileConfig,
+        s: &mut ServerFileConfig,
     ) -> Result<bool, ConfigError> {
-        let s = &mut out.server;
         match key {
             "address" => s.address = Some(self.ip(key, value)?),
             "healthzBindAddress" => s.healthz_bind_address = Some(self.ip(key, value)?),
@@ -393,8 +392,8 @@ impl Reader<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::file::parse_config;
     use super::*;
+    use crate::config::{parse_config, FileConfig};
 
     fn parse(text: &str) -> Result<FileConfig, ConfigError> {
         parse_config(Path::new("/etc/holdfast/config.yaml"), text).map(|(c, w)| {

@@ -5,9 +5,9 @@
 use k8s_openapi::api::core::v1::Taint;
 use serde_yaml::Value;
 
-use super::file::{short, type_name, Reader};
 use super::maps::check_label_part;
 use super::names::check_dns1123_subdomain;
+use super::reader::{short, type_name, Reader};
 use super::ConfigError;
 
 /// The effects a node taint can have.
