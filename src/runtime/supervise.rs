@@ -19,12 +19,14 @@ use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
 
 use super::attach::Attach;
 use super::exec::ExecExit;
 use super::logs::{CriLog, LineBuffer, Stream};
 use super::records;
-use super::running::{cleanup, notify_exit, ContainerOutput, Running};
+use super::records::ShimConfig;
+use super::running::{cleanup, exit_taken, notify_exit, ContainerOutput, Running};
 use super::ExitInfo;
 use crate::time;
 
@@ -55,6 +57,42 @@ pub fn run(running: Running) {
     if let Err(e) = records::reserve(&config.container_dir, records::EXIT) {
         log::warn!("shim {}: {e}", config.id);
     }
+    let mut output = open_log(&config);
+    let (mut pipes, tty, stdin) = output_pipes(container_output, stdin, config.stdin);
+    let mut attach = Attach::new(
+        &config.id,
+        config.state_dir(),
+        listener,
+        stdin,
+        config.stdin_once,
+        tty,
+    );
+    let mut scratch = Scratch {
+        buf: Vec::new(),
+        events: Vec::new(),
+    };
+    let status = wait_for_exit(
+        init,
+        &mut pipes,
+        &mut output,
+        &mut attach,
+        &mut scratch,
+        &config.id,
+    );
+    let finished_at = time::now();
+    drain(
+        &mut pipes,
+        &mut output,
+        &mut attach,
+        &mut scratch,
+        &config.id,
+    );
+    let info = exit_info(status, &config, started_at, finished_at);
+    hand_over_exit(&config, &info, &mut attach);
+}
+
+/// The CRI log, or none if it cannot be opened (output is then only relayed).
+fn open_log(config: &ShimConfig) -> Output {
     let log = match CriLog::open(&config.log_path, config.log_max_size, config.log_max_files) {
         Ok(l) => Some(l),
         Err(e) => {
@@ -66,16 +104,25 @@ pub fn run(running: Running) {
             None
         }
     };
-    let mut output = Output {
+    Output {
         log,
         failing: false,
-    };
+    }
+}
+
+/// The pipes to read the container's output from, its terminal (if any) and where its
+/// input goes: the stdin pipe, or the terminal when the spec asks for stdin.
+fn output_pipes(
+    output: ContainerOutput,
+    stdin: Option<OwnedFd>,
+    wants_stdin: bool,
+) -> (Vec<Pipe>, Option<OwnedFd>, Option<OwnedFd>) {
     let pipe = |fd: OwnedFd, stream| Pipe {
         file: File::from(fd),
         buffer: LineBuffer::new(stream),
         open: true,
     };
-    let (mut pipes, tty, stdin) = match container_output {
+    match output {
         ContainerOutput::Pipes { stdout, stderr } => (
             vec![pipe(stdout, Stream::Stdout), pipe(stderr, Stream::Stderr)],
             None,
@@ -84,73 +131,77 @@ pub fn run(running: Running) {
         ContainerOutput::Tty(master) => {
             let tty = master.try_clone().ok();
             // A terminal takes input only if the spec asks for stdin.
-            let input = if config.stdin {
+            let input = if wants_stdin {
                 master.try_clone().ok()
             } else {
                 None
             };
             (vec![pipe(master, Stream::Stdout)], tty, input)
         }
-    };
-    let mut attach = Attach::new(
-        &config.id,
-        config.state_dir(),
-        listener,
-        stdin,
-        config.stdin_once,
-        tty,
-    );
+    }
+}
 
+/// Relays output until the init exits (or is lost track of), and reaps it.
+fn wait_for_exit(
+    init: Pid,
+    pipes: &mut [Pipe],
+    output: &mut Output,
+    attach: &mut Attach,
+    scratch: &mut Scratch,
+    id: &str,
+) -> Option<WaitStatus> {
     let exited = pidfd_open(init);
     if exited.is_none() {
         log::debug!(
-            "shim {}: no pidfd for {init}: looking for its exit every {POLL_INTERVAL_MS} ms",
-            config.id
+            "shim {id}: no pidfd for {init}: looking for its exit every {POLL_INTERVAL_MS} ms"
         );
     }
     let timeout = match exited {
         Some(_) => PollTimeout::NONE,
         None => PollTimeout::from(POLL_INTERVAL_MS),
     };
-    let mut scratch = Scratch {
-        buf: Vec::new(),
-        events: Vec::new(),
-    };
-    let status = loop {
+    loop {
         if pipes.iter().all(|p| !p.open) {
-            break wait_blocking(init);
+            return wait_blocking(init);
         }
         pump(
-            &mut pipes,
-            &mut output,
-            &mut attach,
+            pipes,
+            output,
+            attach,
             (timeout, exited.as_ref().map(|fd| fd.as_fd())),
-            &mut scratch,
-            &config.id,
+            scratch,
+            id,
         );
         match waitpid(init, Some(WaitPidFlag::WNOHANG)) {
             Ok(WaitStatus::StillAlive) => {}
-            Ok(s @ (WaitStatus::Exited(..) | WaitStatus::Signaled(..))) => break Some(s),
+            Ok(s @ (WaitStatus::Exited(..) | WaitStatus::Signaled(..))) => return Some(s),
             Ok(_) => {}
             Err(e) => {
-                log::error!("shim {}: waitpid {init}: {e}", config.id);
-                break None;
+                log::error!("shim {id}: waitpid {init}: {e}");
+                return None;
             }
         }
-    };
-    let finished_at = time::now();
+    }
+}
 
+/// Relays what output is left once the init is gone, for at most [`DRAIN_LIMIT`], and
+/// ends the log's partial lines.
+fn drain(
+    pipes: &mut [Pipe],
+    output: &mut Output,
+    attach: &mut Attach,
+    scratch: &mut Scratch,
+    id: &str,
+) {
     let deadline = Instant::now() + DRAIN_LIMIT;
-    // Without the pidfd, readable for good now the init is gone.
-    drop(exited);
     while pipes.iter().any(|p| p.open) && Instant::now() < deadline {
         pump(
-            &mut pipes,
-            &mut output,
-            &mut attach,
+            pipes,
+            output,
+            attach,
             (PollTimeout::from(100u16), None),
-            &mut scratch,
-            &config.id,
+            scratch,
+            id,
         );
     }
     if let Some(log) = output.log.as_mut() {
@@ -158,35 +209,46 @@ pub fn run(running: Running) {
             let _ = p.buffer.finish(log);
         }
     }
+}
 
+/// How the container ended. Read before cleanup: deleting the container deletes its
+/// cgroup and the OOM counter.
+fn exit_info(
+    status: Option<WaitStatus>,
+    config: &ShimConfig,
+    started_at: time::Timestamp,
+    finished_at: time::Timestamp,
+) -> ExitInfo {
     let (exit_code, signal) = match status {
         Some(WaitStatus::Exited(_, code)) => (code, None),
         Some(WaitStatus::Signaled(_, sig, _)) => (128 + sig as i32, Some(sig as i32)),
         // Lost track of the init: say so rather than invent a success.
         _ => (255, None),
     };
-    // Before cleanup: deleting the container deletes its cgroup and the OOM counter.
-    let oom_killed = super::cgroup::oom_killed(&config.cgroups_path);
-    let info = ExitInfo {
+    ExitInfo {
         exit_code,
         signal,
-        oom_killed,
+        oom_killed: super::cgroup::oom_killed(&config.cgroups_path),
         started_at: Some(started_at),
         finished_at,
         start_error: None,
-    };
-    let written = records::write_unsynced(&config.container_dir, records::EXIT, &info);
+    }
+}
+
+/// Records the exit, wakes the agent and attached clients, cleans up, and makes the
+/// record durable: in the agent's store, or synced here if no agent took it.
+fn hand_over_exit(config: &ShimConfig, info: &ExitInfo, attach: &mut Attach) {
+    let written = records::write_unsynced(&config.container_dir, records::EXIT, info);
     if let Err(e) = &written {
         log::error!("shim {}: {e}", config.id);
     }
-    notify_exit(&config);
+    notify_exit(config);
     attach.finish(ExecExit {
-        exit_code: Some(exit_code),
+        exit_code: Some(info.exit_code),
         error: None,
     });
-    cleanup(&config);
-    // Durable either way: in the agent's store, or synced here if no agent took it.
-    if written.is_ok() && !super::running::exit_taken(&config) {
+    cleanup(config);
+    if written.is_ok() && !exit_taken(config) {
         if let Err(e) = records::sync(&config.container_dir, records::EXIT) {
             log::error!("shim {}: {e}", config.id);
         }
