@@ -260,6 +260,12 @@ struct Input {
 }
 
 impl Input {
+    /// Drops the input once the command has exited: nobody reads it any more.
+    fn close(&mut self) {
+        self.file = None;
+        self.pending.clear();
+    }
+
     fn new(file: Option<File>, tty: bool) -> Input {
         if let Some(f) = &file {
             use nix::fcntl::{fcntl, FcntlArg};
@@ -329,22 +335,18 @@ fn relay(pid: Pid, io: Stdio, out: &mut impl Write) -> ExecExit {
             killed = true;
         }
         if status.is_none() {
-            match waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
-                Ok(WaitStatus::Exited(_, code)) => status = Some(code),
-                Ok(WaitStatus::Signaled(_, sig, _)) => status = Some(128 + sig as i32),
-                Ok(_) => {}
-                Err(e) => {
+            status = match poll_exit(pid) {
+                Ok(s) => s,
+                Err(error) => {
                     return ExecExit {
                         exit_code: None,
-                        error: Some(format!("wait for the command: {e}")),
+                        error: Some(error),
                     }
                 }
-            }
+            };
             if status.is_some() {
                 drain_until = Some(Instant::now() + DRAIN);
-                // Nobody reads input any more.
-                input.file = None;
-                input.pending.clear();
+                input.close();
             }
         }
         let outputs_open = open.iter().any(|o| *o);
@@ -375,12 +377,9 @@ fn relay(pid: Pid, io: Stdio, out: &mut impl Write) -> ExecExit {
                 fds.push(PollFd::new(f.as_fd(), PollFlags::POLLIN));
             }
         }
-        let ready = match nix::poll::poll(&mut fds, PollTimeout::from(100u16)) {
-            Ok(0) | Err(nix::errno::Errno::EINTR) => continue,
-            Ok(_) => fds
-                .iter()
-                .map(|f| f.revents().is_some_and(|r| !r.is_empty()))
-                .collect::<Vec<bool>>(),
+        let ready = match poll_ready(&mut fds) {
+            Ok(Some(ready)) => ready,
+            Ok(None) => continue,
             Err(e) => {
                 return ExecExit {
                     exit_code: status,
@@ -389,71 +388,132 @@ fn relay(pid: Pid, io: Stdio, out: &mut impl Write) -> ExecExit {
             }
         };
         drop(fds);
-        let mut k = first_output;
-        for (i, (f, is_err)) in outputs.iter_mut().enumerate() {
-            if !open[i] {
-                continue;
-            }
-            let r = ready.get(k).copied().unwrap_or(false);
-            k += 1;
-            if !r {
-                continue;
-            }
-            match f.read(&mut buf) {
-                Ok(0) => open[i] = false,
-                Ok(n) => {
-                    let frame = if *is_err {
-                        Frame::Stderr(buf[..n].to_vec())
-                    } else {
-                        Frame::Stdout(buf[..n].to_vec())
-                    };
-                    if out
-                        .write_all(&frame.encode())
-                        .and_then(|()| out.flush())
-                        .is_err()
-                    {
-                        // The agent went away: end the command with it.
-                        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
-                        control_open = false;
-                    }
-                }
-                // A terminal's master shares the input's non-blocking mode.
-                Err(e)
-                    if e.kind() == ErrorKind::Interrupted || e.kind() == ErrorKind::WouldBlock => {}
-                // EIO: the terminal's other side is closed (the command exited).
-                Err(_) => open[i] = false,
-            }
+        if !read_outputs(
+            &mut outputs,
+            &mut open,
+            &ready[first_output..],
+            &mut buf,
+            out,
+        ) {
+            // The agent went away: end the command with it.
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+            control_open = false;
         }
         if input_at.is_some_and(|at| ready.get(at).copied().unwrap_or(false)) {
             input.flush();
         }
-        if control_at.is_some() && ready.first().copied().unwrap_or(false) {
-            match stdin.read(&mut buf) {
-                Ok(0) | Err(_) => {
-                    control_open = false;
-                    input.end = true;
-                    input.flush();
-                }
-                Ok(n) => {
-                    frames.extend_from_slice(&buf[..n]);
-                    while let Ok(Some((frame, used))) = Frame::decode(&frames) {
-                        frames.drain(..used);
-                        match frame {
-                            Frame::Stdin(d) if input.file.is_some() && !input.end => {
-                                input.pending.extend_from_slice(&d);
-                            }
-                            Frame::StdinEof => input.end = true,
-                            Frame::Resize(w, h) => {
-                                if let Some(t) = &tty {
-                                    resize(t, w, h);
-                                }
-                            }
-                            _ => {}
-                        }
-                    }
-                    input.flush();
+        if control_at.is_some()
+            && ready.first().copied().unwrap_or(false)
+            && !read_control(&mut stdin, &mut buf, &mut frames, &mut input, tty.as_ref())
+        {
+            control_open = false;
+        }
+    }
+}
+
+/// Which of `fds` are ready within the poll interval; None when none is, or a signal
+/// came first.
+fn poll_ready(fds: &mut [PollFd<'_>]) -> Result<Option<Vec<bool>>, nix::errno::Errno> {
+    match nix::poll::poll(fds, PollTimeout::from(100u16)) {
+        Ok(0) | Err(nix::errno::Errno::EINTR) => Ok(None),
+        Ok(_) => Ok(Some(
+            fds.iter()
+                .map(|f| f.revents().is_some_and(|r| !r.is_empty()))
+                .collect(),
+        )),
+        Err(e) => Err(e),
+    }
+}
+
+/// The command's exit code once it has ended (128 + the signal that killed it).
+fn poll_exit(pid: Pid) -> Result<Option<i32>, String> {
+    match waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
+        Ok(WaitStatus::Exited(_, code)) => Ok(Some(code)),
+        Ok(WaitStatus::Signaled(_, sig, _)) => Ok(Some(128 + sig as i32)),
+        Ok(_) => Ok(None),
+        Err(e) => Err(format!("wait for the command: {e}")),
+    }
+}
+
+/// Reads the outputs that `ready` (one flag per open output, in order) says are
+/// readable and sends what they hold to the agent; false if the agent is gone.
+fn read_outputs(
+    outputs: &mut [(File, bool)],
+    open: &mut [bool],
+    ready: &[bool],
+    buf: &mut [u8],
+    out: &mut impl Write,
+) -> bool {
+    let mut agent = true;
+    let mut k = 0;
+    for (i, (f, is_err)) in outputs.iter_mut().enumerate() {
+        if !open[i] {
+            continue;
+        }
+        let r = ready.get(k).copied().unwrap_or(false);
+        k += 1;
+        if !r {
+            continue;
+        }
+        match f.read(buf) {
+            Ok(0) => open[i] = false,
+            Ok(n) => {
+                let frame = if *is_err {
+                    Frame::Stderr(buf[..n].to_vec())
+                } else {
+                    Frame::Stdout(buf[..n].to_vec())
+                };
+                if out
+                    .write_all(&frame.encode())
+                    .and_then(|()| out.flush())
+                    .is_err()
+                {
+                    agent = false;
                 }
             }
+            // A terminal's master shares the input's non-blocking mode.
+            Err(e) if e.kind() == ErrorKind::Interrupted || e.kind() == ErrorKind::WouldBlock => {}
+            // EIO: the terminal's other side is closed (the command exited).
+            Err(_) => open[i] = false,
+        }
+    }
+    agent
+}
+
+/// Reads the agent's frames (input, its end, resizes) from the control stream and
+/// passes them on; false once the stream has ended.
+fn read_control(
+    stdin: &mut impl Read,
+    buf: &mut [u8],
+    frames: &mut Vec<u8>,
+    input: &mut Input,
+    tty: Option<&OwnedFd>,
+) -> bool {
+    match stdin.read(buf) {
+        Ok(0) | Err(_) => {
+            input.end = true;
+            input.flush();
+            false
+        }
+        Ok(n) => {
+            frames.extend_from_slice(&buf[..n]);
+            while let Ok(Some((frame, used))) = Frame::decode(frames) {
+                frames.drain(..used);
+                match frame {
+                    Frame::Stdin(d) if input.file.is_some() && !input.end => {
+                        input.pending.extend_from_slice(&d);
+                    }
+                    Frame::StdinEof => input.end = true,
+                    Frame::Resize(w, h) => {
+                        if let Some(t) = tty {
+                            resize(t, w, h);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            input.flush();
+            true
         }
     }
 }
