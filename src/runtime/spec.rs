@@ -8,10 +8,10 @@ use std::path::{Path, PathBuf};
 use k8s_openapi::api::core::v1::{Container, Pod};
 use oci_spec::image::ImageConfiguration;
 use oci_spec::runtime::{
-    Capability, LinuxBuilder, LinuxCapabilitiesBuilder, LinuxCpuBuilder, LinuxDeviceCgroupBuilder,
-    LinuxDeviceType, LinuxMemoryBuilder, LinuxNamespaceBuilder, LinuxNamespaceType,
-    LinuxResourcesBuilder, Mount, MountBuilder, PosixRlimitBuilder, PosixRlimitType,
-    ProcessBuilder, RootBuilder, Spec, SpecBuilder, UserBuilder,
+    Capability, Linux, LinuxBuilder, LinuxCapabilities, LinuxCapabilitiesBuilder, LinuxCpuBuilder,
+    LinuxDeviceCgroupBuilder, LinuxDeviceType, LinuxMemoryBuilder, LinuxNamespaceBuilder,
+    LinuxNamespaceType, LinuxResourcesBuilder, Mount, MountBuilder, PosixRlimitBuilder,
+    PosixRlimitType, Process, ProcessBuilder, RootBuilder, Spec, SpecBuilder, UserBuilder,
 };
 
 use super::{command, RuntimeError};
@@ -144,121 +144,17 @@ fn quoted(name: &str) -> String {
     }
 }
 
+/// The container's OCI spec with containerd's defaults; `security::apply` then applies
+/// its security context.
 pub fn build(input: &SpecInput<'_>) -> Result<Spec, RuntimeError> {
-    let container = input.container;
     let image = input.image.config().as_ref();
     check_environment(input.env, image)?;
     let (env, own_env) = command::environment(input.env, image)?;
-    let args = command::argv(container, image, &own_env)?;
-    let cwd = container
-        .working_dir
-        .clone()
-        .filter(|w| !w.is_empty())
-        .or_else(|| {
-            image
-                .and_then(|c| c.working_dir().clone())
-                .filter(|w| !w.is_empty())
-        })
-        .unwrap_or_else(|| "/".to_owned());
-    if !cwd.starts_with('/') {
-        return Err(RuntimeError::Config(format!(
-            "working directory {cwd:?} is not absolute"
-        )));
-    }
-
-    let caps: HashSet<Capability> = [
-        Capability::Chown,
-        Capability::DacOverride,
-        Capability::Fsetid,
-        Capability::Fowner,
-        Capability::Mknod,
-        Capability::NetRaw,
-        Capability::Setgid,
-        Capability::Setuid,
-        Capability::Setfcap,
-        Capability::Setpcap,
-        Capability::NetBindService,
-        Capability::SysChroot,
-        Capability::Kill,
-        Capability::AuditWrite,
-    ]
-    .into_iter()
-    .collect();
-    let capabilities = LinuxCapabilitiesBuilder::default()
-        .bounding(caps.clone())
-        .effective(caps.clone())
-        .permitted(caps)
-        .inheritable(HashSet::new())
-        .ambient(HashSet::new())
-        .build()
-        .map_err(oci)?;
-    let nofile = NOFILE.min(input.nofile_hard_limit);
-    let process = ProcessBuilder::default()
-        // A terminal comes through the shim's console socket (see `shim`).
-        .terminal(container.tty.unwrap_or(false))
-        .user(
-            UserBuilder::default()
-                .uid(input.user.0)
-                .gid(input.user.1)
-                .build()
-                .map_err(oci)?,
-        )
-        .args(args)
-        .env(env)
-        .cwd(cwd)
-        .capabilities(capabilities)
-        // `security::apply` decides it (absent unless the pod forbids escalation).
-        .no_new_privileges(false)
-        .rlimits(vec![PosixRlimitBuilder::default()
-            .typ(PosixRlimitType::RlimitNofile)
-            .soft(nofile)
-            .hard(nofile)
-            .build()
-            .map_err(oci)?])
-        .build()
-        .map_err(oci)?;
-
+    let args = command::argv(input.container, image, &own_env)?;
+    let cwd = working_dir(input.container, image)?;
+    let process = process(input, args, env, cwd)?;
     let host_net = host_network(input.pod);
-    let mut ns_types = vec![
-        LinuxNamespaceType::Pid,
-        LinuxNamespaceType::Mount,
-        LinuxNamespaceType::Ipc,
-    ];
-    if !host_net {
-        ns_types.push(LinuxNamespaceType::Uts);
-    }
-    let namespaces = ns_types
-        .into_iter()
-        .map(|t| LinuxNamespaceBuilder::default().typ(t).build().map_err(oci))
-        .collect::<Result<Vec<_>, _>>()?;
-
-    let linux = LinuxBuilder::default()
-        .namespaces(namespaces)
-        .cgroups_path(PathBuf::from(input.cgroups_path))
-        .resources(resources(container)?)
-        .masked_paths(strings(&[
-            "/proc/acpi",
-            "/proc/asound",
-            "/proc/kcore",
-            "/proc/keys",
-            "/proc/latency_stats",
-            "/proc/timer_list",
-            "/proc/timer_stats",
-            "/proc/sched_debug",
-            "/proc/scsi",
-            "/sys/firmware",
-            "/sys/devices/virtual/powercap",
-        ]))
-        .readonly_paths(strings(&[
-            "/proc/bus",
-            "/proc/fs",
-            "/proc/irq",
-            "/proc/sys",
-            "/proc/sysrq-trigger",
-        ]))
-        .build()
-        .map_err(oci)?;
-
+    let linux = linux(input, host_net)?;
     let mut builder = SpecBuilder::default()
         .version("1.0.2")
         .root(
@@ -281,6 +177,138 @@ pub fn build(input: &SpecInput<'_>) -> Result<Spec, RuntimeError> {
         spec.set_hostname(None);
     }
     Ok(spec)
+}
+
+/// The container's `workingDir`, else the image's, else `/`; it must be absolute.
+fn working_dir(
+    container: &Container,
+    image: Option<&oci_spec::image::Config>,
+) -> Result<String, RuntimeError> {
+    let cwd = container
+        .working_dir
+        .clone()
+        .filter(|w| !w.is_empty())
+        .or_else(|| {
+            image
+                .and_then(|c| c.working_dir().clone())
+                .filter(|w| !w.is_empty())
+        })
+        .unwrap_or_else(|| "/".to_owned());
+    if !cwd.starts_with('/') {
+        return Err(RuntimeError::Config(format!(
+            "working directory {cwd:?} is not absolute"
+        )));
+    }
+    Ok(cwd)
+}
+
+/// containerd's default capabilities, before `security::apply` adds and drops.
+fn default_capabilities() -> Result<LinuxCapabilities, RuntimeError> {
+    let caps: HashSet<Capability> = [
+        Capability::Chown,
+        Capability::DacOverride,
+        Capability::Fsetid,
+        Capability::Fowner,
+        Capability::Mknod,
+        Capability::NetRaw,
+        Capability::Setgid,
+        Capability::Setuid,
+        Capability::Setfcap,
+        Capability::Setpcap,
+        Capability::NetBindService,
+        Capability::SysChroot,
+        Capability::Kill,
+        Capability::AuditWrite,
+    ]
+    .into_iter()
+    .collect();
+    LinuxCapabilitiesBuilder::default()
+        .bounding(caps.clone())
+        .effective(caps.clone())
+        .permitted(caps)
+        .inheritable(HashSet::new())
+        .ambient(HashSet::new())
+        .build()
+        .map_err(oci)
+}
+
+/// The process: its user, command, environment, directory, capabilities and limits.
+fn process(
+    input: &SpecInput<'_>,
+    args: Vec<String>,
+    env: Vec<String>,
+    cwd: String,
+) -> Result<Process, RuntimeError> {
+    let container = input.container;
+    let capabilities = default_capabilities()?;
+    let nofile = NOFILE.min(input.nofile_hard_limit);
+    ProcessBuilder::default()
+        // A terminal comes through the shim's console socket (see `shim`).
+        .terminal(container.tty.unwrap_or(false))
+        .user(
+            UserBuilder::default()
+                .uid(input.user.0)
+                .gid(input.user.1)
+                .build()
+                .map_err(oci)?,
+        )
+        .args(args)
+        .env(env)
+        .cwd(cwd)
+        .capabilities(capabilities)
+        // `security::apply` decides it (absent unless the pod forbids escalation).
+        .no_new_privileges(false)
+        .rlimits(vec![PosixRlimitBuilder::default()
+            .typ(PosixRlimitType::RlimitNofile)
+            .soft(nofile)
+            .hard(nofile)
+            .build()
+            .map_err(oci)?])
+        .build()
+        .map_err(oci)
+}
+
+/// The namespaces, cgroup, resources and masked and read-only paths.
+fn linux(input: &SpecInput<'_>, host_net: bool) -> Result<Linux, RuntimeError> {
+    let mut ns_types = vec![
+        LinuxNamespaceType::Pid,
+        LinuxNamespaceType::Mount,
+        LinuxNamespaceType::Ipc,
+    ];
+    if !host_net {
+        ns_types.push(LinuxNamespaceType::Uts);
+    }
+    let namespaces = ns_types
+        .into_iter()
+        .map(|t| LinuxNamespaceBuilder::default().typ(t).build().map_err(oci))
+        .collect::<Result<Vec<_>, _>>()?;
+
+    LinuxBuilder::default()
+        .namespaces(namespaces)
+        .cgroups_path(PathBuf::from(input.cgroups_path))
+        .resources(resources(input.container)?)
+        .masked_paths(strings(&[
+            "/proc/acpi",
+            "/proc/asound",
+            "/proc/kcore",
+            "/proc/keys",
+            "/proc/latency_stats",
+            "/proc/timer_list",
+            "/proc/timer_stats",
+            "/proc/sched_debug",
+            "/proc/scsi",
+            "/sys/firmware",
+            "/sys/devices/virtual/powercap",
+        ]))
+        .readonly_paths(strings(&[
+            "/proc/bus",
+            "/proc/fs",
+            "/proc/irq",
+            "/proc/sys",
+            "/proc/sysrq-trigger",
+        ]))
+        .build()
+        .map_err(oci)
 }
 
 fn resources(container: &Container) -> Result<oci_spec::runtime::LinuxResources, RuntimeError> {
