@@ -288,38 +288,80 @@ fn create_and_start(config: &ShimConfig) -> Result<Running, Failure> {
     let work = config.container_dir.join("work");
     let rootfs_dir = config.bundle.join("rootfs");
     rootfs::mount(&config.layers, &upper, &work, &rootfs_dir).map_err(create)?;
+    let attach = bind_attach(config);
+    let (theirs, ours) = output_stdio(config)?;
+    let (stdin_r, stdin_w) = stdin_pipe(config)?;
+    let mut container = build_container(config, stdin_r, theirs)?;
+    let Some(init) = container.pid() else {
+        return Err(create("libcontainer reported no init pid".to_owned()));
+    };
+    set_oom_score_adj(config, init);
+    let output = receive_output(config, ours, init)?;
+    if let Err(e) = container.start() {
+        let message = chain(&e);
+        let _ = signal::kill(init, Signal::SIGKILL);
+        let _ = waitpid(init, None);
+        return Err((FailureKind::Start, message));
+    }
+    let started_at = record_started(config, init);
+    Ok(Running {
+        config: config.clone(),
+        init,
+        started_at,
+        output,
+        stdin: stdin_w,
+        attach,
+    })
+}
 
-    // Bound before the container exists, so that once the agent sees it running an
-    // attach finds the socket.
-    let attach = match unix_socket::bind_in(config.state_dir(), attach::SOCKET) {
+/// `attach.sock`, bound before the container exists, so that once the agent sees it
+/// running an attach finds the socket. None if it cannot be made: attach is refused.
+fn bind_attach(config: &ShimConfig) -> Option<UnixListener> {
+    match unix_socket::bind_in(config.state_dir(), attach::SOCKET) {
         Ok(l) => Some(l),
         Err(e) => {
             log::warn!("shim {}: attach socket: {e}; attach is refused", config.id);
             None
         }
-    };
+    }
+}
+
+/// The container's output, both sides: pipes, or with a terminal the console socket
+/// (libcontainer makes the terminal inside the container and sends us its master).
+fn output_stdio(config: &ShimConfig) -> Result<(Stdio, Ours), Failure> {
+    let create = |message: String| (FailureKind::Create, message);
     let pipe = || nix::unistd::pipe2(OFlag::O_CLOEXEC);
-    // With a terminal the init's stdio is the terminal: libcontainer makes it inside
-    // the container and sends us its master over the console socket.
-    let (theirs, ours) = if config.tty {
+    if config.tty {
         let l = unix_socket::bind_in(config.state_dir(), CONSOLE_SOCKET)
             .map_err(|e| create(format!("console socket: {e}")))?;
-        (
+        Ok((
             Stdio::Console(config.state_dir().join(CONSOLE_SOCKET)),
             Ours::Console(l),
-        )
+        ))
     } else {
         let (out_r, out_w) = pipe().map_err(|e| create(format!("create stdout pipe: {e}")))?;
         let (err_r, err_w) = pipe().map_err(|e| create(format!("create stderr pipe: {e}")))?;
-        (Stdio::Pipes(out_w, err_w), Ours::Pipes(out_r, err_r))
-    };
-    let (stdin_r, stdin_w) = if config.stdin && !config.tty {
-        let (r, w) = pipe().map_err(|e| create(format!("create stdin pipe: {e}")))?;
-        (Some(r), Some(w))
-    } else {
-        (None, None)
-    };
+        Ok((Stdio::Pipes(out_w, err_w), Ours::Pipes(out_r, err_r)))
+    }
+}
 
+/// The stdin pipe (read end, write end) for `stdin: true` without a terminal.
+fn stdin_pipe(config: &ShimConfig) -> Result<(Option<OwnedFd>, Option<OwnedFd>), Failure> {
+    if config.stdin && !config.tty {
+        let (r, w) = nix::unistd::pipe2(OFlag::O_CLOEXEC)
+            .map_err(|e| (FailureKind::Create, format!("create stdin pipe: {e}")))?;
+        Ok((Some(r), Some(w)))
+    } else {
+        Ok((None, None))
+    }
+}
+
+/// libcontainer's create: the container exists, its init waits to be started.
+fn build_container(
+    config: &ShimConfig,
+    stdin_r: Option<OwnedFd>,
+    theirs: Stdio,
+) -> Result<Container, Failure> {
     // The init must be our child, so not `as_sibling`: with it, libcontainer's
     // intermediate process (and so the init, cloned with CLONE_PARENT) would become
     // children of our parent.
@@ -340,50 +382,53 @@ fn create_and_start(config: &ShimConfig) -> Result<Running, Failure> {
                 .as_sibling(false)
         })
         .and_then(|b| b.build());
-    let mut container = match built {
-        Ok(c) => c,
-        Err(e) => {
-            let message = chain(&e);
-            // libcontainer reports the init's own failures, the missing executable
-            // among them, as "error in executing process".
-            let kind = if is_exec_failure(&message) {
-                FailureKind::Start
-            } else {
-                FailureKind::Create
-            };
-            return Err((kind, message));
-        }
-    };
-    let Some(init) = container.pid() else {
-        return Err(create("libcontainer reported no init pid".to_owned()));
-    };
+    built.map_err(|e| {
+        let message = chain(&e);
+        // libcontainer reports the init's own failures, the missing executable
+        // among them, as "error in executing process".
+        let kind = if is_exec_failure(&message) {
+            FailureKind::Start
+        } else {
+            FailureKind::Create
+        };
+        (kind, message)
+    })
+}
+
+fn set_oom_score_adj(config: &ShimConfig, init: Pid) {
     if let Some(adj) = config.oom_score_adj {
         // Raising a score needs no privilege; the kernel refuses only lowering it.
         if let Err(e) = std::fs::write(format!("/proc/{init}/oom_score_adj"), adj.to_string()) {
             log::warn!("shim {}: set oom_score_adj of {init}: {e}", config.id);
         }
     }
-    let output = match ours {
-        Ours::Pipes(stdout, stderr) => ContainerOutput::Pipes { stdout, stderr },
+}
+
+/// Our side of the container's output; with a terminal, its master as the init sends
+/// it (the init is killed if it does not).
+fn receive_output(config: &ShimConfig, ours: Ours, init: Pid) -> Result<ContainerOutput, Failure> {
+    match ours {
+        Ours::Pipes(stdout, stderr) => Ok(ContainerOutput::Pipes { stdout, stderr }),
         Ours::Console(l) => {
             let master = unix_socket::receive_fd(&l, CONSOLE_TIMEOUT);
             let _ = std::fs::remove_file(config.state_dir().join(CONSOLE_SOCKET));
             match master {
-                Ok(m) => ContainerOutput::Tty(m),
+                Ok(m) => Ok(ContainerOutput::Tty(m)),
                 Err(e) => {
                     let _ = signal::kill(init, Signal::SIGKILL);
                     let _ = waitpid(init, None);
-                    return Err(create(format!("receive the container's terminal: {e}")));
+                    Err((
+                        FailureKind::Create,
+                        format!("receive the container's terminal: {e}"),
+                    ))
                 }
             }
         }
-    };
-    if let Err(e) = container.start() {
-        let message = chain(&e);
-        let _ = signal::kill(init, Signal::SIGKILL);
-        let _ = waitpid(init, None);
-        return Err((FailureKind::Start, message));
     }
+}
+
+/// Writes `started.json` for the started init; returns when it started.
+fn record_started(config: &ShimConfig, init: Pid) -> time::Timestamp {
     let started_at = time::now();
     // Gone already (it exited at once): start time 0 matches no live process, and the
     // exit is still ours to reap and record.
@@ -399,14 +444,7 @@ fn create_and_start(config: &ShimConfig) -> Result<Running, Failure> {
     if let Err(e) = records::write_boot_scoped(config.state_dir(), records::STARTED, &rec) {
         log::error!("shim {}: {e}", config.id);
     }
-    Ok(Running {
-        config: config.clone(),
-        init,
-        started_at,
-        output,
-        stdin: stdin_w,
-        attach,
-    })
+    started_at
 }
 
 /// The container's side of its stdio, handed to libcontainer.
