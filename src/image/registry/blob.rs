@@ -11,6 +11,8 @@ use std::sync::{Condvar, Mutex, PoisonError};
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
+use ureq::http::Response;
+use ureq::Body;
 
 use super::super::content::Content;
 use super::super::digest::hex;
@@ -145,19 +147,10 @@ fn attempt(
     cancel: &AtomicBool,
 ) -> Result<(), RegistryError> {
     let partial = content.partial_path(digest)?;
-    let mut offset = std::fs::metadata(&partial).map_or(0, |m| m.len());
-    if offset > size {
-        remove(&partial);
-        offset = 0;
-    }
-    if offset == size && size > 0 {
+    let Some(mut offset) = partial_offset(&partial, digest, size)? else {
         // Complete on disk already (a pull that failed after it, or a restart).
-        if verify_file(&partial, digest, size)? {
-            return adopt(content, &partial, digest);
-        }
-        remove(&partial);
-        offset = 0;
-    }
+        return adopt(content, &partial, digest);
+    };
     let mut headers = vec![("Accept", "*/*".to_string())];
     if offset > 0 {
         headers.push(("Range", format!("bytes={offset}-")));
@@ -168,37 +161,7 @@ fn attempt(
     let path = format!("/v2/{}/blobs/{digest}", session.repository);
     let response = session.get(&path, headers, Some(timeout))?;
     let url = format!("{}{path}", session.endpoint.base);
-    let status = response.status().as_u16();
-    let resume = match status {
-        200 => false,
-        206 => {
-            let range = response
-                .headers()
-                .get("content-range")
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("");
-            if !range.starts_with(&format!("bytes {offset}-")) {
-                remove(&partial);
-                return Err(RegistryError::Transport {
-                    url,
-                    message: format!(
-                        "asked for bytes from {offset}, got range {range:?}; starting over"
-                    ),
-                    connect: false,
-                });
-            }
-            true
-        }
-        416 => {
-            remove(&partial);
-            return Err(RegistryError::Transport {
-                url,
-                message: "range not satisfiable; starting over".into(),
-                connect: false,
-            });
-        }
-        _ => return Err(status_error("GET", &url, response)),
-    };
+    let (resume, response) = resumes(response, offset, &partial, &url)?;
     // Refused before a byte is written when the declared size cannot fit.
     let mut budget = DiskBudget::new(
         partial.parent().unwrap_or(std::path::Path::new("/")),
@@ -206,16 +169,10 @@ fn attempt(
     );
     budget.expect(size - offset)?;
     let mut hasher = Sha256::new();
-    let mut file = if resume {
-        hash_prefix(&partial, &mut hasher)?;
-        OpenOptions::new()
-            .append(true)
-            .open(&partial)
-            .map_err(io_err(format!("open {}", partial.display())))?
-    } else {
+    if !resume {
         offset = 0;
-        File::create(&partial).map_err(io_err(format!("create {}", partial.display())))?
-    };
+    }
+    let mut file = open_partial(&partial, resume, &mut hasher)?;
     let (_, body) = response.into_parts();
     let mut reader = body.into_reader();
     let mut buf = vec![0u8; CHUNK];
@@ -250,11 +207,107 @@ fn attempt(
         written += n as u64;
         progress(written);
     }
+    if let Err(e) = check_end(&mut reader, hasher, digest, size, &url) {
+        drop(file);
+        remove(&partial);
+        return Err(e);
+    }
+    file.sync_all()
+        .map_err(io_err(format!("sync {}", partial.display())))?;
+    drop(file);
+    adopt(content, &partial, digest)
+}
+
+/// Where to resume the download of `partial`: from its length, or from 0 when it is
+/// longer than the blob or complete but wrong. None when it is complete and verified.
+fn partial_offset(
+    partial: &std::path::Path,
+    digest: &str,
+    size: u64,
+) -> Result<Option<u64>, RegistryError> {
+    let offset = std::fs::metadata(partial).map_or(0, |m| m.len());
+    if offset > size {
+        remove(partial);
+        return Ok(Some(0));
+    }
+    if offset == size && size > 0 {
+        if verify_file(partial, digest, size)? {
+            return Ok(None);
+        }
+        remove(partial);
+        return Ok(Some(0));
+    }
+    Ok(Some(offset))
+}
+
+/// Whether the registry's answer resumes at `offset` (206 with the range asked for)
+/// or sends the whole blob (200). A range it cannot serve starts the download over.
+fn resumes(
+    response: Response<Body>,
+    offset: u64,
+    partial: &std::path::Path,
+    url: &str,
+) -> Result<(bool, Response<Body>), RegistryError> {
+    match response.status().as_u16() {
+        200 => Ok((false, response)),
+        206 => {
+            let range = response
+                .headers()
+                .get("content-range")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("");
+            if !range.starts_with(&format!("bytes {offset}-")) {
+                remove(partial);
+                return Err(RegistryError::Transport {
+                    url: url.to_owned(),
+                    message: format!(
+                        "asked for bytes from {offset}, got range {range:?}; starting over"
+                    ),
+                    connect: false,
+                });
+            }
+            Ok((true, response))
+        }
+        416 => {
+            remove(partial);
+            Err(RegistryError::Transport {
+                url: url.to_owned(),
+                message: "range not satisfiable; starting over".into(),
+                connect: false,
+            })
+        }
+        _ => Err(status_error("GET", url, response)),
+    }
+}
+
+/// The partial file to write to: appended to after hashing what it holds, or made anew.
+fn open_partial(
+    partial: &std::path::Path,
+    resume: bool,
+    hasher: &mut Sha256,
+) -> Result<File, RegistryError> {
+    if resume {
+        hash_prefix(partial, hasher)?;
+        Ok(OpenOptions::new()
+            .append(true)
+            .open(partial)
+            .map_err(io_err(format!("open {}", partial.display())))?)
+    } else {
+        Ok(File::create(partial).map_err(io_err(format!("create {}", partial.display())))?)
+    }
+}
+
+/// Checks a body read to the blob's size: nothing more follows, and it hashes to `digest`.
+fn check_end(
+    reader: &mut impl Read,
+    hasher: Sha256,
+    digest: &str,
+    size: u64,
+    url: &str,
+) -> Result<(), RegistryError> {
     // A server that sends more than the descriptor says is not serving this blob.
     let mut extra = [0u8; 1];
     if matches!(reader.read(&mut extra), Ok(n) if n > 0) {
-        drop(file);
-        remove(&partial);
         return Err(ImageError::SizeMismatch {
             what: format!("blob {digest} from {url}"),
             expected: size,
@@ -264,8 +317,6 @@ fn attempt(
     }
     let got = format!("sha256:{}", hex(&hasher.finalize()));
     if got != digest {
-        drop(file);
-        remove(&partial);
         return Err(ImageError::DigestMismatch {
             what: format!("blob from {url}"),
             expected: digest.to_string(),
@@ -273,10 +324,7 @@ fn attempt(
         }
         .into());
     }
-    file.sync_all()
-        .map_err(io_err(format!("sync {}", partial.display())))?;
-    drop(file);
-    adopt(content, &partial, digest)
+    Ok(())
 }
 
 fn adopt(content: &Content, partial: &std::path::Path, digest: &str) -> Result<(), RegistryError> {
