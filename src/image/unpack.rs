@@ -390,99 +390,147 @@ impl Unpacker {
         }
         let path = parent.join(OsStr::from_bytes(file_name));
         match kind {
-            EntryType::Directory => {
-                let existing = fs::symlink_metadata(&path).ok();
-                if !existing.is_some_and(|m| m.is_dir()) {
-                    self.remove_existing(&path, &name)?;
-                    fs::create_dir(&path).map_err(self.io(&name, "create directory"))?;
-                }
-                self.set_meta(&path, &meta, &name)?;
-                self.dirs.push((path, meta.mtime));
-            }
+            EntryType::Directory => self.directory(path, &meta, &name)?,
             EntryType::Regular | EntryType::Continuous => {
-                self.remove_existing(&path, &name)?;
-                let mut file = OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .mode(0o600)
-                    .custom_flags(nix::libc::O_NOFOLLOW)
-                    .open(&path)
-                    .map_err(self.io(&name, "create file"))?;
-                io::copy(entry, &mut file).map_err(self.io(&name, "write file"))?;
-                std::os::unix::fs::fchown(&file, Some(meta.uid), Some(meta.gid))
-                    .map_err(self.io(&name, "chown file"))?;
-                // After chown, which clears set-id bits.
-                file.set_permissions(fs::Permissions::from_mode(meta.mode))
-                    .map_err(self.io(&name, "chmod file"))?;
-                self.set_xattrs(&path, &meta, &name)?;
-                file.set_modified(SystemTime::UNIX_EPOCH + Duration::from_secs(meta.mtime))
-                    .map_err(self.io(&name, "set file mtime"))?;
+                self.regular(entry, &path, &meta, &name)?
             }
-            EntryType::Symlink => {
-                let target = entry
-                    .link_name_bytes()
-                    .filter(|t| !t.is_empty())
-                    .ok_or_else(|| self.unsafe_entry(&name, "symlink has no target"))?
-                    .into_owned();
-                self.remove_existing(&path, &name)?;
-                std::os::unix::fs::symlink(OsStr::from_bytes(&target), &path)
-                    .map_err(self.io(&name, "create symlink"))?;
-                std::os::unix::fs::lchown(&path, Some(meta.uid), Some(meta.gid))
-                    .map_err(self.io(&name, "chown symlink"))?;
-                set_mtime_nofollow(&path, meta.mtime)
-                    .map_err(self.io(&name, "set symlink mtime"))?;
-            }
-            EntryType::Link => {
-                let raw_target = entry
-                    .link_name_bytes()
-                    .ok_or_else(|| self.unsafe_entry(&name, "hard link has no target"))?
-                    .into_owned();
-                let target = self.hardlink_target(&raw_target, &name)?;
-                if target == path {
-                    return Ok(());
-                }
-                self.remove_existing(&path, &name)?;
-                fs::hard_link(&target, &path).map_err(self.io(&name, "create hard link"))?;
-            }
-            EntryType::Char | EntryType::Block => {
-                // A layer's device node would work for whoever reaches the layer store
-                // on the host, and a container gets its /dev from the runtime (its
-                // devices cgroup allows only those): an overlay whiteout instead (device
-                // 0:0, which opens nothing), so the path is absent in the container, as
-                // rootless unpackers leave it, and still hides what lower layers had.
-                log::info!(
-                    "layer {}: device node {name} unpacked as a whiteout",
-                    self.layer
-                );
-                self.remove_existing(&path, &name)?;
-                mknod(&path, SFlag::S_IFCHR, Mode::empty(), makedev(0, 0))
-                    .map_err(|e| self.io(&name, "create whiteout")(e.into()))?;
-            }
-            EntryType::Fifo => {
-                let sflag = SFlag::S_IFIFO;
-                let header = entry.header();
-                let major = header.device_major().ok().flatten().unwrap_or(0);
-                let minor = header.device_minor().ok().flatten().unwrap_or(0);
-                self.remove_existing(&path, &name)?;
-                mknod(
-                    &path,
-                    sflag,
-                    Mode::empty(),
-                    makedev(major.into(), minor.into()),
-                )
-                .map_err(|e| self.io(&name, "create device node")(e.into()))?;
-                std::os::unix::fs::lchown(&path, Some(meta.uid), Some(meta.gid))
-                    .map_err(self.io(&name, "chown device node"))?;
-                fs::set_permissions(&path, fs::Permissions::from_mode(meta.mode))
-                    .map_err(self.io(&name, "chmod device node"))?;
-                set_mtime_nofollow(&path, meta.mtime).map_err(self.io(&name, "set mtime"))?;
-            }
+            EntryType::Symlink => self.symlink(entry, &path, &meta, &name)?,
+            EntryType::Link => self.hard_link(entry, &path, &name)?,
+            EntryType::Char | EntryType::Block => self.device(&path, &name)?,
+            EntryType::Fifo => self.fifo(entry, &path, &meta, &name)?,
             other => {
                 return Err(
                     self.unsafe_entry(&name, format!("unsupported tar entry type {other:?}"))
                 );
             }
         }
+        Ok(())
+    }
+
+    /// A directory: made unless one is there, its metadata set (its mtime at the end).
+    fn directory(&mut self, path: PathBuf, meta: &Meta, name: &str) -> Result<(), ImageError> {
+        let existing = fs::symlink_metadata(&path).ok();
+        if !existing.is_some_and(|m| m.is_dir()) {
+            self.remove_existing(&path, name)?;
+            fs::create_dir(&path).map_err(self.io(name, "create directory"))?;
+        }
+        self.set_meta(&path, meta, name)?;
+        self.dirs.push((path, meta.mtime));
+        Ok(())
+    }
+
+    /// A regular file, written through no symlink, then owned, moded and dated.
+    fn regular<R: Read>(
+        &self,
+        entry: &mut tar::Entry<R>,
+        path: &Path,
+        meta: &Meta,
+        name: &str,
+    ) -> Result<(), ImageError> {
+        self.remove_existing(path, name)?;
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(nix::libc::O_NOFOLLOW)
+            .open(path)
+            .map_err(self.io(name, "create file"))?;
+        io::copy(entry, &mut file).map_err(self.io(name, "write file"))?;
+        std::os::unix::fs::fchown(&file, Some(meta.uid), Some(meta.gid))
+            .map_err(self.io(name, "chown file"))?;
+        // After chown, which clears set-id bits.
+        file.set_permissions(fs::Permissions::from_mode(meta.mode))
+            .map_err(self.io(name, "chmod file"))?;
+        self.set_xattrs(path, meta, name)?;
+        file.set_modified(SystemTime::UNIX_EPOCH + Duration::from_secs(meta.mtime))
+            .map_err(self.io(name, "set file mtime"))?;
+        Ok(())
+    }
+
+    /// A symlink, owned and dated without following it.
+    fn symlink<R: Read>(
+        &self,
+        entry: &mut tar::Entry<R>,
+        path: &Path,
+        meta: &Meta,
+        name: &str,
+    ) -> Result<(), ImageError> {
+        let target = entry
+            .link_name_bytes()
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| self.unsafe_entry(name, "symlink has no target"))?
+            .into_owned();
+        self.remove_existing(path, name)?;
+        std::os::unix::fs::symlink(OsStr::from_bytes(&target), path)
+            .map_err(self.io(name, "create symlink"))?;
+        std::os::unix::fs::lchown(path, Some(meta.uid), Some(meta.gid))
+            .map_err(self.io(name, "chown symlink"))?;
+        set_mtime_nofollow(path, meta.mtime).map_err(self.io(name, "set symlink mtime"))?;
+        Ok(())
+    }
+
+    /// A hard link to an entry already unpacked in this layer.
+    fn hard_link<R: Read>(
+        &self,
+        entry: &mut tar::Entry<R>,
+        path: &Path,
+        name: &str,
+    ) -> Result<(), ImageError> {
+        let raw_target = entry
+            .link_name_bytes()
+            .ok_or_else(|| self.unsafe_entry(name, "hard link has no target"))?
+            .into_owned();
+        let target = self.hardlink_target(&raw_target, name)?;
+        if target == *path {
+            return Ok(());
+        }
+        self.remove_existing(path, name)?;
+        fs::hard_link(&target, path).map_err(self.io(name, "create hard link"))?;
+        Ok(())
+    }
+
+    /// A char or block device node, unpacked as a whiteout.
+    fn device(&self, path: &Path, name: &str) -> Result<(), ImageError> {
+        // A layer's device node would work for whoever reaches the layer store
+        // on the host, and a container gets its /dev from the runtime (its
+        // devices cgroup allows only those): an overlay whiteout instead (device
+        // 0:0, which opens nothing), so the path is absent in the container, as
+        // rootless unpackers leave it, and still hides what lower layers had.
+        log::info!(
+            "layer {}: device node {name} unpacked as a whiteout",
+            self.layer
+        );
+        self.remove_existing(path, name)?;
+        mknod(path, SFlag::S_IFCHR, Mode::empty(), makedev(0, 0))
+            .map_err(|e| self.io(name, "create whiteout")(e.into()))?;
+        Ok(())
+    }
+
+    /// A FIFO, owned, moded and dated without following it.
+    fn fifo<R: Read>(
+        &self,
+        entry: &mut tar::Entry<R>,
+        path: &Path,
+        meta: &Meta,
+        name: &str,
+    ) -> Result<(), ImageError> {
+        let sflag = SFlag::S_IFIFO;
+        let header = entry.header();
+        let major = header.device_major().ok().flatten().unwrap_or(0);
+        let minor = header.device_minor().ok().flatten().unwrap_or(0);
+        self.remove_existing(path, name)?;
+        mknod(
+            path,
+            sflag,
+            Mode::empty(),
+            makedev(major.into(), minor.into()),
+        )
+        .map_err(|e| self.io(name, "create device node")(e.into()))?;
+        std::os::unix::fs::lchown(path, Some(meta.uid), Some(meta.gid))
+            .map_err(self.io(name, "chown device node"))?;
+        fs::set_permissions(path, fs::Permissions::from_mode(meta.mode))
+            .map_err(self.io(name, "chmod device node"))?;
+        set_mtime_nofollow(path, meta.mtime).map_err(self.io(name, "set mtime"))?;
         Ok(())
     }
 
