@@ -100,6 +100,55 @@ pub struct PullResult {
     pub duration: Duration,
 }
 
+/// Tells the progress callback which manifest and layers a pull settled on.
+fn announce(opts: &PullOptions, normalized: &str, resolved: &Resolved) {
+    if let Some(p) = &opts.progress {
+        p(Progress::Resolved {
+            reference: normalized.to_owned(),
+            manifest: resolved.manifest_digest.clone(),
+            layers: resolved
+                .layers
+                .iter()
+                .map(|l| (l.digest.clone(), l.size))
+                .collect(),
+        });
+    }
+}
+
+/// A pull of an image already complete in the store: every layer is cached, and only
+/// the name is recorded.
+fn retag(
+    images: &ImageStore,
+    existing: ImageRecord,
+    normalized: String,
+    resolved: &Resolved,
+    opts: &PullOptions,
+    started: Instant,
+) -> Result<PullResult, RegistryError> {
+    if let Some(p) = &opts.progress {
+        for l in &resolved.layers {
+            p(Progress::LayerDone {
+                digest: l.digest.clone(),
+                cached: true,
+            });
+        }
+    }
+    let pending = Pending {
+        names: vec![normalized],
+        manifest_digest: existing.manifest_digest.clone(),
+        config_digest: existing.config_digest.clone(),
+        layers: existing.layers.clone(),
+        diff_ids: Vec::new(),
+        size: existing.size,
+    };
+    let record = images.record_pulled(pending)?;
+    Ok(PullResult {
+        record,
+        downloaded: 0,
+        duration: started.elapsed(),
+    })
+}
+
 /// The manifest a pull settled on, and where it came from.
 struct Resolved {
     manifest_digest: String,
@@ -152,71 +201,21 @@ impl Registry {
         let normalized = parsed.to_string();
         let endpoints = self.hosts.endpoints(&parsed.domain)?;
         let resolved = self.resolve(&endpoints, &parsed, &normalized, opts)?;
-        if let Some(p) = &opts.progress {
-            p(Progress::Resolved {
-                reference: normalized.clone(),
-                manifest: resolved.manifest_digest.clone(),
-                layers: resolved
-                    .layers
-                    .iter()
-                    .map(|l| (l.digest.clone(), l.size))
-                    .collect(),
-            });
-        }
+        announce(opts, &normalized, &resolved);
         // Already here (an `Always` pull of an unchanged tag): only the tag is recorded.
         if let Some(existing) = images.complete(&resolved.manifest_digest)? {
-            if let Some(p) = &opts.progress {
-                for l in &resolved.layers {
-                    p(Progress::LayerDone {
-                        digest: l.digest.clone(),
-                        cached: true,
-                    });
-                }
-            }
-            let pending = Pending {
-                names: vec![normalized],
-                manifest_digest: existing.manifest_digest.clone(),
-                config_digest: existing.config_digest.clone(),
-                layers: existing.layers.clone(),
-                diff_ids: Vec::new(),
-                size: existing.size,
-            };
-            let record = images.record_pulled(pending)?;
-            return Ok(PullResult {
-                record,
-                downloaded: 0,
-                duration: started.elapsed(),
-            });
+            return retag(images, existing, normalized, &resolved, opts, started);
         }
-        let content = images.content();
         let mut fetched_small = Vec::new();
         let result = (|| {
-            // The manifest goes in as it was served: its digest is what names the image.
-            let known = content.has_blob(&resolved.manifest_digest)?;
-            content.write_blob(
-                &mut resolved.manifest.as_slice(),
-                &format!("manifest {}", resolved.manifest_digest),
-                super::super::digest::Expect {
-                    digest: Some(&resolved.manifest_digest),
-                    size: Some(resolved.manifest.len() as u64),
-                },
+            let diff_ids = self.manifest_and_config(
+                images,
+                &endpoints,
+                &parsed,
+                &resolved,
+                opts,
+                &mut fetched_small,
             )?;
-            if !known {
-                fetched_small.push(resolved.manifest_digest.clone());
-            }
-            let config = self.small_blob(&endpoints, &parsed, &resolved.config, opts)?;
-            if !content.has_blob(&resolved.config.digest)? {
-                fetched_small.push(resolved.config.digest.clone());
-            }
-            content.write_blob(
-                &mut config.as_slice(),
-                &format!("config {}", resolved.config.digest),
-                super::super::digest::Expect {
-                    digest: Some(&resolved.config.digest),
-                    size: Some(resolved.config.size),
-                },
-            )?;
-            let diff_ids = parse_config(&config, &resolved.config.digest)?;
             if diff_ids.len() != resolved.layers.len() {
                 return Err(RegistryError::Invalid {
                     what: format!("image {normalized}"),
@@ -259,6 +258,46 @@ impl Registry {
             images.abandon(&layers, &fetched_small);
         }
         result
+    }
+
+    /// Stores the manifest as it was served and the config as fetched; returns the
+    /// config's diff ids. What was not in the store before goes into `fetched`.
+    fn manifest_and_config(
+        &self,
+        images: &ImageStore,
+        endpoints: &[Endpoint],
+        parsed: &Reference,
+        resolved: &Resolved,
+        opts: &PullOptions,
+        fetched: &mut Vec<String>,
+    ) -> Result<Vec<String>, RegistryError> {
+        let content = images.content();
+        // The manifest goes in as it was served: its digest is what names the image.
+        let known = content.has_blob(&resolved.manifest_digest)?;
+        content.write_blob(
+            &mut resolved.manifest.as_slice(),
+            &format!("manifest {}", resolved.manifest_digest),
+            super::super::digest::Expect {
+                digest: Some(&resolved.manifest_digest),
+                size: Some(resolved.manifest.len() as u64),
+            },
+        )?;
+        if !known {
+            fetched.push(resolved.manifest_digest.clone());
+        }
+        let config = self.small_blob(endpoints, parsed, &resolved.config, opts)?;
+        if !content.has_blob(&resolved.config.digest)? {
+            fetched.push(resolved.config.digest.clone());
+        }
+        content.write_blob(
+            &mut config.as_slice(),
+            &format!("config {}", resolved.config.digest),
+            super::super::digest::Expect {
+                digest: Some(&resolved.config.digest),
+                size: Some(resolved.config.size),
+            },
+        )?;
+        Ok(parse_config(&config, &resolved.config.digest)?)
     }
 
     fn credentials(
