@@ -575,7 +575,6 @@ impl ImageStore {
         let reconciled: Tree<bool> = self.store.tree(INDEX_META)?;
         let fresh = reconciled.get(RECONCILED)?.is_none();
         let _guard = self.guard();
-        let mut restored = 0usize;
         // An index entry without its file (stored before there were files).
         for (_, r) in self.images.entries()? {
             if !self.content.has_record(&r.manifest_digest)? {
@@ -584,6 +583,41 @@ impl ImageStore {
         }
         let mut batch = Batch::new();
         let mut indexed: HashSet<String> = self.images.keys()?.into_iter().collect();
+        let mut restored = self.restore_from_record_files(&mut batch, &mut indexed)?;
+        if fresh || indexed.is_empty() {
+            for record in self.manifests_on_disk(&indexed)? {
+                self.write_record_file(&record)?;
+                log::warn!(
+                    "image index: put back {} from its manifest, under its digest (its tags were not recorded)",
+                    record.manifest_digest
+                );
+                indexed.insert(record.manifest_digest.clone());
+                self.put_back(&mut batch, &record)?;
+                restored += 1;
+            }
+        }
+        self.store.apply(batch)?;
+        if fresh {
+            reconciled.put(RECONCILED, &true)?;
+        }
+        if restored > 0 || fresh {
+            self.store.flush()?;
+            log::warn!(
+                "image index: {restored} image(s) put back from the content store in {} ms",
+                started.elapsed().as_millis()
+            );
+        }
+        self.remove_unused(fresh)
+    }
+
+    /// Puts back into `batch` the images whose record files the index lacks, when all
+    /// their blobs are still there; returns how many.
+    fn restore_from_record_files(
+        &self,
+        batch: &mut Batch,
+        indexed: &mut HashSet<String>,
+    ) -> Result<usize, ImageError> {
+        let mut restored = 0usize;
         for (digest, bytes) in self.content.records(JSON_LIMIT)? {
             if indexed.contains(&digest) {
                 continue;
@@ -609,7 +643,7 @@ impl ImageStore {
                 );
                 continue;
             }
-            self.put_back(&mut batch, &record)?;
+            self.put_back(batch, &record)?;
             log::warn!(
                 "image index: put back {} ({digest}) from its record file",
                 record.references.join(", ")
@@ -617,29 +651,12 @@ impl ImageStore {
             indexed.insert(digest);
             restored += 1;
         }
-        if fresh || indexed.is_empty() {
-            for record in self.manifests_on_disk(&indexed)? {
-                self.write_record_file(&record)?;
-                log::warn!(
-                    "image index: put back {} from its manifest, under its digest (its tags were not recorded)",
-                    record.manifest_digest
-                );
-                indexed.insert(record.manifest_digest.clone());
-                self.put_back(&mut batch, &record)?;
-                restored += 1;
-            }
-        }
-        self.store.apply(batch)?;
-        if fresh {
-            reconciled.put(RECONCILED, &true)?;
-        }
-        if restored > 0 || fresh {
-            self.store.flush()?;
-            log::warn!(
-                "image index: {restored} image(s) put back from the content store in {} ms",
-                started.elapsed().as_millis()
-            );
-        }
+        Ok(restored)
+    }
+
+    /// Removes the blobs and layers no recorded image uses, unless the store is `fresh`
+    /// and cannot tell them from what it forgot.
+    fn remove_unused(&self, fresh: bool) -> Result<(), ImageError> {
         let live = self.live()?;
         let unused: Vec<String> = self
             .content
