@@ -209,101 +209,119 @@ impl Reader<'_> {
                     )
                 }
             },
-            "authentication" => {
-                let m = self.mapping(key, value)?;
-                for (k, v) in m {
-                    let k = self.sub_key(key, k)?;
-                    match k.as_str() {
-                        "authentication.x509" => {
-                            for (k2, v2) in self.mapping(&k, v)? {
-                                let k2 = self.sub_key(&k, k2)?;
-                                match k2.as_str() {
-                                    "authentication.x509.clientCAFile" => {
-                                        s.client_ca_file =
-                                            Some(base.join(self.file_path(&k2, v2)?));
-                                    }
-                                    _ => return Err(self.err(&k2, "unknown key".into())),
-                                }
-                            }
-                        }
-                        "authentication.anonymous" => {
-                            for (k2, v2) in self.mapping(&k, v)? {
-                                let k2 = self.sub_key(&k, k2)?;
-                                match (k2.as_str(), v2) {
-                                    ("authentication.anonymous.enabled", Value::Bool(b)) => {
-                                        s.anonymous = Some(*b)
-                                    }
-                                    ("authentication.anonymous.enabled", other) => {
-                                        return Err(self.err(
-                                            &k2,
-                                            format!("expected true or false, got {}", short(other)),
-                                        ))
-                                    }
-                                    _ => return Err(self.err(&k2, "unknown key".into())),
-                                }
-                            }
-                        }
-                        "authentication.webhook" => {
-                            for (k2, v2) in self.mapping(&k, v)? {
-                                let k2 = self.sub_key(&k, k2)?;
-                                match (k2.as_str(), v2) {
-                                    ("authentication.webhook.enabled", Value::Bool(b)) => {
-                                        s.token_webhook = Some(*b)
-                                    }
-                                    ("authentication.webhook.enabled", other) => {
-                                        return Err(self.err(
-                                            &k2,
-                                            format!("expected true or false, got {}", short(other)),
-                                        ))
-                                    }
-                                    ("authentication.webhook.cacheTTL", v2) => {
-                                        s.token_cache_ttl = Some(self.ttl(&k2, v2)?)
-                                    }
-                                    _ => return Err(self.err(&k2, "unknown key".into())),
-                                }
-                            }
-                        }
-                        _ => return Err(self.err(&k, "unknown key".into())),
-                    }
-                }
-            }
-            "authorization" => {
-                for (k, v) in self.mapping(key, value)? {
-                    let k = self.sub_key(key, k)?;
-                    match k.as_str() {
-                        "authorization.mode" => {
-                            s.authorization = Some(match self.string(&k, v)?.as_str() {
-                                "AlwaysAllow" => AuthorizationMode::AlwaysAllow,
-                                "Webhook" => AuthorizationMode::Webhook,
-                                other => {
-                                    return Err(self.err(
-                                        &k,
-                                        format!("expected AlwaysAllow or Webhook, got {other:?}"),
-                                    ))
-                                }
-                            })
-                        }
-                        "authorization.webhook" => {
-                            for (k2, v2) in self.mapping(&k, v)? {
-                                let k2 = self.sub_key(&k, k2)?;
-                                match k2.as_str() {
-                                    "authorization.webhook.cacheAuthorizedTTL" => {
-                                        s.authorized_ttl = Some(self.ttl(&k2, v2)?)
-                                    }
-                                    "authorization.webhook.cacheUnauthorizedTTL" => {
-                                        s.unauthorized_ttl = Some(self.ttl(&k2, v2)?)
-                                    }
-                                    _ => return Err(self.err(&k2, "unknown key".into())),
-                                }
-                            }
-                        }
-                        _ => return Err(self.err(&k, "unknown key".into())),
-                    }
-                }
-            }
+            "authentication" => self.authentication(key, value, base, s)?,
+            "authorization" => self.authorization(key, value, s)?,
             _ => return Ok(false),
         }
         Ok(true)
+    }
+
+    /// `authentication`: the client CA, anonymous requests and the token webhook.
+    fn authentication(
+        &self,
+        key: &str,
+        value: &Value,
+        base: &Path,
+        s: &mut ServerFileConfig,
+    ) -> Result<(), ConfigError> {
+        let m = self.mapping(key, value)?;
+        for (k, v) in m {
+            let k = self.sub_key(key, k)?;
+            match k.as_str() {
+                "authentication.x509" => {
+                    for (k2, v2) in self.mapping(&k, v)? {
+                        let k2 = self.sub_key(&k, k2)?;
+                        match k2.as_str() {
+                            "authentication.x509.clientCAFile" => {
+                                s.client_ca_file = Some(base.join(self.file_path(&k2, v2)?));
+                            }
+                            _ => return Err(self.err(&k2, "unknown key".into())),
+                        }
+                    }
+                }
+                "authentication.anonymous" => {
+                    for (k2, v2) in self.mapping(&k, v)? {
+                        let k2 = self.sub_key(&k, k2)?;
+                        match (k2.as_str(), v2) {
+                            ("authentication.anonymous.enabled", Value::Bool(b)) => {
+                                s.anonymous = Some(*b)
+                            }
+                            ("authentication.anonymous.enabled", other) => {
+                                return Err(self.err(
+                                    &k2,
+                                    format!("expected true or false, got {}", short(other)),
+                                ))
+                            }
+                            _ => return Err(self.err(&k2, "unknown key".into())),
+                        }
+                    }
+                }
+                "authentication.webhook" => {
+                    for (k2, v2) in self.mapping(&k, v)? {
+                        let k2 = self.sub_key(&k, k2)?;
+                        match (k2.as_str(), v2) {
+                            ("authentication.webhook.enabled", Value::Bool(b)) => {
+                                s.token_webhook = Some(*b)
+                            }
+                            ("authentication.webhook.enabled", other) => {
+                                return Err(self.err(
+                                    &k2,
+                                    format!("expected true or false, got {}", short(other)),
+                                ))
+                            }
+                            ("authentication.webhook.cacheTTL", v2) => {
+                                s.token_cache_ttl = Some(self.ttl(&k2, v2)?)
+                            }
+                            _ => return Err(self.err(&k2, "unknown key".into())),
+                        }
+                    }
+                }
+                _ => return Err(self.err(&k, "unknown key".into())),
+            }
+        }
+        Ok(())
+    }
+
+    /// `authorization`: its mode and the webhook's cache times.
+    fn authorization(
+        &self,
+        key: &str,
+        value: &Value,
+        s: &mut ServerFileConfig,
+    ) -> Result<(), ConfigError> {
+        for (k, v) in self.mapping(key, value)? {
+            let k = self.sub_key(key, k)?;
+            match k.as_str() {
+                "authorization.mode" => {
+                    s.authorization = Some(match self.string(&k, v)?.as_str() {
+                        "AlwaysAllow" => AuthorizationMode::AlwaysAllow,
+                        "Webhook" => AuthorizationMode::Webhook,
+                        other => {
+                            return Err(self.err(
+                                &k,
+                                format!("expected AlwaysAllow or Webhook, got {other:?}"),
+                            ))
+                        }
+                    })
+                }
+                "authorization.webhook" => {
+                    for (k2, v2) in self.mapping(&k, v)? {
+                        let k2 = self.sub_key(&k, k2)?;
+                        match k2.as_str() {
+                            "authorization.webhook.cacheAuthorizedTTL" => {
+                                s.authorized_ttl = Some(self.ttl(&k2, v2)?)
+                            }
+                            "authorization.webhook.cacheUnauthorizedTTL" => {
+                                s.unauthorized_ttl = Some(self.ttl(&k2, v2)?)
+                            }
+                            _ => return Err(self.err(&k2, "unknown key".into())),
+                        }
+                    }
+                }
+                _ => return Err(self.err(&k, "unknown key".into())),
+            }
+        }
+        Ok(())
     }
 
     /// Reads `holdfast.offlineAuthorization` into `out`; false for any other key of
