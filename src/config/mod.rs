@@ -249,6 +249,28 @@ fn merge(
     file: &FileConfig,
     hostname: impl FnOnce() -> Result<String, ConfigError>,
 ) -> Result<Config, ConfigError> {
+    let mut config = Config::with_defaults(node_name(flags, file, hostname)?);
+    merge_local(&mut config, flags, file)?;
+    config.verbosity = flags.verbosity;
+    merge_cluster(&mut config, flags, file);
+    config.images = ImageConfig::merge(
+        &file.images,
+        &config.root_dir,
+        images::home_dir().as_deref(),
+        std::env::current_dir().ok().as_deref(),
+    );
+    config.pods = file.pods.settings();
+    file.server.apply(&mut config.server);
+    Ok(config)
+}
+
+/// The node's name: `--hostname-override`, the file's, or the machine's hostname,
+/// lower-cased and checked as a DNS subdomain.
+fn node_name(
+    flags: &RunFlags,
+    file: &FileConfig,
+    hostname: impl FnOnce() -> Result<String, ConfigError>,
+) -> Result<String, ConfigError> {
     let (raw_name, origin) = match (&flags.hostname_override, &file.hostname_override) {
         (Some(name), _) => (name.clone(), "--hostname-override"),
         (None, Some(name)) => (name.clone(), "holdfast.hostnameOverride"),
@@ -260,8 +282,16 @@ fn merge(
         origin,
         reason,
     })?;
+    Ok(node_name)
+}
 
-    let mut config = Config::with_defaults(node_name);
+/// What the node keeps to itself: its directories, sync and log settings, cgroup root
+/// and crash-loop back-off.
+fn merge_local(
+    config: &mut Config,
+    flags: &RunFlags,
+    file: &FileConfig,
+) -> Result<(), ConfigError> {
     let pick_path = |flag: &Option<PathBuf>, from_file: &Option<PathBuf>, default: &mut PathBuf| {
         if let Some(p) = flag.as_ref().or(from_file.as_ref()) {
             *default = p.clone();
@@ -308,7 +338,12 @@ fn merge(
             ),
         });
     }
-    config.verbosity = flags.verbosity;
+    Ok(())
+}
+
+/// How the node joins its cluster: reservations, labels, credentials, taints, status
+/// reports, its port and pod count.
+fn merge_cluster(config: &mut Config, flags: &RunFlags, file: &FileConfig) {
     let map = |from_file: &BTreeMap<String, String>, from_flags: &BTreeMap<String, String>| {
         let mut m = from_file.clone();
         m.extend(from_flags.iter().map(|(k, v)| (k.clone(), v.clone())));
@@ -351,15 +386,6 @@ fn merge(
     if let Some(d) = flags.uplink_retry_max.or(file.uplink_retry_max) {
         config.uplink_retry_max = d;
     }
-    config.images = ImageConfig::merge(
-        &file.images,
-        &config.root_dir,
-        images::home_dir().as_deref(),
-        std::env::current_dir().ok().as_deref(),
-    );
-    config.pods = file.pods.settings();
-    file.server.apply(&mut config.server);
-    Ok(config)
 }
 
 fn machine_hostname() -> Result<String, ConfigError> {
