@@ -102,21 +102,7 @@ pub fn parse_flags(args: &[String]) -> Result<RunFlags, ConfigError> {
             Some((n, v)) => (n, Some(v.to_string())),
             None => (arg.as_str(), None),
         };
-        let canonical = match name {
-            "-v" => "--v",
-            _ if FLAGS.contains(&name) => name,
-            _ if name.starts_with('-') => {
-                return Err(ConfigError::Flag {
-                    flag: name.to_string(),
-                    reason: "unknown flag (see holdfast run --help)".into(),
-                })
-            }
-            _ => {
-                return Err(ConfigError::Usage(format!(
-                    "unexpected argument {arg:?}\n{USAGE}"
-                )))
-            }
-        };
+        let canonical = canonical(arg, name)?;
         let value = match inline {
             Some(v) => v,
             None => iter.next().cloned().ok_or_else(|| ConfigError::Flag {
@@ -130,77 +116,98 @@ pub fn parse_flags(args: &[String]) -> Result<RunFlags, ConfigError> {
                 reason: "empty value".into(),
             });
         }
-        match canonical {
-            "--config" => flags.config = Some(PathBuf::from(value)),
-            "--root-dir" => flags.root_dir = Some(PathBuf::from(value)),
-            "--pod-manifest-path" => flags.pod_manifest_path = Some(PathBuf::from(value)),
-            "--hostname-override" => flags.hostname_override = Some(value),
-            "--board" => flags.board = Some(value),
-            "--board-dir" => flags.board_dir = Some(PathBuf::from(value)),
-            "--kubeconfig" => flags.kubeconfig = Some(PathBuf::from(value)),
-            "--bootstrap-kubeconfig" => flags.bootstrap_kubeconfig = Some(PathBuf::from(value)),
-            "--node-ip" => flags.node_ip = Some(node_ip(canonical, &value)?),
-            "--register-with-taints" => {
-                flags.register_with_taints = Some(taints(canonical, &value)?);
-            }
-            "--uplink-retry-max" => {
-                let d = super::parse_duration(&value).map_err(|reason| ConfigError::Flag {
-                    flag: canonical.into(),
-                    reason,
-                })?;
-                if d.is_zero() {
-                    return Err(ConfigError::Flag {
-                        flag: canonical.into(),
-                        reason: "must be more than zero".into(),
-                    });
-                }
-                flags.uplink_retry_max = Some(d);
-            }
-            "--port" => {
-                let p = value.parse::<u16>().ok().filter(|p| *p > 0);
-                flags.port = Some(p.ok_or_else(|| ConfigError::Flag {
-                    flag: canonical.into(),
-                    reason: format!("expected a port from 1 to 65535, got {value:?}"),
-                })?);
-            }
-            "--node-labels" => pairs(canonical, &value, '=', check_label, &mut flags.node_labels)?,
-            "--system-reserved" => pairs(
-                canonical,
-                &value,
-                '=',
-                check_reserved,
-                &mut flags.system_reserved,
-            )?,
-            "--kube-reserved" => pairs(
-                canonical,
-                &value,
-                '=',
-                check_reserved,
-                &mut flags.kube_reserved,
-            )?,
-            "--eviction-hard" => pairs(
-                canonical,
-                &value,
-                '<',
-                check_eviction,
-                &mut flags.eviction_hard,
-            )?,
-            "--v" => {
-                let level = value.parse::<u8>().map_err(|_| ConfigError::Flag {
-                    flag: canonical.into(),
-                    reason: format!("expected a number from 0 to 255, got {value:?}"),
-                })?;
-                flags.verbosity = Some(level);
-            }
-            other => {
-                return Err(ConfigError::Flag {
-                    flag: other.into(),
-                    reason: "listed but not read (a bug)".into(),
-                })
-            }
-        }
+        set_flag(&mut flags, canonical, value)?;
     }
     Ok(flags)
+}
+
+/// The flag `name` (from `arg`) as `FLAGS` lists it; `-v` is `--v`.
+fn canonical<'a>(arg: &str, name: &'a str) -> Result<&'a str, ConfigError> {
+    match name {
+        "-v" => Ok("--v"),
+        _ if FLAGS.contains(&name) => Ok(name),
+        _ if name.starts_with('-') => Err(ConfigError::Flag {
+            flag: name.to_string(),
+            reason: "unknown flag (see holdfast run --help)".into(),
+        }),
+        _ => Err(ConfigError::Usage(format!(
+            "unexpected argument {arg:?}\n{USAGE}"
+        ))),
+    }
+}
+
+/// Sets the flag `canonical` to `value` in `flags`, checked.
+fn set_flag(flags: &mut RunFlags, canonical: &str, value: String) -> Result<(), ConfigError> {
+    match canonical {
+        "--config" => flags.config = Some(PathBuf::from(value)),
+        "--root-dir" => flags.root_dir = Some(PathBuf::from(value)),
+        "--pod-manifest-path" => flags.pod_manifest_path = Some(PathBuf::from(value)),
+        "--hostname-override" => flags.hostname_override = Some(value),
+        "--board" => flags.board = Some(value),
+        "--board-dir" => flags.board_dir = Some(PathBuf::from(value)),
+        "--kubeconfig" => flags.kubeconfig = Some(PathBuf::from(value)),
+        "--bootstrap-kubeconfig" => flags.bootstrap_kubeconfig = Some(PathBuf::from(value)),
+        "--node-ip" => flags.node_ip = Some(node_ip(canonical, &value)?),
+        "--register-with-taints" => {
+            flags.register_with_taints = Some(taints(canonical, &value)?);
+        }
+        "--uplink-retry-max" => {
+            let d = super::parse_duration(&value).map_err(|reason| ConfigError::Flag {
+                flag: canonical.into(),
+                reason,
+            })?;
+            if d.is_zero() {
+                return Err(ConfigError::Flag {
+                    flag: canonical.into(),
+                    reason: "must be more than zero".into(),
+                });
+            }
+            flags.uplink_retry_max = Some(d);
+        }
+        "--port" => {
+            let p = value.parse::<u16>().ok().filter(|p| *p > 0);
+            flags.port = Some(p.ok_or_else(|| ConfigError::Flag {
+                flag: canonical.into(),
+                reason: format!("expected a port from 1 to 65535, got {value:?}"),
+            })?);
+        }
+        "--node-labels" => pairs(canonical, &value, '=', check_label, &mut flags.node_labels)?,
+        "--system-reserved" => pairs(
+            canonical,
+            &value,
+            '=',
+            check_reserved,
+            &mut flags.system_reserved,
+        )?,
+        "--kube-reserved" => pairs(
+            canonical,
+            &value,
+            '=',
+            check_reserved,
+            &mut flags.kube_reserved,
+        )?,
+        "--eviction-hard" => pairs(
+            canonical,
+            &value,
+            '<',
+            check_eviction,
+            &mut flags.eviction_hard,
+        )?,
+        "--v" => {
+            let level = value.parse::<u8>().map_err(|_| ConfigError::Flag {
+                flag: canonical.into(),
+                reason: format!("expected a number from 0 to 255, got {value:?}"),
+            })?;
+            flags.verbosity = Some(level);
+        }
+        other => {
+            return Err(ConfigError::Flag {
+                flag: other.into(),
+                reason: "listed but not read (a bug)".into(),
+            })
+        }
+    }
+    Ok(())
 }
 
 fn node_ip(flag: &str, value: &str) -> Result<IpAddr, ConfigError> {
