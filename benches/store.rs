@@ -22,9 +22,9 @@ use std::time::{Duration, Instant};
 
 use holdfast::pod::annotations::SOURCE_FILE;
 use holdfast::source::{Mux, SourceSnapshot};
-use holdfast::store::{dir_size, Batch, Store};
+use holdfast::store::{dir_size, Batch, Store, Tree};
 use holdfast::sync::record::{Instance, InstanceState};
-use holdfast::sync::{ContainerRecord, Deps, PodState};
+use holdfast::sync::{ContainerRecord, PodState};
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
 
 const BIN: &str = env!("CARGO_BIN_EXE_holdfast");
@@ -269,7 +269,9 @@ fn churn(path: &Path, cycles: usize) -> Sizes {
     {
         let store = Store::open(path).expect("open");
         let (mut mux, _) = Mux::open(&store).expect("mux");
-        let (containers, podstates) = Deps::trees(&store).expect("trees");
+        // The trees as the pod workers write them (`PodStates` reads them).
+        let containers: Tree<ContainerRecord> = store.tree("containers").expect("tree");
+        let podstates: Tree<PodState> = store.tree("podstates").expect("tree");
         let kept: Vec<Pod> = (0..PODS).map(pod).collect();
         let write_pod = |p: &Pod, running: bool| {
             let uid = p.metadata.uid.clone().expect("uid");

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use crate::control::{self, ControlError, Request, Response};
 use crate::image::ImageStore;
 use crate::store::Store;
-use crate::sync::PodState;
+use crate::sync::PodView;
 use crate::Error;
 
 const DEFAULT_ROOT: &str = "/var/lib/holdfast";
@@ -102,7 +102,7 @@ fn answer(
             }
             let store = Store::open(&db)?;
             let images = ImageStore::open(root, &store)?;
-            let (_, podstates) = crate::sync::Deps::trees(&store)?;
+            let podstates = crate::sync::PodStates::open(&store)?;
             let resp = control::execute(&images, &podstates, req);
             store.flush()?;
             match resp {
@@ -193,7 +193,7 @@ pub fn status(args: &[String]) -> Result<(), Error> {
 
 /// The `holdfast pods` table: a row per pod, and under it a row per container, in the
 /// same columns.
-pub fn render_pods(pods: &[PodState], now: crate::time::Timestamp) -> String {
+pub fn render_pods(pods: &[PodView], now: crate::time::Timestamp) -> String {
     let mut rows: Vec<Vec<String>> = vec![[
         "POD / CONTAINER",
         "NAMESPACE",
@@ -207,21 +207,17 @@ pub fn render_pods(pods: &[PodState], now: crate::time::Timestamp) -> String {
     .map(String::from)
     .to_vec()];
     for p in pods {
-        let s = &p.status;
+        let s = p.status();
         let cs = s.container_statuses.clone().unwrap_or_default();
         let ready = cs.iter().filter(|c| c.ready).count();
         let restarts: i64 = cs.iter().map(|c| i64::from(c.restart_count)).sum();
         rows.push(vec![
-            p.pod.metadata.name.clone().unwrap_or_default(),
-            p.pod
-                .metadata
-                .namespace
-                .clone()
-                .unwrap_or_else(|| "default".into()),
+            p.name().to_owned(),
+            p.namespace().to_owned(),
             s.phase.clone().unwrap_or_else(|| "Unknown".into()),
             format!("{ready}/{}", cs.len()),
             restarts.to_string(),
-            age(p.start_time, now),
+            age(p.start_time(), now),
             String::new(),
             pod_detail(s),
         ]);

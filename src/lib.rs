@@ -10,7 +10,8 @@
 //! - [`source`]: pod sources (static manifest files, the apiserver's list and watch) and
 //!   the mux that merges them.
 //! - [`sync`]: the sync loop, pod workers, restart back-off, probes, init containers
-//!   and hooks, pod phase and conditions.
+//!   and hooks, pod phase and conditions; other modules read its pods through
+//!   [`sync::view`] only.
 //! - [`pod`]: what every layer says about a pod: its annotations (source, config hash,
 //!   mirror), the downward API's references into it, its requests and limits summed.
 //! - [`runtime`]: containers on libcontainer, driven by a per-container shim process.

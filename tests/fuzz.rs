@@ -603,7 +603,7 @@ fn http_exec() -> Exec {
         node_name: "fuzz-node".into(),
         port: 10250,
         root_dir: dir.0.clone(),
-        podstates: store.tree("podstates").expect("podstates tree"),
+        podstates: holdfast::sync::PodStates::open(&store).expect("podstates tree"),
         runtime: Arc::new(runtime),
         uplink: None,
         configz: Arc::new(serde_json::json!({"kind": "KubeletConfiguration"})),

@@ -22,7 +22,7 @@ use crate::node::allocatable::capacity_and_allocatable;
 use crate::node::NodeFacts;
 use crate::runtime::ContainerId;
 use crate::store::Tree;
-use crate::sync::{ContainerRecord, Deps, Eviction, PodState};
+use crate::sync::{ContainerRecord, Deps, Eviction, PodStates};
 use crate::uplink::objects::ObjectCache;
 use crate::Error;
 
@@ -76,7 +76,7 @@ pub async fn start(
 /// resyncs it asks for.
 fn control_socket(
     root: &Root,
-    podstates: &Tree<PodState>,
+    podstates: &PodStates,
     puller: &Puller,
     cluster: Option<&Cluster>,
 ) -> mpsc::Receiver<()> {
@@ -103,7 +103,7 @@ async fn deps(
     config: &Config,
     root: &Root,
     cluster: Option<&Cluster>,
-    (containers, podstates): (Tree<ContainerRecord>, Tree<PodState>),
+    (containers, podstates): (Tree<ContainerRecord>, PodStates),
     puller: Puller,
 ) -> Result<Deps, Error> {
     // Standalone, the cache is empty and static pods may not use it; a cluster node

@@ -45,7 +45,7 @@ pub enum Request {
 #[serde(tag = "result", rename_all = "camelCase")]
 pub enum Response {
     Pods {
-        pods: Vec<crate::sync::PodState>,
+        pods: Vec<crate::sync::PodView>,
     },
     Images {
         images: Vec<crate::image::ImageRecord>,
@@ -93,15 +93,13 @@ pub enum ControlError {
 /// client) and the CLI (when no agent runs).
 pub fn execute(
     images: &crate::image::ImageStore,
-    podstates: &crate::store::Tree<crate::sync::PodState>,
+    podstates: &crate::sync::PodStates,
     req: Request,
 ) -> Response {
     let fail = |message: String| Response::Error { message };
     match req {
-        Request::Pods => match podstates.entries() {
-            Ok(entries) => Response::Pods {
-                pods: entries.into_iter().map(|(_, s)| s).collect(),
-            },
+        Request::Pods => match podstates.list() {
+            Ok(pods) => Response::Pods { pods },
             Err(e) => fail(e.to_string()),
         },
         Request::ImageImport { path } => {
@@ -139,22 +137,17 @@ pub fn execute(
 }
 
 /// Images the pods the store knows of want or run.
-pub fn pods_in_use(
-    podstates: &crate::store::Tree<crate::sync::PodState>,
-) -> crate::image::gc::InUse {
-    let states: Vec<crate::sync::PodState> = podstates
-        .entries()
-        .map(|e| e.into_iter().map(|(_, s)| s).collect())
-        .unwrap_or_default();
-    crate::image::gc::InUse::from_pods(states.iter().map(|s| (&s.pod, Some(&s.status))))
+pub fn pods_in_use(podstates: &crate::sync::PodStates) -> crate::image::gc::InUse {
+    use crate::image::gc::ImagesInUse;
+    podstates.images_in_use().unwrap_or_default()
 }
 
 /// Image ids of every container instance the store knows of.
-fn images_in_use(podstates: &crate::store::Tree<crate::sync::PodState>) -> Vec<String> {
+fn images_in_use(podstates: &crate::sync::PodStates) -> Vec<String> {
     let mut out = Vec::new();
-    if let Ok(entries) = podstates.entries() {
-        for (_, s) in entries {
-            for cs in s.status.container_statuses.iter().flatten() {
+    if let Ok(pods) = podstates.list() {
+        for s in pods {
+            for cs in s.status().container_statuses.iter().flatten() {
                 if !cs.image_id.is_empty() {
                     out.push(cs.image_id.clone());
                 }

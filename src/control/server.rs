@@ -10,15 +10,14 @@ use tokio::sync::mpsc;
 
 use super::{Request, Response, SOCKET};
 use crate::image::ImageStore;
-use crate::store::Tree;
-use crate::sync::PodState;
+use crate::sync::PodStates;
 
 /// Longest request line accepted: requests are tiny; anything longer is not ours.
 const MAX_REQUEST: usize = 64 * 1024;
 
 pub struct Control {
     pub images: Arc<ImageStore>,
-    pub podstates: Tree<PodState>,
+    pub podstates: PodStates,
     /// Asks the sync loop to look again (an image arrived).
     pub resync: mpsc::Sender<()>,
     pub root_dir: std::path::PathBuf,

@@ -8,8 +8,8 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::kube::link::{LinkReport, Stage};
-use crate::store::{dir_size, Store, Tree};
-use crate::sync::PodState;
+use crate::store::{dir_size, Store};
+use crate::sync::PodStates;
 use crate::time::Timestamp;
 use crate::uplink::report::{self, Depth};
 use crate::uplink::UplinkView;
@@ -110,7 +110,7 @@ pub struct AgentStatus {
 /// Gathered by the running agent.
 pub fn from_agent(
     root_dir: &Path,
-    podstates: &Tree<PodState>,
+    podstates: &PodStates,
     uplink: Option<&UplinkView>,
 ) -> AgentStatus {
     AgentStatus {
@@ -127,7 +127,7 @@ pub fn from_agent(
             reason: h.reason,
             records,
         }),
-        pods: podstates.keys().ok().map(|k| k.len()),
+        pods: podstates.count().ok(),
     }
 }
 
@@ -149,8 +149,8 @@ pub fn from_root(root_dir: &Path) -> AgentStatus {
     }
     match Store::open(&db) {
         Ok(store) => {
-            if let Ok(t) = store.tree::<PodState>("podstates") {
-                status.pods = t.keys().ok().map(|k| k.len());
+            if let Ok(t) = PodStates::open(&store) {
+                status.pods = t.count().ok();
             }
             let count = |name: &'static str| {
                 store
@@ -322,7 +322,7 @@ mod tests {
         };
         let dir = crate::testutil::TempDir::new("status-down");
         let store = Store::open(&dir.0.join("db")).expect("store");
-        let podstates: Tree<PodState> = store.tree("podstates").expect("tree");
+        let podstates = PodStates::open(&store).expect("tree");
         store.flush().expect("flush");
         let s = from_agent(&dir.0, &podstates, Some(&view));
         assert!(s.agent_running);
@@ -366,7 +366,7 @@ mod tests {
             .set_problem("the apiserver refused the bootstrap kubeconfig".into());
         let dir = crate::testutil::TempDir::new("status-cert");
         let store = Store::open(&dir.0.join("db")).expect("store");
-        let podstates: Tree<PodState> = store.tree("podstates").expect("tree");
+        let podstates = PodStates::open(&store).expect("tree");
         let s = from_agent(&dir.0, &podstates, Some(&view));
         let text = render(&s, at(0));
         assert!(text.contains("client cert:  expired "), "{text}");
@@ -385,7 +385,7 @@ mod tests {
     fn a_standalone_agent_has_no_uplink_and_no_outbox() {
         let dir = crate::testutil::TempDir::new("status-standalone");
         let store = Store::open(&dir.0.join("db")).expect("store");
-        let podstates: Tree<PodState> = store.tree("podstates").expect("tree");
+        let podstates = PodStates::open(&store).expect("tree");
         let s = from_agent(&dir.0, &podstates, None);
         assert_eq!(s.uplink.state, "standalone");
         assert_eq!(s.outbox, None);
@@ -403,7 +403,8 @@ mod tests {
         assert!(!dir.0.join("db").exists(), "no store is made");
         {
             let store = Store::open(&dir.0.join("db")).expect("store");
-            let t: Tree<serde_json::Value> = store.tree(report::STATUS_TREE).expect("tree");
+            let t: crate::store::Tree<serde_json::Value> =
+                store.tree(report::STATUS_TREE).expect("tree");
             t.put("uid-a", &serde_json::json!({})).expect("put");
             store.flush().expect("flush");
         }

@@ -35,7 +35,7 @@ use crate::node::allocatable::{Threshold, DEFAULT_EVICTION_HARD};
 use crate::pod::requests::pod_resources;
 use crate::resources::Qos;
 use crate::sync::record::InstanceState;
-use crate::sync::{Deps, Eviction, PodState};
+use crate::sync::{Deps, Eviction};
 use rank::Candidate;
 use reclaim::ImageGc;
 use signals::{Met, Resource};
@@ -155,23 +155,23 @@ impl Manager {
         let mut out = Vec::new();
         let mut over_critical = HashSet::new();
         for (uid, state) in states {
-            if ended(&state) || !local_storage::limited(&state.pod) {
+            if state.ended() || !local_storage::limited(state.pod()) {
                 continue;
             }
             let dirs = local_storage::PodDirs {
                 root_dir: &self.deps.root_dir,
                 pod_dir: self.deps.sandboxes.pod_dir(&uid),
-                log_dir: logs_dir(&self.deps.root_dir, &state.pod, &uid),
+                log_dir: logs_dir(&self.deps.root_dir, state.pod(), &uid),
                 containers: self.container_ids(&uid, false),
             };
-            let usage = local_storage::measure(&state.pod, &dirs);
+            let usage = local_storage::measure(state.pod(), &dirs);
             if !usage.complete {
                 log::debug!("eviction: pod {uid}: too many files to count them all");
             }
-            let Some(message) = local_storage::exceeded(&state.pod, &usage) else {
+            let Some(message) = local_storage::exceeded(state.pod(), &usage) else {
                 continue;
             };
-            if rank::is_critical(&state.pod) {
+            if rank::is_critical(state.pod()) {
                 if !self.said_critical.contains(&uid) {
                     log::warn!(
                         "eviction: pod {uid} is over its local storage limits, but is \
@@ -291,10 +291,10 @@ impl Manager {
         let s = &self.deps.sandboxes;
         let mut out = Vec::new();
         for (uid, state) in states {
-            if ended(&state) {
+            if state.ended() {
                 continue;
             }
-            let pod = state.pod;
+            let pod = state.into_pod();
             let pod_path = s.cgroups.pod_path(&uid, Qos::of(&pod));
             let running = self.container_ids(&uid, true);
             let (usage, request, containers) = match resource {
@@ -352,7 +352,7 @@ impl Manager {
         let deadline = Instant::now() + CLEANUP_TIMEOUT;
         while Instant::now() < deadline {
             let done = match self.deps.podstates.get(uid) {
-                Ok(Some(s)) => s.status.phase.as_deref() == Some("Failed"),
+                Ok(Some(s)) => s.status().phase.as_deref() == Some("Failed"),
                 _ => true,
             };
             if done {
@@ -361,10 +361,6 @@ impl Manager {
             std::thread::sleep(Duration::from_millis(200));
         }
     }
-}
-
-fn ended(state: &PodState) -> bool {
-    matches!(state.status.phase.as_deref(), Some("Succeeded" | "Failed"))
 }
 
 fn logs_dir(root: &Path, pod: &k8s_openapi::api::core::v1::Pod, uid: &str) -> PathBuf {

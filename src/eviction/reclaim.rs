@@ -5,10 +5,11 @@
 
 use std::sync::Arc;
 
+use crate::image::gc::ImagesInUse;
 use crate::runtime::{ContainerState, Runtime};
 use crate::store::Tree;
 use crate::sync::record::{ContainerRecord, InstanceState};
-use crate::sync::PodState;
+use crate::sync::PodStates;
 
 /// The image store's garbage collection, as eviction calls it under disk pressure:
 /// remove unused images until `target_bytes` are freed (or nothing unused is left);
@@ -30,17 +31,14 @@ impl ImageGc for NoImageGc {
 /// used first, none used within `minimum_age`.
 pub struct StoreImageGc {
     pub images: Arc<crate::image::ImageStore>,
-    pub podstates: Tree<PodState>,
+    pub podstates: PodStates,
     pub minimum_age: std::time::Duration,
 }
 
 impl ImageGc for StoreImageGc {
     fn gc(&self, target_bytes: u64) -> Result<u64, String> {
         // Without knowing what pods use, nothing may go.
-        let states = self.podstates.entries().map_err(|e| e.to_string())?;
-        let in_use = crate::image::gc::InUse::from_pods(
-            states.iter().map(|(_, s)| (&s.pod, Some(&s.status))),
-        );
+        let in_use = self.podstates.images_in_use().map_err(|e| e.to_string())?;
         crate::image::gc::reclaim(
             &self.images,
             &in_use,
@@ -57,7 +55,7 @@ impl ImageGc for StoreImageGc {
 /// statuses keep how they ended. Returns how many were removed.
 pub fn dead_containers(
     runtime: &Arc<dyn Runtime>,
-    podstates: &Tree<PodState>,
+    podstates: &PodStates,
     containers: &Tree<ContainerRecord>,
 ) -> usize {
     let Ok(states) = podstates.entries() else {
@@ -65,7 +63,7 @@ pub fn dead_containers(
     };
     let mut removed = 0;
     for (uid, state) in states {
-        if !matches!(state.status.phase.as_deref(), Some("Succeeded" | "Failed")) {
+        if !state.ended() {
             continue;
         }
         let Ok(records) = containers.scan_prefix(&format!("{uid}/")) else {

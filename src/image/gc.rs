@@ -12,6 +12,7 @@ use k8s_openapi::api::core::v1::{Pod, PodStatus};
 
 use super::reference::Reference;
 use super::{ImageError, ImageRecord, ImageStore};
+use crate::store::StoreError;
 use crate::time::Timestamp;
 
 /// When GC starts and stops.
@@ -20,6 +21,13 @@ pub struct GcPolicy {
     pub high_percent: u8,
     pub low_percent: u8,
     pub minimum_age: Duration,
+}
+
+/// Where GC learns which images the node's pods use; the agent hands it the sync loop's
+/// pod states, so that the image store never reads them itself.
+pub trait ImagesInUse: Send + Sync {
+    /// Every image a pod of this node wants or runs. An error means nothing may go.
+    fn images_in_use(&self) -> Result<InUse, StoreError>;
 }
 
 /// Images pods of this node use: by normalised reference (what specs ask for) and by

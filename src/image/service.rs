@@ -1,24 +1,27 @@
 //! The agent's image service: the puller (registry client, mirrors, node credentials
 //! read again for each pull) and image GC on a thread of its own, every 5 minutes as
 //! the kubelet's and after each pull. GC spares every image a pod of this node wants or
-//! runs, as the store's pod states say. After a pull it gives the pull's memory back.
+//! runs, as [`ImagesInUse`] (the sync loop's pod states) says. After a pull it gives the
+//! pull's memory back.
 
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::gc::{self, GcPolicy, InUse};
+use super::gc::{self, GcPolicy, ImagesInUse};
 use super::registry::{Keyring, Puller, Registry};
 use super::ImageStore;
 use crate::config::ImageConfig;
-use crate::store::Tree;
-use crate::sync::PodState;
 
 /// How often image GC looks at the disk, as the kubelet's `ImageGCPeriod`.
 pub const GC_PERIOD: Duration = Duration::from_secs(300);
 
-/// Builds the puller and starts image GC.
-pub fn start(images: Arc<ImageStore>, config: &ImageConfig, podstates: Tree<PodState>) -> Puller {
+/// Builds the puller and starts image GC, which spares what `in_use` names.
+pub fn start(
+    images: Arc<ImageStore>,
+    config: &ImageConfig,
+    in_use: impl ImagesInUse + 'static,
+) -> Puller {
     let registry = Registry::new(
         config.registries.clone(),
         config.max_parallel_layer_downloads as usize,
@@ -54,11 +57,11 @@ pub fn start(images: Arc<ImageStore>, config: &ImageConfig, podstates: Tree<PodS
         .spawn(move || loop {
             match kicked.recv_timeout(GC_PERIOD) {
                 Ok(()) => {
-                    run_gc(&images, policy, &podstates);
+                    run_gc(&images, policy, &in_use);
                     // A pull's buffers (manifests, layer streams, TLS) are freed by now.
                     crate::malloc::trim_and_log("an image pull");
                 }
-                Err(RecvTimeoutError::Timeout) => run_gc(&images, policy, &podstates),
+                Err(RecvTimeoutError::Timeout) => run_gc(&images, policy, &in_use),
                 Err(RecvTimeoutError::Disconnected) => return,
             }
         });
@@ -68,16 +71,15 @@ pub fn start(images: Arc<ImageStore>, config: &ImageConfig, podstates: Tree<PodS
     puller
 }
 
-fn run_gc(images: &ImageStore, policy: GcPolicy, podstates: &Tree<PodState>) {
-    let states = match podstates.entries() {
-        Ok(s) => s,
+fn run_gc(images: &ImageStore, policy: GcPolicy, in_use: &dyn ImagesInUse) {
+    let in_use = match in_use.images_in_use() {
+        Ok(u) => u,
         Err(e) => {
             // Without knowing what pods use, nothing may go.
             log::warn!("ImageGCFailed: read pod states: {e}");
             return;
         }
     };
-    let in_use = InUse::from_pods(states.iter().map(|(_, s)| (&s.pod, Some(&s.status))));
     match gc::collect(images, policy, &in_use, crate::time::now()) {
         Ok(outcome) => {
             if !outcome.removed.is_empty() {

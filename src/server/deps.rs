@@ -11,8 +11,7 @@ use super::auth::Auth;
 use super::sampler::Sampler;
 use crate::config::ServerConfig;
 use crate::runtime::LibcontainerRuntime;
-use crate::store::Tree;
-use crate::sync::PodState;
+use crate::sync::PodStates;
 
 /// How many long-lived streams (log follows, exec, attach, port-forward) may be open at
 /// once; one more is refused with 429 (as the kubelet's streaming server does when
@@ -26,7 +25,7 @@ pub struct ApiDeps {
     /// `port`: the HTTPS port.
     pub port: u16,
     pub root_dir: PathBuf,
-    pub podstates: Tree<PodState>,
+    pub podstates: PodStates,
     pub runtime: Arc<LibcontainerRuntime>,
     pub uplink: Option<crate::uplink::UplinkView>,
     /// What `/configz` shows: the running configuration.

@@ -1,5 +1,5 @@
 //! Finding pods and their containers (app or init) for the routes, from the sync
-//! loop's pod states in the store: the one lookup every route that names a pod or a
+//! loop's pod states ([`crate::sync::PodStates`]): the one lookup every route that names a pod or a
 //! container shares, with the kubelet's 404 and 400 when there is none.
 
 use hyper::StatusCode;
@@ -8,19 +8,12 @@ use k8s_openapi::api::core::v1::{Container, ContainerStatus};
 use super::deps::ApiDeps;
 use super::http::{error, Resp};
 use crate::runtime::ContainerId;
-use crate::sync::PodState;
+use crate::sync::PodView;
 
-/// Every pod state the store holds, off the async threads.
-pub async fn all(deps: &ApiDeps) -> Result<Vec<PodState>, Resp> {
-    let tree = deps.podstates.clone();
-    match tokio::task::spawn_blocking(move || tree.entries()).await {
-        Ok(Ok(entries)) => Ok(entries.into_iter().map(|(_, s)| s).collect()),
-        Ok(Err(e)) => Err(error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            &format!("read pod states: {e}"),
-        )),
-        Err(e) => Err(error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string())),
-    }
+/// Every pod the sync loop holds, off the async threads.
+pub async fn all(deps: &ApiDeps) -> Result<Vec<PodView>, Resp> {
+    let states = deps.podstates.clone();
+    read(move || states.list()).await
 }
 
 /// The pod `namespace/name` (with `uid` if the path named one), or the kubelet's 404.
@@ -29,21 +22,34 @@ pub async fn find(
     namespace: &str,
     name: &str,
     uid: Option<&str>,
-) -> Result<PodState, Resp> {
-    let states = all(deps).await?;
-    states
-        .into_iter()
-        .find(|s| {
-            s.pod.metadata.namespace.as_deref().unwrap_or("default") == namespace
-                && s.pod.metadata.name.as_deref() == Some(name)
-                && uid.is_none_or(|u| s.pod.metadata.uid.as_deref() == Some(u))
-        })
-        .ok_or_else(|| {
-            error(
-                StatusCode::NOT_FOUND,
-                &format!("pod \"{name}\" does not exist"),
-            )
-        })
+) -> Result<PodView, Resp> {
+    let states = deps.podstates.clone();
+    let (ns, n, u) = (
+        namespace.to_owned(),
+        name.to_owned(),
+        uid.map(str::to_owned),
+    );
+    let found = read(move || states.find(&ns, &n, u.as_deref())).await?;
+    found.ok_or_else(|| {
+        error(
+            StatusCode::NOT_FOUND,
+            &format!("pod \"{name}\" does not exist"),
+        )
+    })
+}
+
+/// A read of the pod states on a blocking thread; a failure is the API's 500.
+async fn read<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, crate::store::StoreError> + Send + 'static,
+) -> Result<T, Resp> {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &format!("read pod states: {e}"),
+        )),
+        Err(e) => Err(error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string())),
+    }
 }
 
 /// One of the pod's containers as the kubelet API reaches it: an app container or an
@@ -59,9 +65,9 @@ pub struct PodContainer<'a> {
 /// The container `name` of the pod, among its containers and init containers; else
 /// the kubelet's 404. Every route that names a container finds it here.
 #[allow(clippy::result_large_err)] // the error is the response, built once per request
-pub fn container<'a>(state: &'a PodState, name: &str) -> Result<PodContainer<'a>, Resp> {
+pub fn container<'a>(state: &'a PodView, name: &str) -> Result<PodContainer<'a>, Resp> {
     let spec = state
-        .pod
+        .pod()
         .spec
         .iter()
         .flat_map(|s| {
@@ -73,18 +79,15 @@ pub fn container<'a>(state: &'a PodState, name: &str) -> Result<PodContainer<'a>
         .ok_or_else(|| {
             error(
                 StatusCode::NOT_FOUND,
-                &format!(
-                    "container \"{name}\" not found in pod \"{}\"",
-                    state.pod.metadata.name.as_deref().unwrap_or("")
-                ),
+                &format!("container \"{name}\" not found in pod \"{}\"", state.name()),
             )
         })?;
-    let status = state
-        .status
+    let status = state.status();
+    let status = status
         .container_statuses
         .iter()
         .flatten()
-        .chain(state.status.init_container_statuses.iter().flatten())
+        .chain(status.init_container_statuses.iter().flatten())
         .find(|c| c.name == name);
     Ok(PodContainer { spec, status })
 }
@@ -152,8 +155,8 @@ pub fn instance_id(cs: &ContainerStatus, previous: bool) -> Option<ContainerId> 
 }
 
 /// The name and runtime id of each of the pod's running app containers.
-pub fn running_ids(s: &PodState) -> Vec<(String, ContainerId)> {
-    s.status
+pub fn running_ids(s: &PodView) -> Vec<(String, ContainerId)> {
+    s.status()
         .container_statuses
         .iter()
         .flatten()
@@ -163,14 +166,8 @@ pub fn running_ids(s: &PodState) -> Vec<(String, ContainerId)> {
 }
 
 /// The pod's log directory, `<root>/logs/pods/<ns>_<name>_<uid>`.
-pub fn log_dir(deps: &ApiDeps, state: &PodState) -> std::path::PathBuf {
-    let m = &state.pod.metadata;
-    crate::runtime::pod_log_dir(
-        &deps.root_dir,
-        m.namespace.as_deref().unwrap_or("default"),
-        m.name.as_deref().unwrap_or(""),
-        m.uid.as_deref().unwrap_or(""),
-    )
+pub fn log_dir(deps: &ApiDeps, state: &PodView) -> std::path::PathBuf {
+    crate::runtime::pod_log_dir(&deps.root_dir, state.namespace(), state.name(), state.uid())
 }
 
 #[cfg(test)]
@@ -180,7 +177,7 @@ mod tests {
 
     /// A pod with an app container, a completed init container that ran twice, a
     /// running sidecar, and an ephemeral container in its spec only.
-    fn state() -> PodState {
+    fn state() -> PodView {
         let pod = serde_json::json!({
             "metadata": {"name": "p", "namespace": "default", "uid": "u"},
             "spec": {
@@ -210,12 +207,7 @@ mod tests {
         });
         let mut pod: Pod = serde_json::from_value(pod).expect("pod");
         let status = pod.status.take().expect("status");
-        PodState {
-            pod,
-            status,
-            start_time: crate::time::now(),
-            stop_deadline: None,
-        }
+        PodView::new(pod, status, crate::time::now())
     }
 
     #[test]

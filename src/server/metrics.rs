@@ -39,7 +39,7 @@ struct Sample {
     start: Option<f64>,
 }
 
-fn render_resource(deps: &ApiDeps, states: &[crate::sync::PodState]) -> String {
+fn render_resource(deps: &ApiDeps, states: &[crate::sync::PodView]) -> String {
     let h = Hierarchy::host();
     let ms = crate::time::now().as_millisecond();
     let node = h.node(Path::new("/proc"));
@@ -59,18 +59,18 @@ fn render_resource(deps: &ApiDeps, states: &[crate::sync::PodState]) -> String {
 }
 
 /// Each running container's figures, and 1 if a container's cgroup could not be read.
-fn samples(deps: &ApiDeps, h: &Hierarchy, states: &[crate::sync::PodState]) -> (Vec<Sample>, u8) {
+fn samples(deps: &ApiDeps, h: &Hierarchy, states: &[crate::sync::PodView]) -> (Vec<Sample>, u8) {
     let mut samples = Vec::new();
     let mut scrape_error = 0;
     for s in states {
-        let m = &s.pod.metadata;
+        let m = &s.pod().metadata;
         for (name, id) in lookup::running_ids(s) {
             let Some(u) = h.read(&deps.runtime.cgroups_path(&id)) else {
                 scrape_error = 1;
                 continue;
             };
             let start = s
-                .status
+                .status()
                 .container_statuses
                 .iter()
                 .flatten()
@@ -226,13 +226,13 @@ pub async fn own(deps: &Arc<ApiDeps>) -> Resp {
 }
 
 /// Pods by phase, every phase named even when none is in it.
-fn write_phases(out: &mut String, states: &[crate::sync::PodState]) {
+fn write_phases(out: &mut String, states: &[crate::sync::PodView]) {
     let mut phases: BTreeMap<&str, u64> = ["Pending", "Running", "Succeeded", "Failed", "Unknown"]
         .into_iter()
         .map(|p| (p, 0))
         .collect();
     for s in states {
-        let phase = s.status.phase.as_deref().unwrap_or("Unknown");
+        let phase = s.status().phase.as_deref().unwrap_or("Unknown");
         *phases.entry(phase).or_default() += 1;
     }
     header(
@@ -247,7 +247,7 @@ fn write_phases(out: &mut String, states: &[crate::sync::PodState]) {
 }
 
 /// Each container's restarts, as its pod's status counts them.
-fn write_restarts(out: &mut String, states: &[crate::sync::PodState]) {
+fn write_restarts(out: &mut String, states: &[crate::sync::PodView]) {
     header(
         out,
         "holdfast_container_restarts",
@@ -255,8 +255,8 @@ fn write_restarts(out: &mut String, states: &[crate::sync::PodState]) {
         "gauge",
     );
     for s in states {
-        let m = &s.pod.metadata;
-        for c in s.status.container_statuses.iter().flatten() {
+        let m = &s.pod().metadata;
+        for c in s.status().container_statuses.iter().flatten() {
             let _ = writeln!(
                 out,
                 "holdfast_container_restarts{{container=\"{}\",namespace=\"{}\",pod=\"{}\"}} {}",

@@ -69,8 +69,7 @@ use std::sync::Arc;
 use tokio::sync::Semaphore;
 
 use crate::runtime::LibcontainerRuntime;
-use crate::store::Tree;
-use crate::sync::PodState;
+use crate::sync::PodStates;
 
 pub use auth::Auth;
 pub use connection::{
@@ -131,7 +130,7 @@ pub async fn start(
     config: &crate::config::Config,
     root: &std::path::Path,
     runtime: &Arc<LibcontainerRuntime>,
-    podstates: &Tree<PodState>,
+    podstates: &PodStates,
     uplink: Option<crate::uplink::UplinkView>,
     client: Option<crate::kube::connect::SharedClient>,
 ) {

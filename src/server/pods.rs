@@ -8,19 +8,12 @@ use k8s_openapi::List;
 use super::deps::ApiDeps;
 use super::http::{json, Resp};
 use super::lookup;
-use crate::sync::PodState;
-
-/// The pod as the kubelet's `/pods` shows it: its spec with the status it computed.
-pub fn with_status(s: &PodState) -> Pod {
-    let mut pod = s.pod.clone();
-    pod.status = Some(s.status.clone());
-    pod
-}
+use crate::sync::PodView;
 
 pub async fn pods(deps: &ApiDeps) -> Resp {
     match lookup::all(deps).await {
         Ok(states) => json(&List::<Pod> {
-            items: states.iter().map(with_status).collect(),
+            items: states.iter().map(PodView::with_status).collect(),
             ..Default::default()
         }),
         Err(r) => r,
@@ -37,7 +30,7 @@ pub async fn running_pods(deps: &ApiDeps) -> Resp {
     let mut items = Vec::new();
     for s in &states {
         let running: Vec<Container> = s
-            .status
+            .status()
             .container_statuses
             .iter()
             .flatten()
@@ -53,9 +46,9 @@ pub async fn running_pods(deps: &ApiDeps) -> Resp {
         }
         items.push(Pod {
             metadata: ObjectMeta {
-                name: s.pod.metadata.name.clone(),
-                namespace: s.pod.metadata.namespace.clone(),
-                uid: s.pod.metadata.uid.clone(),
+                name: s.pod().metadata.name.clone(),
+                namespace: s.pod().metadata.namespace.clone(),
+                uid: s.pod().metadata.uid.clone(),
                 ..Default::default()
             },
             spec: Some(PodSpec {

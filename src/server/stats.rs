@@ -16,7 +16,7 @@ use super::deps::ApiDeps;
 use super::http::{error, json, Query, Resp};
 use super::lookup;
 use crate::runtime::{ContainerState, Runtime};
-use crate::sync::PodState;
+use crate::sync::PodView;
 use crate::time::Timestamp;
 
 #[derive(Debug, Clone, Serialize)]
@@ -178,7 +178,7 @@ pub async fn gather(deps: &std::sync::Arc<ApiDeps>) -> Result<Summary, Resp> {
 }
 
 /// The summary, and whether a CPU rate was missing for want of an earlier reading.
-fn collect(deps: &ApiDeps, states: &[PodState]) -> (Summary, bool) {
+fn collect(deps: &ApiDeps, states: &[PodView]) -> (Summary, bool) {
     let mut scrape = Scrape {
         deps,
         h: Hierarchy::host(),
@@ -234,10 +234,10 @@ impl Scrape<'_> {
     }
 
     /// A pod: its running containers, and their sums.
-    fn pod(&mut self, s: &PodState) -> PodStats {
+    fn pod(&mut self, s: &PodView) -> PodStats {
         let (deps, now) = (self.deps, self.now);
         let (containers, pid) = self.containers(s);
-        let m = &s.pod.metadata;
+        let m = &s.pod().metadata;
         let sum_cpu = sum(&containers, |c| {
             c.cpu.and_then(|c| c.usage_core_nano_seconds)
         });
@@ -255,7 +255,7 @@ impl Scrape<'_> {
                 namespace: m.namespace.clone().unwrap_or_else(|| "default".into()),
                 uid: m.uid.clone().unwrap_or_default(),
             },
-            start_time: Some(s.start_time),
+            start_time: Some(s.start_time()),
             cpu: sum_cpu.map(|ns| CpuStats {
                 time: Some(now),
                 usage_nano_cores: sum_rate,
@@ -270,11 +270,11 @@ impl Scrape<'_> {
 
     /// The pod's running containers whose cgroup can be read, and the pid of the first
     /// (its network namespace is the pod's).
-    fn containers(&mut self, s: &PodState) -> (Vec<ContainerStats>, Option<i32>) {
+    fn containers(&mut self, s: &PodView) -> (Vec<ContainerStats>, Option<i32>) {
         let (deps, now) = (self.deps, self.now);
         let mut containers = Vec::new();
         let mut pid = None;
-        for cs in s.status.container_statuses.iter().flatten() {
+        for cs in s.status().container_statuses.iter().flatten() {
             let Some(running) = cs.state.as_ref().and_then(|st| st.running.as_ref()) else {
                 continue;
             };

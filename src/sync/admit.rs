@@ -18,7 +18,7 @@ impl SyncLoop {
         let requests = pod_resources(pod).map(|r| r.requests).unwrap_or_default();
         // A pod the store knows was admitted before this start (it may be running, or
         // have been refused, which its status keeps): no new decision.
-        if let Ok(Some(_)) = self.deps.podstates.get(uid) {
+        if let Ok(Some(_)) = self.deps.podstates.tree().get(uid) {
             self.track(uid, pod, requests);
             return None;
         }
@@ -47,7 +47,7 @@ impl SyncLoop {
     /// The pod ran its course (its status says Succeeded or Failed): it holds nothing.
     fn terminal(&self, uid: &str) -> bool {
         matches!(
-            self.deps.podstates.get(uid),
+            self.deps.podstates.tree().get(uid),
             Ok(Some(s)) if matches!(s.status.phase.as_deref(), Some("Succeeded" | "Failed"))
         )
     }

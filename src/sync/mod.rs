@@ -4,6 +4,7 @@
 //! The loop only routes: pod changes from the source mux, container exits from the
 //! runtime and the resync timer become messages to one worker per pod UID, and each
 //! worker owns its pod (kube-runtime's rule: never reconcile one object twice at once).
+//! What the rest of the agent reads of the pods is [`view`]'s, not the workers' record.
 
 mod admit;
 pub mod adopt;
@@ -15,6 +16,7 @@ pub mod record;
 mod restart_timer;
 pub mod sandbox;
 pub mod status;
+pub mod view;
 mod worker;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -36,6 +38,7 @@ use crate::store::{Store, StoreError, Tree};
 use crate::uplink::objects::{references, ObjectCache, ObjectKey, ObjectKind, References};
 
 pub use record::ContainerRecord;
+pub use view::{PodStates, PodView};
 pub use worker::{Eviction, PodState};
 use worker::{Worker, WorkerMsg};
 
@@ -49,7 +52,7 @@ pub struct Deps {
     pub images: Arc<ImageStore>,
     pub store: Store,
     pub containers: Tree<ContainerRecord>,
-    pub podstates: Tree<PodState>,
+    pub podstates: PodStates,
     pub root_dir: PathBuf,
     pub node_name: String,
     pub host_ip: Option<String>,
@@ -77,8 +80,8 @@ pub struct Deps {
 
 impl Deps {
     /// The store trees the sync loop owns.
-    pub fn trees(store: &Store) -> Result<(Tree<ContainerRecord>, Tree<PodState>), StoreError> {
-        Ok((store.tree("containers")?, store.tree("podstates")?))
+    pub fn trees(store: &Store) -> Result<(Tree<ContainerRecord>, PodStates), StoreError> {
+        Ok((store.tree("containers")?, PodStates::open(store)?))
     }
 }
 
@@ -393,7 +396,7 @@ impl SyncLoop {
     /// Pods the store says run here but no source wants any more (removed while the
     /// agent was down) are stopped; containers that belong to no pod are removed.
     async fn stop_orphans(&mut self, desired: &HashMap<String, Vec<String>>) {
-        let states = match self.deps.podstates.entries() {
+        let states = match self.deps.podstates.tree().entries() {
             Ok(s) => s,
             Err(e) => {
                 log::error!("read pod states: {e}");

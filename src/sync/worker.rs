@@ -61,7 +61,8 @@ pub struct Eviction {
 }
 
 /// What the store keeps of a pod the agent runs (tree `podstates`, key = UID): the spec
-/// it acts on and the status it last computed.
+/// it acts on and the status it last computed. The workers' own record: readers outside
+/// the sync loop see it through [`super::view`]. Its encoding is the store's schema.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PodState {
     pub pod: Pod,
@@ -142,7 +143,7 @@ impl Worker {
             }
             Err(e) => log::error!("pod {uid}: read container records: {e}"),
         }
-        let state = match deps.podstates.get(&uid) {
+        let state = match deps.podstates.tree().get(&uid) {
             Ok(s) => s,
             Err(e) => {
                 log::error!("pod {uid}: read pod state: {e}");
@@ -554,7 +555,7 @@ impl Worker {
             stop_deadline: None,
         };
         if changed {
-            if let Err(e) = batch.put(&self.deps.podstates, &self.uid, &state) {
+            if let Err(e) = batch.put(self.deps.podstates.tree(), &self.uid, &state) {
                 log::error!("pod {}: save status: {e}", self.name());
             }
         }

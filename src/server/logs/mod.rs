@@ -168,7 +168,7 @@ pub async fn container_logs(deps: &Arc<ApiDeps>, path: &str, q: &Query) -> Resp 
 #[allow(clippy::result_large_err)] // the error is the response, built once per request
 fn log_file(
     deps: &ApiDeps,
-    state: &crate::sync::PodState,
+    state: &crate::sync::PodView,
     found: &lookup::PodContainer<'_>,
     pod: &str,
     opts: &LogOptions,

@@ -47,10 +47,10 @@ pub async fn handle(req: Request<Incoming>, path: &str, q: &Query, deps: Arc<Api
         Ok(s) => s,
         Err(r) => return r,
     };
-    let spec = state.pod.spec.as_ref();
+    let spec = state.pod().spec.as_ref();
     let target = Target {
         pod: format!("{name}_{ns}"),
-        uid: state.pod.metadata.uid.clone().unwrap_or_default(),
+        uid: state.uid().to_owned(),
         host_network: spec.and_then(|s| s.host_network).unwrap_or(false),
         containers: spec
             .iter()

@@ -106,7 +106,7 @@ impl Worker {
         state.stop_deadline = Some(StopDeadline::after(&boot, now, wait));
         let (store, tree, uid) = (
             self.deps.store.clone(),
-            self.deps.podstates.clone(),
+            self.deps.podstates.tree().clone(),
             self.uid.clone(),
         );
         let kept = state.clone();

@@ -263,7 +263,7 @@ impl Worker {
                 &ContainerRecord::key(&self.uid, name),
             );
         }
-        batch.remove(&self.deps.podstates, &self.uid);
+        batch.remove(self.deps.podstates.tree(), &self.uid);
         let store = self.deps.store.clone();
         // Not flushed: the store's next tick writes it. A power cut before then brings
         // back records of a pod no source wants any more (its removal from the source
