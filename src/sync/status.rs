@@ -84,6 +84,43 @@ pub fn pod_status(
     let inits: &[Container] = spec
         .and_then(|s| s.init_containers.as_deref())
         .unwrap_or(&[]);
+    let (init_statuses, statuses) = container_statuses(pod, records, i, policy);
+    let phase = phase_with_init(policy, inits, &init_statuses, &statuses, i.terminal);
+    let terminal = phase == "Succeeded" || phase == "Failed";
+    let conditions = conditions(pod, i, &init_statuses, &statuses, phase);
+    let generation = pod.metadata.generation;
+    let ip = i.host_ip.map(str::to_string);
+    let (pod_ip, pod_ips) = pod_addresses(pod, i, terminal || i.terminal);
+    let qos_containers: Vec<Container> = inits.iter().chain(containers).cloned().collect();
+    PodStatus {
+        phase: Some(phase.to_string()),
+        conditions: Some(conditions),
+        init_container_statuses: (!init_statuses.is_empty()).then_some(init_statuses),
+        container_statuses: Some(statuses),
+        host_ip: ip.clone(),
+        host_ips: ip.clone().map(|ip| vec![HostIP { ip }]),
+        pod_ip,
+        pod_ips,
+        qos_class: Some(crate::resources::qos::qos_class(&qos_containers).to_string()),
+        start_time: i.start_time.map(Time),
+        observed_generation: generation,
+        ..PodStatus::default()
+    }
+}
+
+/// The statuses of the pod's init containers and of its app containers, under the
+/// pod's restart `policy` (sidecars restart until the pod is over).
+fn container_statuses(
+    pod: &Pod,
+    records: &BTreeMap<String, ContainerRecord>,
+    i: &StatusInputs<'_>,
+    policy: &str,
+) -> (Vec<ContainerStatus>, Vec<ContainerStatus>) {
+    let spec = pod.spec.as_ref();
+    let containers: &[Container] = spec.map(|s| s.containers.as_slice()).unwrap_or(&[]);
+    let inits: &[Container] = spec
+        .and_then(|s| s.init_containers.as_deref())
+        .unwrap_or(&[]);
     let pod_name = pod.metadata.name.as_deref().unwrap_or("");
     let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
     let uid = pod.metadata.uid.as_deref().unwrap_or("");
@@ -130,22 +167,66 @@ pub fn pod_status(
         })
         .collect();
     let statuses: Vec<ContainerStatus> = containers.iter().map(|c| status_of(c, policy)).collect();
+    (init_statuses, statuses)
+}
 
-    let phase = phase_with_init(policy, inits, &init_statuses, &statuses, i.terminal);
+/// The pod's conditions for its `phase` and containers' statuses, each marked with the
+/// generation of the spec it describes (v1.34+).
+fn conditions(
+    pod: &Pod,
+    i: &StatusInputs<'_>,
+    init_statuses: &[ContainerStatus],
+    statuses: &[ContainerStatus],
+    phase: &str,
+) -> Vec<PodCondition> {
+    let inits: &[Container] = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.init_containers.as_deref())
+        .unwrap_or(&[]);
     let terminal = phase == "Succeeded" || phase == "Failed";
-    // Sidecars count for readiness as app containers do; regular init containers not.
+    let (ready, ready_reason, ready_message) = if terminal {
+        ("False", Some("PodCompleted"), None)
+    } else {
+        readiness(inits, init_statuses, statuses)
+    };
+    let sandbox = if terminal || i.sandbox.is_some_and(|sb| !sb.ready) {
+        "False"
+    } else {
+        "True"
+    };
+    let (initialized, init_reason, init_message) =
+        initialized(inits, init_statuses, statuses, phase);
+    let mut conditions = vec![
+        condition(i, "PodReadyToStartContainers", sandbox, None, None),
+        condition(i, "Initialized", initialized, init_reason, init_message),
+        condition(i, "Ready", ready, ready_reason, ready_message.clone()),
+        condition(i, "ContainersReady", ready, ready_reason, ready_message),
+        condition(i, "PodScheduled", "True", None, None),
+    ];
+    for c in &mut conditions {
+        c.observed_generation = pod.metadata.generation;
+    }
+    conditions
+}
+
+/// Ready and ContainersReady of a pod that is not over: true once every app container
+/// and sidecar is ready (regular init containers do not count), else the unready ones.
+fn readiness(
+    inits: &[Container],
+    init_statuses: &[ContainerStatus],
+    statuses: &[ContainerStatus],
+) -> (&'static str, Option<&'static str>, Option<String>) {
     let unready: Vec<&str> = inits
         .iter()
-        .zip(&init_statuses)
+        .zip(init_statuses)
         .filter(|(c, _)| is_sidecar(c))
         .map(|(_, s)| s)
         .chain(statuses.iter())
         .filter(|s| !s.ready)
         .map(|s| s.name.as_str())
         .collect();
-    let (ready, ready_reason, ready_message) = if terminal {
-        ("False", Some("PodCompleted"), None)
-    } else if unready.is_empty() {
+    if unready.is_empty() {
         ("True", None, None)
     } else {
         (
@@ -156,43 +237,6 @@ pub fn pod_status(
                 unready.join(" ")
             )),
         )
-    };
-    let sandbox = if terminal || i.sandbox.is_some_and(|sb| !sb.ready) {
-        "False"
-    } else {
-        "True"
-    };
-    let (initialized, init_reason, init_message) =
-        initialized(inits, &init_statuses, &statuses, phase);
-    let mut conditions = vec![
-        condition(i, "PodReadyToStartContainers", sandbox, None, None),
-        condition(i, "Initialized", initialized, init_reason, init_message),
-        condition(i, "Ready", ready, ready_reason, ready_message.clone()),
-        condition(i, "ContainersReady", ready, ready_reason, ready_message),
-        condition(i, "PodScheduled", "True", None, None),
-    ];
-    // The spec this status describes (v1.34+): the pod's, and each condition's.
-    let generation = pod.metadata.generation;
-    for c in &mut conditions {
-        c.observed_generation = generation;
-    }
-
-    let ip = i.host_ip.map(str::to_string);
-    let (pod_ip, pod_ips) = pod_addresses(pod, i, terminal || i.terminal);
-    let qos_containers: Vec<Container> = inits.iter().chain(containers).cloned().collect();
-    PodStatus {
-        phase: Some(phase.to_string()),
-        conditions: Some(conditions),
-        init_container_statuses: (!init_statuses.is_empty()).then_some(init_statuses),
-        container_statuses: Some(statuses),
-        host_ip: ip.clone(),
-        host_ips: ip.clone().map(|ip| vec![HostIP { ip }]),
-        pod_ip,
-        pod_ips,
-        qos_class: Some(crate::resources::qos::qos_class(&qos_containers).to_string()),
-        start_time: i.start_time.map(Time),
-        observed_generation: generation,
-        ..PodStatus::default()
     }
 }
 
