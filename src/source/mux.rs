@@ -82,11 +82,25 @@ impl Mux {
     pub fn apply(&mut self, snapshot: SourceSnapshot) -> Result<Vec<PodChange>, SourceError> {
         let source = snapshot.source;
         let empty = BTreeMap::new();
-        let snapshot_pods = snapshot.pods;
+        let mut new = self.accept(source, snapshot.pods);
+        let diff = Diff::of(self.sets.get(source).unwrap_or(&empty), &new);
+        if diff.is_empty() {
+            return Ok(Vec::new());
+        }
+        let version = snapshot.resource_version.filter(|rv| !rv.is_empty());
+        self.persist(source, &new, &diff, version)?;
         let old = self.sets.get(source).unwrap_or(&empty);
+        keep_stored_copies(old, &mut new);
+        let changes = diff.changes(&new);
+        self.sets.insert(source.to_string(), new);
+        Ok(changes)
+    }
 
+    /// The snapshot's pods by UID, less those with no UID, one another source's pod
+    /// has, or one an earlier pod of the snapshot took (each said in the log).
+    fn accept(&self, source: &str, pods: Vec<Pod>) -> BTreeMap<String, Pod> {
         let mut new: BTreeMap<String, Pod> = BTreeMap::new();
-        for pod in snapshot_pods {
+        for pod in pods {
             let name = pod_name(&pod);
             let Some(uid) = pod.metadata.uid.clone().filter(|u| !u.is_empty()) else {
                 log::error!("source {source}: pod {name} has no uid; ignored");
@@ -104,33 +118,25 @@ impl Mux {
             }
             new.insert(uid, pod);
         }
+        new
+    }
 
-        let mut removes = Vec::new();
-        let mut updates = Vec::new();
-        let mut adds = Vec::new();
-        for uid in old.keys() {
-            if !new.contains_key(uid) {
-                removes.push(uid.clone());
-            }
-        }
-        for (uid, pod) in &new {
-            match old.get(uid) {
-                None => adds.push(uid.clone()),
-                Some(before) if differs(before, pod) => updates.push(uid.clone()),
-                Some(_) => {}
-            }
-        }
-        if removes.is_empty() && updates.is_empty() && adds.is_empty() {
-            return Ok(Vec::new());
-        }
-
+    /// Writes what changed of the source's pods, and the version they are at, to the
+    /// store.
+    fn persist(
+        &mut self,
+        source: &str,
+        new: &BTreeMap<String, Pod>,
+        diff: &Diff,
+        version: Option<String>,
+    ) -> Result<(), SourceError> {
         // Pods and the version they are at go in as one: after a power cut the stored
         // version never claims changes the stored pods lack.
         let mut batch = Batch::new();
-        for uid in &removes {
+        for uid in &diff.removes {
             batch.remove(&self.pods, uid);
         }
-        for uid in updates.iter().chain(&adds) {
+        for uid in diff.updates.iter().chain(&diff.adds) {
             let Some(pod) = new.get(uid) else { continue };
             let record = DesiredPod {
                 source: source.to_string(),
@@ -138,7 +144,6 @@ impl Mux {
             };
             batch.put(&self.pods, uid, &record)?;
         }
-        let version = snapshot.resource_version.filter(|rv| !rv.is_empty());
         match &version {
             Some(rv) => batch.put(&self.versions, source, rv)?,
             // A source that cannot say where it is must not resume from an old place.
@@ -165,29 +170,7 @@ impl Mux {
         if source != crate::pod::annotations::SOURCE_FILE {
             self.store.flush()?;
         }
-
-        // Pods equal but for `config.seen` keep the stored copy, so memory and store
-        // agree and the first-seen time survives.
-        for (uid, pod) in new.iter_mut() {
-            if let Some(before) = old.get(uid) {
-                if !differs(before, pod) {
-                    *pod = before.clone();
-                }
-            }
-        }
-        let mut changes: Vec<PodChange> = removes.into_iter().map(PodChange::Remove).collect();
-        for uid in &updates {
-            if let Some(pod) = new.get(uid) {
-                changes.push(PodChange::Update(Box::new(pod.clone())));
-            }
-        }
-        for uid in &adds {
-            if let Some(pod) = new.get(uid) {
-                changes.push(PodChange::Add(Box::new(pod.clone())));
-            }
-        }
-        self.sets.insert(source.to_string(), new);
-        Ok(changes)
+        Ok(())
     }
 
     /// Every desired pod, in UID order within each source.
@@ -241,6 +224,64 @@ fn differs(a: &Pod, b: &Pod) -> bool {
         || annotations(a) != annotations(b)
         || ma.deletion_timestamp != mb.deletion_timestamp
         || ma.deletion_grace_period_seconds != mb.deletion_grace_period_seconds
+}
+
+/// What a source's new pod set changes of its old one, by UID.
+struct Diff {
+    removes: Vec<String>,
+    updates: Vec<String>,
+    adds: Vec<String>,
+}
+
+impl Diff {
+    fn of(old: &BTreeMap<String, Pod>, new: &BTreeMap<String, Pod>) -> Diff {
+        let removes = old.keys().filter(|uid| !new.contains_key(*uid)).cloned();
+        let mut diff = Diff {
+            removes: removes.collect(),
+            updates: Vec::new(),
+            adds: Vec::new(),
+        };
+        for (uid, pod) in new {
+            match old.get(uid) {
+                None => diff.adds.push(uid.clone()),
+                Some(before) if differs(before, pod) => diff.updates.push(uid.clone()),
+                Some(_) => {}
+            }
+        }
+        diff
+    }
+
+    fn is_empty(&self) -> bool {
+        self.removes.is_empty() && self.updates.is_empty() && self.adds.is_empty()
+    }
+
+    /// The sync loop's changes: removes, then updates, then adds.
+    fn changes(self, new: &BTreeMap<String, Pod>) -> Vec<PodChange> {
+        let mut changes: Vec<PodChange> = self.removes.into_iter().map(PodChange::Remove).collect();
+        for uid in &self.updates {
+            if let Some(pod) = new.get(uid) {
+                changes.push(PodChange::Update(Box::new(pod.clone())));
+            }
+        }
+        for uid in &self.adds {
+            if let Some(pod) = new.get(uid) {
+                changes.push(PodChange::Add(Box::new(pod.clone())));
+            }
+        }
+        changes
+    }
+}
+
+/// Pods equal but for `config.seen` keep the stored copy, so memory and store agree
+/// and the first-seen time survives.
+fn keep_stored_copies(old: &BTreeMap<String, Pod>, new: &mut BTreeMap<String, Pod>) {
+    for (uid, pod) in new.iter_mut() {
+        if let Some(before) = old.get(uid) {
+            if !differs(before, pod) {
+                *pod = before.clone();
+            }
+        }
+    }
 }
 
 fn pod_name(pod: &Pod) -> String {
