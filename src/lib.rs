@@ -47,6 +47,7 @@
 //!   projected) and each container's mounts of them.
 //! - [`server`]: the kubelet HTTP API (logs, exec, stats, metrics) for the apiserver,
 //!   metrics-server and Prometheus.
+//! - [`http2`]: HTTP/2 frames and HPACK for holdfast's own gRPC clients.
 //! - [`metrics`]: holdfast's own Prometheus series, recorded by any module.
 //! - [`systemd`]: `Type=notify` readiness, status and a watchdog fed by the sync loop.
 //! - [`wire`]: what the apiserver and registry clients both put on the wire: the
@@ -61,6 +62,7 @@ pub mod cli;
 pub mod config;
 pub mod control;
 pub mod eviction;
+pub mod http2;
 pub mod image;
 pub mod kube;
 pub mod malloc;

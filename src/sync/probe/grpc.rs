@@ -4,7 +4,7 @@
 //! frame, 64 KiB in all), so flow control never comes into play.
 
 mod h2;
-mod hpack;
+use crate::http2::hpack;
 
 use std::time::{Duration, Instant};
 

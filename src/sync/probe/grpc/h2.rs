@@ -9,43 +9,16 @@ use std::time::{Duration, Instant};
 use super::super::net::{is_timeout, set_deadline, words};
 use super::{protocol, GrpcError, UNAVAILABLE};
 
-/// What a client sends first on an HTTP/2 connection (RFC 9113 section 3.4).
-pub(super) const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-/// SETTINGS_MAX_FRAME_SIZE's default, which this client never raises.
-pub(super) const MAX_FRAME: usize = 16 * 1024;
+pub(super) use crate::http2::frame::{
+    frame, ACK, CONTINUATION, DATA, END_HEADERS, END_STREAM, GOAWAY, HEADERS, HEADER_TABLE_SIZE,
+    MAX_FRAME, PADDED, PING, PREFACE, PRIORITY, PUSH_PROMISE, RST_STREAM, SETTINGS,
+    SETTINGS_ENABLE_PUSH,
+};
+
 /// Every byte the server sends, frame headers included.
 pub(super) const MAX_RESPONSE: usize = 64 * 1024;
-/// SETTINGS_HEADER_TABLE_SIZE's default, which this client keeps.
-pub(super) const HEADER_TABLE_SIZE: usize = 4096;
 /// The one stream this client opens.
 pub(super) const STREAM: u32 = 1;
-
-pub(super) const DATA: u8 = 0;
-pub(super) const HEADERS: u8 = 1;
-pub(super) const RST_STREAM: u8 = 3;
-pub(super) const SETTINGS: u8 = 4;
-pub(super) const PUSH_PROMISE: u8 = 5;
-pub(super) const PING: u8 = 6;
-pub(super) const GOAWAY: u8 = 7;
-pub(super) const CONTINUATION: u8 = 9;
-
-pub(super) const END_STREAM: u8 = 0x1;
-pub(super) const ACK: u8 = 0x1;
-pub(super) const END_HEADERS: u8 = 0x4;
-pub(super) const PADDED: u8 = 0x8;
-pub(super) const PRIORITY: u8 = 0x20;
-
-pub(super) const SETTINGS_ENABLE_PUSH: u16 = 2;
-
-/// Appends one frame; `payload` is at most `MAX_FRAME` bytes.
-pub(super) fn frame(out: &mut Vec<u8>, kind: u8, flags: u8, stream: u32, payload: &[u8]) {
-    let len = payload.len().to_be_bytes();
-    out.extend_from_slice(&len[len.len() - 3..]);
-    out.push(kind);
-    out.push(flags);
-    out.extend_from_slice(&stream.to_be_bytes());
-    out.extend_from_slice(payload);
-}
 
 /// One frame as read, its stream id without the reserved bit.
 pub(super) struct Frame {
@@ -148,34 +121,4 @@ pub(super) fn unpad(f: &Frame) -> Result<&[u8], GrpcError> {
         .ok_or_else(|| protocol("padding longer than its frame".to_string()))
 }
 
-pub(super) fn be_u32(bytes: &[u8], at: usize) -> Option<u32> {
-    let b = bytes.get(at..at + 4)?;
-    Some(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
-}
-
-/// RFC 9113 section 7's name of an error code.
-pub(super) fn h2_error_name(code: u32) -> String {
-    const NAMES: [&str; 14] = [
-        "NO_ERROR",
-        "PROTOCOL_ERROR",
-        "INTERNAL_ERROR",
-        "FLOW_CONTROL_ERROR",
-        "SETTINGS_TIMEOUT",
-        "STREAM_CLOSED",
-        "FRAME_SIZE_ERROR",
-        "REFUSED_STREAM",
-        "CANCEL",
-        "COMPRESSION_ERROR",
-        "CONNECT_ERROR",
-        "ENHANCE_YOUR_CALM",
-        "INADEQUATE_SECURITY",
-        "HTTP_1_1_REQUIRED",
-    ];
-    usize::try_from(code)
-        .ok()
-        .and_then(|i| NAMES.get(i))
-        .map_or_else(
-            || format!("unknown error code 0x{code:x}"),
-            |n| n.to_string(),
-        )
-}
+pub(super) use crate::http2::frame::{be_u32, error_name as h2_error_name};

@@ -1,17 +1,17 @@
-//! probe::grpc::hpack: HPACK (RFC 7541) as far as the gRPC probe needs it: literal
-//! fields without indexing for the request, and a full decoder for the response
-//! (static and dynamic tables, size updates, Huffman strings). Every length and index
-//! comes from the server and is checked.
+//! http2::hpack: HPACK (RFC 7541) as far as holdfast's gRPC clients need it: literal
+//! fields without indexing for requests, and a full decoder for responses (static and
+//! dynamic tables, size updates, Huffman strings). Every length and index comes from
+//! the server and is checked.
 
 use std::collections::VecDeque;
 use std::sync::OnceLock;
 
 /// A header field: name and value, as bytes.
-pub(super) type Field = (Vec<u8>, Vec<u8>);
+pub type Field = (Vec<u8>, Vec<u8>);
 
-/// What a header block broke, in words for a probe message.
+/// What a header block broke, in words for an error message.
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
-pub(super) enum HpackError {
+pub enum HpackError {
     #[error("hpack: header block truncated")]
     Truncated,
     #[error("hpack: integer overflow")]
@@ -167,7 +167,7 @@ const HUFFMAN: [(u32, u8); 257] = [
 const ENTRY_OVERHEAD: usize = 32;
 
 /// Appends a "literal header field without indexing, new name" with plain strings.
-pub(super) fn encode_literal(out: &mut Vec<u8>, name: &str, value: &str) {
+pub fn encode_literal(out: &mut Vec<u8>, name: &str, value: &str) {
     out.push(0);
     for s in [name, value] {
         encode_int(out, 0, 7, s.len());
@@ -177,7 +177,7 @@ pub(super) fn encode_literal(out: &mut Vec<u8>, name: &str, value: &str) {
 
 /// Like `encode_literal` with both strings Huffman-coded, as servers send them.
 #[cfg(test)]
-pub(super) fn encode_literal_huffman(out: &mut Vec<u8>, name: &str, value: &str) {
+pub fn encode_literal_huffman(out: &mut Vec<u8>, name: &str, value: &str) {
     out.push(0);
     for s in [name, value] {
         let coded = huffman_encode(s.as_bytes());
@@ -225,7 +225,7 @@ fn encode_int(out: &mut Vec<u8>, high: u8, n: u32, mut value: usize) {
 
 /// The decoding side of one connection: its dynamic table lives as long as the
 /// connection.
-pub(super) struct Decoder {
+pub struct Decoder {
     table: VecDeque<Field>,
     size: usize,
     max_size: usize,
@@ -234,7 +234,7 @@ pub(super) struct Decoder {
 }
 
 impl Decoder {
-    pub(super) fn new(limit: usize) -> Decoder {
+    pub fn new(limit: usize) -> Decoder {
         Decoder {
             table: VecDeque::new(),
             size: 0,
@@ -246,11 +246,7 @@ impl Decoder {
     /// The fields of one complete header block, refusing a list whose names and values
     /// (plus 32 bytes each, RFC 9113's measure) pass `max_list`: a few indexed bytes can
     /// stand for kilobytes.
-    pub(super) fn decode(
-        &mut self,
-        block: &[u8],
-        max_list: usize,
-    ) -> Result<Vec<Field>, HpackError> {
+    pub fn decode(&mut self, block: &[u8], max_list: usize) -> Result<Vec<Field>, HpackError> {
         let mut r = Cursor { buf: block, pos: 0 };
         let mut fields = Vec::new();
         let mut list = 0usize;
@@ -427,7 +423,7 @@ fn tree() -> &'static [[u16; 2]] {
 
 /// Decodes a Huffman-coded string (section 5.2): EOS inside, or padding that is longer
 /// than 7 bits or not all ones, is an error.
-pub(super) fn huffman_decode(bytes: &[u8]) -> Result<Vec<u8>, HpackError> {
+pub fn huffman_decode(bytes: &[u8]) -> Result<Vec<u8>, HpackError> {
     const LEAF: u16 = 0x8000;
     let tree = tree();
     let mut out = Vec::with_capacity(bytes.len() * 8 / 5);
