@@ -47,7 +47,9 @@
 //!   projected) and each container's mounts of them.
 //! - [`server`]: the kubelet HTTP API (logs, exec, stats, metrics) for the apiserver,
 //!   metrics-server and Prometheus.
-//! - [`http2`]: HTTP/2 frames and HPACK for holdfast's own gRPC clients.
+//! - [`tunnel`]: the konnectivity agent: streams dialled out to the proxy servers that
+//!   carry the apiserver's connections to this node's kubelet API, and nothing else.
+//! - [`http2`]: HTTP/2 frames and HPACK, shared by the gRPC probe and the tunnel.
 //! - [`metrics`]: holdfast's own Prometheus series, recorded by any module.
 //! - [`systemd`]: `Type=notify` readiness, status and a watchdog fed by the sync loop.
 //! - [`wire`]: what the apiserver and registry clients both put on the wire: the
@@ -80,6 +82,7 @@ pub mod sync;
 pub mod systemd;
 pub mod time;
 pub mod tls;
+pub mod tunnel;
 pub mod uplink;
 pub mod volume;
 pub mod wire;

@@ -359,6 +359,47 @@ pub static KUBELET_API_AUTH_DURATION: Histogram = Histogram::new(
     LATENCY_BUCKETS,
 );
 
+/// Tunnel streams open to konnectivity proxy servers.
+pub static TUNNEL_STREAMS: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
+/// Dials the tunnel made to the kubelet API for a proxy server.
+pub static TUNNEL_DIALS_SERVED: Counter = Counter::new(
+    "holdfast_tunnel_dials_served_total",
+    "Connections to the kubelet API opened for a konnectivity proxy server",
+);
+/// Dials asked for something other than the kubelet API, refused.
+pub static TUNNEL_DIALS_REFUSED: Counter = Counter::new(
+    "holdfast_tunnel_dials_refused_total",
+    "Dial requests refused: their address is not this node's kubelet API",
+);
+/// Dials of the kubelet API that failed.
+pub static TUNNEL_DIALS_FAILED: Counter = Counter::new(
+    "holdfast_tunnel_dials_failed_total",
+    "Dials of the kubelet API that failed for a konnectivity proxy server",
+);
+pub static TUNNEL_BYTES_TO_KUBELET: Counter = Counter::new(
+    "holdfast_tunnel_bytes_to_kubelet_total",
+    "Bytes carried from the proxy servers to the kubelet API",
+);
+pub static TUNNEL_BYTES_FROM_KUBELET: Counter = Counter::new(
+    "holdfast_tunnel_bytes_from_kubelet_total",
+    "Bytes carried from the kubelet API to the proxy servers",
+);
+fn render_tunnel(out: &mut String) {
+    let name = "holdfast_tunnel_streams";
+    header(
+        out,
+        name,
+        "Tunnel streams open to konnectivity proxy servers",
+        "gauge",
+    );
+    let _ = writeln!(out, "{name} {}", TUNNEL_STREAMS.load(Ordering::Relaxed));
+    TUNNEL_DIALS_SERVED.render(out);
+    TUNNEL_DIALS_REFUSED.render(out);
+    TUNNEL_DIALS_FAILED.render(out);
+    TUNNEL_BYTES_TO_KUBELET.render(out);
+    TUNNEL_BYTES_FROM_KUBELET.render(out);
+}
+
 /// Renders every series kept here.
 pub fn render_all(out: &mut String) {
     SYNC_DURATION.render(out);
@@ -377,6 +418,7 @@ pub fn render_all(out: &mut String) {
     KUBELET_API_AUTHZ_CACHE.render(out);
     KUBELET_API_TOKEN_CACHE.render(out);
     KUBELET_API_AUTH_DURATION.render(out);
+    render_tunnel(out);
 }
 
 #[cfg(test)]

@@ -1,8 +1,8 @@
 //! agent: the one composition root of `holdfast run`. Start-up reads as its stages, in
 //! order: the root (root dir, store, images, runtime, adoption), the pod sources and the
 //! mux, the cluster link and its services (one apiserver client, the uplink), the local
-//! services (control socket, kubelet API, the sync loop's deps, eviction), then the sync
-//! loop until shutdown.
+//! services (control socket, kubelet API, the sync loop's deps, eviction), the tunnel to
+//! the konnectivity servers where one is configured, then the sync loop until shutdown.
 //!
 //! Holds no logic of its own: each stage only wires what the modules below provide, and
 //! nothing else starts a service or a source.
@@ -44,11 +44,17 @@ pub async fn run(mut config: Config, shutdown: impl Future<Output = ()>) -> Resu
         root.dir.display(),
         config.static_pod_path.display()
     );
+    // The tunnel to the proxy servers, once the kubelet API it carries listens.
+    let (tunnel_stop, tunnel_stopped) = tokio::sync::watch::channel(false);
+    let _tunnel = crate::tunnel::spawn(&config, tunnel_stopped);
     let _pinger = notify.start();
     let stopping = notify.clone();
     let shutdown = async move {
         shutdown.await;
         stopping.stopping();
+        // The tunnel's streams say DRAIN, so that the proxy servers route no new
+        // connections to a node that is stopping.
+        let _ = tunnel_stop.send(true);
     };
     SyncLoop::new(local.deps)
         .with_object_changes(objects_rx)

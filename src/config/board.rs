@@ -256,6 +256,8 @@ pub(super) fn fill_from_profile(file: FileConfig, profile: FileConfig) -> FileCo
         pods,
         // A profile describes a board, not who may call its kubelet API.
         server: _,
+        // Nor which proxy servers a site's node dials.
+        tunnel: _,
     } = profile;
     system_reserved.extend(file.system_reserved);
     kube_reserved.extend(file.kube_reserved);
@@ -298,6 +300,7 @@ pub(super) fn fill_from_profile(file: FileConfig, profile: FileConfig) -> FileCo
         uplink_retry_max: file.uplink_retry_max.or(uplink_retry_max),
         images: file.images.or(images),
         pods: file.pods.or(pods),
+        tunnel: file.tunnel,
     }
 }
 

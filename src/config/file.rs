@@ -69,6 +69,8 @@ pub struct FileConfig {
     pub pods: PodKeys,
     /// The kubelet API's keys (`address`, `tlsCertFile`, `authentication`, ...).
     pub server: ServerFileConfig,
+    /// `holdfast.tunnel.*`: the konnectivity agent.
+    pub tunnel: super::tunnel::TunnelKeys,
 }
 
 /// Reads and parses the config file at `path`; returns what it sets and a warning for
@@ -257,6 +259,9 @@ impl Reader<'_> {
                 }
                 "holdfast.bootstrapKubeconfig" => {
                     out.bootstrap_kubeconfig = Some(base.join(self.path_value(&key, value)?));
+                }
+                "holdfast.tunnel" => {
+                    self.tunnel_section(&key, value, base, &mut out.tunnel, warnings)?;
                 }
                 _ => {
                     if !self.image_holdfast_key(&key, value, base, &mut out.images)?

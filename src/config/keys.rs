@@ -106,6 +106,13 @@ pub const KEYS: &[&str] = &[
     "holdfast.registries.*.mirrors[].clientKey",
     "holdfast.registries.*.mirrors[].plainHTTP",
     "holdfast.registries.*.mirrors[].skipVerify",
+    "holdfast.tunnel",
+    "holdfast.tunnel.servers",
+    "holdfast.tunnel.caFile",
+    "holdfast.tunnel.serverName",
+    "holdfast.tunnel.credential",
+    "holdfast.tunnel.identifiers",
+    "holdfast.tunnel.keepaliveTime",
 ];
 
 /// Whether `path` (written as in [`KEYS`]) is a key of the config file.

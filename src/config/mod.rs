@@ -17,6 +17,7 @@ mod pods;
 mod reader;
 mod server;
 mod taints;
+mod tunnel;
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -43,6 +44,7 @@ pub use names::{check_dns1123_label, check_dns1123_subdomain};
 pub use pods::{PodKeys, PodSettings};
 pub use server::{AuthorizationMode, OfflinePolicy, ServerConfig, DEFAULT_HEALTHZ_PORT};
 pub use taints::{check_taint, parse_taint};
+pub use tunnel::{TunnelConfig, TunnelCredential, TunnelKeys, MIN_TUNNEL_KEEPALIVE};
 
 const DEFAULT_ROOT_DIR: &str = "/var/lib/holdfast";
 const DEFAULT_STATIC_POD_PATH: &str = "/etc/kubernetes/manifests";
@@ -124,6 +126,8 @@ pub struct Config {
     pub pods: PodSettings,
     /// The kubelet API: listen addresses, certificates, authentication.
     pub server: ServerConfig,
+    /// `holdfast.tunnel`: the konnectivity agent; `None` (off) unless servers are set.
+    pub tunnel: Option<TunnelConfig>,
 }
 
 /// Restart back-off: `initial` doubling to `max`, forgotten after `reset` of clean running.
@@ -182,6 +186,7 @@ impl Config {
             ),
             pods: PodSettings::default(),
             server: ServerConfig::default(),
+            tunnel: None,
         }
     }
 }
@@ -261,6 +266,9 @@ fn merge(
     );
     config.pods = file.pods.settings();
     file.server.apply(&mut config.server);
+    config.tunnel = file
+        .tunnel
+        .settings(flags.config.as_deref().unwrap_or(Path::new("")))?;
     Ok(config)
 }
 

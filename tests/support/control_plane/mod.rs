@@ -310,6 +310,12 @@ impl ControlPlane {
         &self.certs.pki.ca
     }
 
+    /// The cluster's CA, to issue more certificates from (a konnectivity server's, a
+    /// kubelet serving certificate for more names).
+    pub fn pki(&self) -> &crate::pki::Pki {
+        &self.certs.pki
+    }
+
     /// A kubeconfig for node `node` (CN=system:node:<node>, O=system:nodes).
     pub fn node_kubeconfig(&self, node: &str) -> PathBuf {
         self.certs.kubeconfig(

@@ -1,0 +1,477 @@
+//! tunnel::stream: one gRPC stream `/AgentService/Connect` to one proxy server, on an
+//! HTTP/2 connection of its own over TLS: the request with the agent's metadata, the
+//! response headers (`serverid`, `servercount`), then packets both ways. Flow control
+//! both ways: what the server sends is acknowledged only once it has been written to
+//! the kubelet API's socket, so the window bounds what waits in memory. Pings keep the
+//! server's keepalive policy (no more often than it allows) and find a dead stream.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, WriteHalf};
+use tokio::sync::{mpsc, watch};
+
+use super::frames::{read_frames, Frame, Keepalive, PING_TIMEOUT};
+use super::packet::Packet;
+use super::splice::{Conns, Out};
+use super::TunnelError;
+use crate::http2::frame::{
+    self, be_u32, error_name, ACK, CONTINUATION, DATA, DEFAULT_WINDOW, END_HEADERS, END_STREAM,
+    GOAWAY, HEADERS, HEADER_TABLE_SIZE, MAX_FRAME, PADDED, PING, PREFACE, PRIORITY, PUSH_PROMISE,
+    RST_STREAM, SETTINGS, SETTINGS_ENABLE_PUSH, SETTINGS_INITIAL_WINDOW_SIZE, WINDOW_UPDATE,
+};
+use crate::http2::hpack;
+
+/// The stream this client opens.
+const STREAM: u32 = 1;
+/// The window granted to the server, for the connection and the stream alike: what may
+/// wait on its way to the kubelet API.
+const WINDOW: u32 = 1 << 20;
+/// The largest gRPC message taken (gRPC's own default limit).
+const MAX_MESSAGE: usize = 4 << 20;
+/// The most header bytes taken in one block.
+const MAX_HEADERS: usize = 16 << 10;
+
+/// What the agent tells the server about itself.
+pub(super) struct Hello<'a> {
+    pub authority: &'a str,
+    pub agent_id: &'a str,
+    pub identifiers: &'a str,
+}
+
+/// An open stream, its response headers read.
+pub(super) struct Session<S> {
+    pub server_id: String,
+    pub server_count: usize,
+    addr: String,
+    frames: mpsc::Receiver<Result<Frame, TunnelError>>,
+    reader: tokio::task::JoinHandle<()>,
+    wr: WriteHalf<S>,
+    decoder: hpack::Decoder,
+    /// Send windows: the connection's and the stream's.
+    conn_window: i64,
+    stream_window: i64,
+    /// The server's SETTINGS_INITIAL_WINDOW_SIZE.
+    peer_initial: i64,
+    /// A gRPC message's bytes not sent yet (the windows were closed).
+    pending: VecDeque<u8>,
+    /// Received bytes handled and not yet given back with WINDOW_UPDATE.
+    unacked: u64,
+    /// Received bytes of messages not yet whole.
+    inbuf: Vec<u8>,
+    /// Header block fragments until END_HEADERS.
+    block: Option<Vec<u8>>,
+}
+
+impl<S> Drop for Session<S> {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+/// Sends the connection preface and the request, then reads until the response
+/// headers. `io` is the TLS stream, ALPN h2 already agreed.
+pub(super) async fn open<S>(io: S, addr: &str, hello: &Hello<'_>) -> Result<Session<S>, TunnelError>
+where
+    S: AsyncRead + AsyncWrite + Send + 'static,
+{
+    let (rd, wr) = tokio::io::split(io);
+    let (tx, frames) = mpsc::channel(16);
+    let reader = tokio::spawn(read_frames(rd, addr.to_string(), tx));
+    let mut s = Session {
+        server_id: String::new(),
+        server_count: 1,
+        addr: addr.to_string(),
+        frames,
+        reader,
+        wr,
+        decoder: hpack::Decoder::new(HEADER_TABLE_SIZE),
+        conn_window: i64::from(DEFAULT_WINDOW),
+        stream_window: i64::from(DEFAULT_WINDOW),
+        peer_initial: i64::from(DEFAULT_WINDOW),
+        pending: VecDeque::new(),
+        unacked: 0,
+        inbuf: Vec::new(),
+        block: None,
+    };
+    let mut out = PREFACE.to_vec();
+    let mut settings = Vec::new();
+    for (id, value) in [
+        (SETTINGS_ENABLE_PUSH, 0),
+        (SETTINGS_INITIAL_WINDOW_SIZE, WINDOW),
+    ] {
+        settings.extend_from_slice(&id.to_be_bytes());
+        settings.extend_from_slice(&value.to_be_bytes());
+    }
+    frame::frame(&mut out, SETTINGS, 0, 0, &settings);
+    frame::frame(
+        &mut out,
+        WINDOW_UPDATE,
+        0,
+        0,
+        &(WINDOW - DEFAULT_WINDOW).to_be_bytes(),
+    );
+    let mut block = Vec::new();
+    for (name, value) in [
+        (":method", "POST"),
+        (":scheme", "https"),
+        (":path", "/AgentService/Connect"),
+        (":authority", hello.authority),
+        ("content-type", "application/grpc"),
+        ("te", "trailers"),
+        (
+            "user-agent",
+            concat!("holdfast/", env!("CARGO_PKG_VERSION")),
+        ),
+        ("agentid", hello.agent_id),
+        ("agentidentifiers", hello.identifiers),
+    ] {
+        hpack::encode_literal(&mut block, name, value);
+    }
+    if block.len() > MAX_FRAME {
+        return Err(s.protocol("request headers larger than one frame".into()));
+    }
+    frame::frame(&mut out, HEADERS, END_HEADERS, STREAM, &block);
+    s.write(&out).await?;
+    loop {
+        let f = s.next_frame().await?;
+        if let Some(fields) = s.on_control(f, None).await? {
+            return s.response(&fields);
+        }
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Send + 'static> Session<S> {
+    fn protocol(&self, reason: String) -> TunnelError {
+        TunnelError::Protocol {
+            addr: self.addr.clone(),
+            reason,
+        }
+    }
+
+    async fn write(&mut self, bytes: &[u8]) -> Result<(), TunnelError> {
+        let r = async {
+            self.wr.write_all(bytes).await?;
+            self.wr.flush().await
+        };
+        r.await.map_err(|source| TunnelError::Io {
+            addr: self.addr.clone(),
+            source,
+        })
+    }
+
+    async fn next_frame(&mut self) -> Result<Frame, TunnelError> {
+        match self.frames.recv().await {
+            Some(r) => r,
+            None => Err(self.protocol("connection closed".into())),
+        }
+    }
+
+    /// The response headers: HTTP 200, gRPC, and the server's id and count.
+    fn response(mut self, fields: &[hpack::Field]) -> Result<Session<S>, TunnelError> {
+        let get = |name: &str| {
+            fields
+                .iter()
+                .find(|(n, _)| n == name.as_bytes())
+                .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+        };
+        if let Some(status) = get("grpc-status").filter(|s| s != "0") {
+            return Err(TunnelError::Refused {
+                addr: self.addr.clone(),
+                status,
+                message: get("grpc-message").unwrap_or_default(),
+            });
+        }
+        match get(":status").as_deref() {
+            Some("200") => {}
+            other => {
+                return Err(self.protocol(format!("http status {}", other.unwrap_or("missing"))))
+            }
+        }
+        self.server_id =
+            get("serverid").ok_or_else(|| self.protocol("no serverid header".into()))?;
+        let count = get("servercount").unwrap_or_else(|| "1".into());
+        self.server_count = count
+            .trim()
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (1..=64).contains(n))
+            .ok_or_else(|| self.protocol(format!("servercount {count:?} is not 1 to 64")))?;
+        Ok(self)
+    }
+
+    /// Handles a frame that is not the stream's data; returns a whole header block's
+    /// fields when one ends. `conns` is `None` before the response headers.
+    async fn on_control(
+        &mut self,
+        f: Frame,
+        ping: Option<&mut Keepalive>,
+    ) -> Result<Option<Vec<hpack::Field>>, TunnelError> {
+        match f.kind {
+            SETTINGS if f.flags & ACK == 0 => {
+                self.settings(&f.payload)?;
+                let mut out = Vec::new();
+                frame::frame(&mut out, SETTINGS, ACK, 0, &[]);
+                self.write(&out).await?;
+            }
+            PING if f.flags & ACK == 0 => {
+                let mut out = Vec::new();
+                frame::frame(&mut out, PING, ACK, 0, &f.payload);
+                self.write(&out).await?;
+            }
+            PING => {
+                if let Some(k) = ping {
+                    k.answered();
+                }
+            }
+            WINDOW_UPDATE => {
+                let inc = i64::from(be_u32(&f.payload, 0).unwrap_or(0) & 0x7fff_ffff);
+                match f.stream {
+                    0 => self.conn_window += inc,
+                    STREAM => self.stream_window += inc,
+                    _ => {}
+                }
+            }
+            HEADERS | CONTINUATION if f.stream == STREAM => return self.headers(&f),
+            RST_STREAM if f.stream == STREAM => {
+                let code = be_u32(&f.payload, 0).unwrap_or(0);
+                return Err(self.protocol(format!("stream reset: {}", error_name(code))));
+            }
+            GOAWAY => {
+                let code = be_u32(&f.payload, 4).unwrap_or(0);
+                let debug = String::from_utf8_lossy(f.payload.get(8..).unwrap_or_default());
+                if code != 0 {
+                    return Err(self.protocol(format!("goaway {}: {debug}", error_name(code))));
+                }
+                log::info!("tunnel: proxy server {} is going away", self.addr);
+            }
+            PUSH_PROMISE => return Err(self.protocol("push promise, push is disabled".into())),
+            _ => {}
+        }
+        Ok(None)
+    }
+
+    fn settings(&mut self, payload: &[u8]) -> Result<(), TunnelError> {
+        if !payload.len().is_multiple_of(6) {
+            return Err(self.protocol("settings frame of a bad length".into()));
+        }
+        for s in payload.chunks_exact(6) {
+            let id = u16::from_be_bytes([s[0], s[1]]);
+            let value = i64::from(u32::from_be_bytes([s[2], s[3], s[4], s[5]]));
+            if id == SETTINGS_INITIAL_WINDOW_SIZE {
+                // The change applies to the open stream's window (RFC 9113 6.9.2).
+                self.stream_window += value - self.peer_initial;
+                self.peer_initial = value;
+            }
+        }
+        Ok(())
+    }
+
+    fn headers(&mut self, f: &Frame) -> Result<Option<Vec<hpack::Field>>, TunnelError> {
+        let mut payload = f.payload.as_slice();
+        if f.kind == HEADERS {
+            let mut skip = 0usize;
+            let mut pad = 0usize;
+            if f.flags & PADDED != 0 {
+                pad = usize::from(*payload.first().unwrap_or(&0));
+                skip = 1;
+            }
+            if f.flags & PRIORITY != 0 {
+                skip += 5;
+            }
+            payload = payload
+                .len()
+                .checked_sub(pad)
+                .and_then(|end| payload.get(skip..end))
+                .ok_or_else(|| self.protocol("headers padding longer than its frame".into()))?;
+            self.block = Some(Vec::new());
+        }
+        let block = self.block.as_mut().ok_or_else(|| TunnelError::Protocol {
+            addr: self.addr.clone(),
+            reason: "continuation without headers".into(),
+        })?;
+        if block.len() + payload.len() > MAX_HEADERS {
+            return Err(self.protocol(format!("header block over {MAX_HEADERS} bytes")));
+        }
+        block.extend_from_slice(payload);
+        if f.flags & END_HEADERS == 0 {
+            return Ok(None);
+        }
+        let block = self.block.take().unwrap_or_default();
+        let fields = self
+            .decoder
+            .decode(&block, MAX_HEADERS)
+            .map_err(|e| self.protocol(e.to_string()))?;
+        Ok(Some(fields))
+    }
+
+    /// Carries packets until the stream ends (an error says why) or `stop` is set, after
+    /// which DRAIN is sent and the stream serves what it carries until it is dropped.
+    pub(super) async fn run(
+        mut self,
+        conns: &mut Conns,
+        out_rx: &mut mpsc::Receiver<Out>,
+        keepalive: Duration,
+        stop: &mut watch::Receiver<bool>,
+    ) -> Result<(), TunnelError> {
+        let mut ping = Keepalive::new(keepalive);
+        let mut draining = false;
+        let consumed = conns.consumed();
+        loop {
+            self.flush().await?;
+            self.acknowledge(consumed.take()).await?;
+            let wake = ping.wake();
+            tokio::select! {
+                f = self.frames.recv() => {
+                    let f = f.ok_or_else(|| self.protocol("connection closed".into()))??;
+                    self.on_frame(f, conns, &mut ping).await?;
+                }
+                out = out_rx.recv(), if self.pending.is_empty() => {
+                    // Conns hold a sender of their own: the channel never closes here.
+                    if let Some(out) = out {
+                        self.take_out(out, conns, out_rx);
+                    }
+                }
+                () = consumed.notified() => {}
+                () = tokio::time::sleep_until(wake) => {
+                    if ping.dead() {
+                        return Err(TunnelError::Dead { addr: self.addr.clone(), after: PING_TIMEOUT });
+                    }
+                    let mut out = Vec::new();
+                    frame::frame(&mut out, PING, 0, 0, &[0u8; 8]);
+                    self.write(&out).await?;
+                    ping.sent();
+                }
+                r = stop.changed(), if !draining => {
+                    draining = true;
+                    if r.is_ok() {
+                        log::info!("tunnel: draining the stream to {}", self.addr);
+                        self.queue(&Packet::Drain);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Queues what conns sent, as many as are waiting (up to a batch).
+    fn take_out(&mut self, first: Out, conns: &mut Conns, out_rx: &mut mpsc::Receiver<Out>) {
+        let mut next = Some(first);
+        while let Some(out) = next.take() {
+            match out {
+                Out::Packet(p) => self.queue(&p),
+                Out::Gone(id) => conns.gone(id),
+            }
+            if self.pending.len() < 256 << 10 {
+                next = out_rx.try_recv().ok();
+            }
+        }
+    }
+
+    fn queue(&mut self, p: &Packet) {
+        let mut msg = Vec::new();
+        p.encode_grpc(&mut msg);
+        self.pending.extend(msg);
+    }
+
+    /// Sends what is pending, as far as the windows allow.
+    async fn flush(&mut self) -> Result<(), TunnelError> {
+        let mut out = Vec::new();
+        while !self.pending.is_empty() {
+            let window = self.conn_window.min(self.stream_window);
+            let n = usize::try_from(window)
+                .unwrap_or(0)
+                .min(MAX_FRAME)
+                .min(self.pending.len());
+            if n == 0 {
+                break;
+            }
+            let chunk: Vec<u8> = self.pending.drain(..n).collect();
+            frame::frame(&mut out, DATA, 0, STREAM, &chunk);
+            self.conn_window -= n as i64;
+            self.stream_window -= n as i64;
+        }
+        if !out.is_empty() {
+            self.write(&out).await?;
+        }
+        Ok(())
+    }
+
+    /// Gives received bytes back to the server's windows once enough have been handled.
+    async fn acknowledge(&mut self, handled: u64) -> Result<(), TunnelError> {
+        self.unacked += handled;
+        if self.unacked < u64::from(WINDOW / 4) {
+            return Ok(());
+        }
+        let inc = u32::try_from(self.unacked).unwrap_or(WINDOW).min(WINDOW);
+        self.unacked -= u64::from(inc);
+        let mut out = Vec::new();
+        frame::frame(&mut out, WINDOW_UPDATE, 0, 0, &inc.to_be_bytes());
+        frame::frame(&mut out, WINDOW_UPDATE, 0, STREAM, &inc.to_be_bytes());
+        self.write(&out).await
+    }
+
+    async fn on_frame(
+        &mut self,
+        f: Frame,
+        conns: &mut Conns,
+        ping: &mut Keepalive,
+    ) -> Result<(), TunnelError> {
+        if f.kind != DATA || f.stream != STREAM {
+            if self.on_control(f, Some(ping)).await?.is_some() {
+                // Trailers: the server ended the stream.
+                return Err(self.protocol("the server ended the stream".into()));
+            }
+            return Ok(());
+        }
+        let total = f.payload.len() as u64;
+        let data = if f.flags & PADDED != 0 {
+            let pad = usize::from(*f.payload.first().unwrap_or(&0));
+            f.payload
+                .len()
+                .checked_sub(pad)
+                .and_then(|end| f.payload.get(1..end))
+                .ok_or_else(|| self.protocol("data padding longer than its frame".into()))?
+        } else {
+            &f.payload[..]
+        };
+        self.inbuf.extend_from_slice(data);
+        // Padding and prefixes are handled at once; a DATA packet's bytes once written.
+        let mut handled = total - data.len() as u64;
+        while let Some(msg) = self.message()? {
+            let len = 5 + msg.len() as u64;
+            let packet = Packet::decode(&msg).map_err(|e| self.protocol(e.to_string()))?;
+            let mut replies = Vec::new();
+            let deferred = conns.handle(packet, &mut replies) as u64;
+            for r in &replies {
+                self.queue(r);
+            }
+            handled += len - deferred;
+        }
+        self.acknowledge(handled).await?;
+        if f.flags & END_STREAM != 0 {
+            return Err(self.protocol("the server ended the stream".into()));
+        }
+        Ok(())
+    }
+
+    /// The next whole gRPC message in `inbuf`, if one is there.
+    fn message(&mut self) -> Result<Option<Bytes>, TunnelError> {
+        let Some(len) = be_u32(&self.inbuf, 1) else {
+            return Ok(None);
+        };
+        if self.inbuf[0] != 0 {
+            return Err(self.protocol("compressed message, none was asked for".into()));
+        }
+        let len = usize::try_from(len).unwrap_or(usize::MAX);
+        if len > MAX_MESSAGE {
+            return Err(self.protocol(format!("message of {len} bytes, over {MAX_MESSAGE}")));
+        }
+        if self.inbuf.len() < 5 + len {
+            return Ok(None);
+        }
+        let rest = self.inbuf.split_off(5 + len);
+        let msg = std::mem::replace(&mut self.inbuf, rest);
+        Ok(Some(Bytes::from(msg).slice(5..)))
+    }
+}
