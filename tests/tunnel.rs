@@ -8,10 +8,12 @@
 use support::control_plane;
 
 use std::io::{Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::OnceLock;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use control_plane::{ControlPlane, Options};
@@ -146,6 +148,90 @@ impl Drop for Scratch {
     }
 }
 
+/// A TCP relay in front of the proxy servers, as a load balancer with one address:
+/// each connection goes to the next server in turn. `cut` closes every relayed
+/// connection and refuses new ones (the link is down) until `restore`.
+struct Relay {
+    port: u16,
+    state: Arc<RelayState>,
+}
+
+struct RelayState {
+    up: AtomicBool,
+    stop: AtomicBool,
+    backends: Vec<u16>,
+    next: AtomicUsize,
+    conns: Mutex<Vec<TcpStream>>,
+}
+
+impl Relay {
+    fn new(backends: Vec<u16>) -> Relay {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("relay bind");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let port = listener.local_addr().expect("addr").port();
+        let state = Arc::new(RelayState {
+            up: AtomicBool::new(true),
+            stop: AtomicBool::new(false),
+            backends,
+            next: AtomicUsize::new(0),
+            conns: Mutex::new(Vec::new()),
+        });
+        let st = state.clone();
+        std::thread::spawn(move || {
+            while !st.stop.load(Ordering::SeqCst) {
+                match listener.accept() {
+                    Ok((client, _)) => st.relay(client),
+                    Err(_) => std::thread::sleep(Duration::from_millis(20)),
+                }
+            }
+        });
+        Relay { port, state }
+    }
+
+    fn cut(&self) {
+        self.state.up.store(false, Ordering::SeqCst);
+        for c in self.state.conns.lock().expect("lock").drain(..) {
+            let _ = c.shutdown(Shutdown::Both);
+        }
+    }
+
+    fn restore(&self) {
+        self.state.up.store(true, Ordering::SeqCst);
+    }
+}
+
+impl RelayState {
+    fn relay(&self, client: TcpStream) {
+        if !self.up.load(Ordering::SeqCst) {
+            return;
+        }
+        let _ = client.set_nonblocking(false);
+        let i = self.next.fetch_add(1, Ordering::SeqCst) % self.backends.len();
+        let Ok(server) = TcpStream::connect(("127.0.0.1", self.backends[i])) else {
+            return;
+        };
+        let mut conns = self.conns.lock().expect("lock");
+        for (from, to) in [(&client, &server), (&server, &client)] {
+            let (Ok(mut from), Ok(mut to)) = (from.try_clone(), to.try_clone()) else {
+                return;
+            };
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut from, &mut to);
+                let _ = to.shutdown(Shutdown::Write);
+            });
+        }
+        conns.push(client);
+        conns.push(server);
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.state.stop.store(true, Ordering::SeqCst);
+        self.cut();
+    }
+}
+
 /// A node address in TEST-NET-3 on no link: nothing on this machine answers there.
 fn unreachable_ip(index: u32) -> String {
     let pid = std::process::id();
@@ -156,17 +242,18 @@ struct Cluster {
     cp: ControlPlane,
     agent: Agent,
     servers: Vec<ProxyServer>,
+    relay: Relay,
     node: String,
     node_ip: String,
-    _scratch: Scratch,
+    scratch: Scratch,
 }
 
-/// The apiserver with its egress selector, `count` proxy servers (not yet started when
-/// `start_servers` is false: their ports are then chosen and the agent dials them), and
-/// the agent joined with the tunnel configured.
-fn cluster(name: &str, node: &str) -> Cluster {
+/// The apiserver with its egress selector (to the first proxy server's socket), `count`
+/// proxy servers (`--server-count count`) behind one relay, and the agent joined with
+/// the tunnel dialling the relay. The agent is not started.
+fn cluster(name: &str, node: &str, count: u32) -> Cluster {
     let scratch = Scratch::new(name);
-    let uds = scratch.0.join("k.sock");
+    let uds = scratch.0.join("k0.sock");
     let egress = scratch.0.join("egress.yaml");
     std::fs::write(
         &egress,
@@ -186,13 +273,19 @@ fn cluster(name: &str, node: &str) -> Cluster {
         ..Options::bare()
     });
     let _ = cp.kubectl(&["create", "serviceaccount", "default"]);
-    let server = ProxyServer::start(&scratch.0, &uds, &cp, &format!("{name}-a"), 1);
+    let servers: Vec<ProxyServer> = (0..count)
+        .map(|i| {
+            let uds = scratch.0.join(format!("k{i}.sock"));
+            ProxyServer::start(&scratch.0, &uds, &cp, &format!("{name}-{i}"), count)
+        })
+        .collect();
+    let relay = Relay::new(servers.iter().map(|s| s.agent_port).collect());
     let node_ip = unreachable_ip(0);
     let mut a = Agent::new(name);
     a.node_name = node.into();
     let keys = format!(
         "  tunnel:\n    servers: [\"127.0.0.1:{}\"]\n    caFile: {}\n",
-        server.agent_port,
+        relay.port,
         cp.ca().display()
     );
     cp.join(&mut a, &keys, "");
@@ -214,10 +307,11 @@ fn cluster(name: &str, node: &str) -> Cluster {
     Cluster {
         cp,
         agent: a,
-        servers: vec![server],
+        servers,
+        relay,
         node: node.into(),
         node_ip,
-        _scratch: scratch,
+        scratch,
     }
 }
 
@@ -252,6 +346,20 @@ impl Cluster {
             .find_map(|l| l.strip_prefix(&format!("{name} ")))
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or(0)
+    }
+
+    /// Waits until the agent's `/metrics` (read through the tunnel) shows `name` at `want`.
+    fn wait_metric(&self, name: &str, want: u64, within: Duration) {
+        let t0 = Instant::now();
+        while self.metric(name) != want {
+            assert!(
+                t0.elapsed() < within,
+                "{name} is {} after {within:?}, not {want}\n{}",
+                self.metric(name),
+                tail(&self.agent.agent_log(), 30)
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
     }
 
     /// Polls `kubectl logs` until it shows `want`, or fails after `within`.
@@ -345,7 +453,7 @@ fn kubectl_reaches_an_unreachable_node_through_the_tunnel() {
     if !need_root() {
         return;
     }
-    let mut c = cluster("tunnel-e2e", "tunnel-node-1");
+    let mut c = cluster("tunnel-e2e", "tunnel-node-1", 1);
     // Before: no tunnel (the proxy server is down), and the node's address answers
     // nothing: the apiserver cannot reach the kubelet API.
     c.servers[0].stop();
@@ -488,5 +596,91 @@ fn kubectl_reaches_an_unreachable_node_through_the_tunnel() {
         t0.elapsed()
     );
     let _ = c.cp.kubectl(&["delete", "pod", "tun", "--wait=false"]);
+    c.agent.stop();
+}
+
+#[test]
+fn a_stream_to_each_of_two_servers_and_back_after_the_link_returns() {
+    if !need_root() {
+        return;
+    }
+    let mut c = cluster("tunnel-ha", "tunnel-node-2", 2);
+    c.agent.start();
+    control_plane::cluster::wait_node(&c.cp, &c.agent, &c.node, false);
+    c.pod("ha", "echo hello-from-ha; sleep 3600");
+    c.logs_within("ha", "hello-from-ha", Duration::from_secs(30));
+    // Both servers behind the one address hold a stream (servercount 2).
+    c.wait_metric("holdfast_tunnel_streams", 2, Duration::from_secs(30));
+    for s in &c.servers {
+        let log = std::fs::read_to_string(&s.log).unwrap_or_default();
+        assert!(log.contains("tunnel-node-2"), "{}", s.tail());
+    }
+
+    // The link goes down: no way to the node.
+    c.relay.cut();
+    let t0 = Instant::now();
+    loop {
+        let out = c.cp.kubectl(&["logs", "ha"]);
+        if !out.status.success() {
+            eprintln!("link down: {}", text(&out).trim());
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "logs still work with the link cut"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    // Back within 15 s of the link.
+    c.relay.restore();
+    let took = c.logs_within("ha", "hello-from-ha", Duration::from_secs(15));
+    eprintln!("kubectl logs back {took:?} after the link returned");
+    c.wait_metric("holdfast_tunnel_streams", 2, Duration::from_secs(15));
+    let _ = c.cp.kubectl(&["delete", "pod", "ha", "--wait=false"]);
+    c.agent.stop();
+}
+
+#[test]
+fn a_rotated_client_certificate_is_used_by_the_next_stream() {
+    if !need_root() {
+        return;
+    }
+    let mut c = cluster("tunnel-rot", "tunnel-node-3", 1);
+    c.agent.start();
+    control_plane::cluster::wait_node(&c.cp, &c.agent, &c.node, false);
+    c.pod("rot", "echo hello-from-rot; sleep 3600");
+    c.logs_within("rot", "hello-from-rot", Duration::from_secs(30));
+
+    // The node's certificate files now hold one from another CA, and the proxy server,
+    // restarted, trusts only that CA: the old certificate would be refused.
+    let kubeconfig = std::fs::read_to_string(c.cp.node_kubeconfig(&c.node)).expect("kubeconfig");
+    let field = |name: &str| {
+        kubeconfig
+            .lines()
+            .find_map(|l| l.trim().strip_prefix(&format!("{name}: ")))
+            .map(|v| PathBuf::from(v.trim_matches('"')))
+            .expect("kubeconfig field")
+    };
+    let (cert_file, key_file) = (field("client-certificate"), field("client-key"));
+    let other = support::pki::Pki::new(&c.scratch.0.join("other-ca"));
+    let rotated = other.client(
+        "rotated",
+        &format!("system:node:{}", c.node),
+        &["system:nodes"],
+    );
+    std::fs::copy(&rotated.key, &key_file).expect("rotate key");
+    std::fs::copy(&rotated.cert, &cert_file).expect("rotate cert");
+    let s = &mut c.servers[0];
+    s.stop();
+    for arg in &mut s.args {
+        if arg.starts_with("--cluster-ca-cert=") {
+            *arg = format!("--cluster-ca-cert={}", other.ca.display());
+        }
+    }
+    s.spawn();
+    let took = c.logs_within("rot", "hello-from-rot", Duration::from_secs(15));
+    eprintln!("through the tunnel with the rotated certificate {took:?} after the restart");
+    let _ = c.cp.kubectl(&["delete", "pod", "rot", "--wait=false"]);
     c.agent.stop();
 }
