@@ -359,6 +359,9 @@ pub static KUBELET_API_AUTH_DURATION: Histogram = Histogram::new(
     LATENCY_BUCKETS,
 );
 
+/// Whether the tunnel is configured (its streams are then worth a status line).
+pub static TUNNEL_ENABLED: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
 /// Tunnel streams open to konnectivity proxy servers.
 pub static TUNNEL_STREAMS: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
 /// Dials the tunnel made to the kubelet API for a proxy server.

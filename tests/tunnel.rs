@@ -477,6 +477,7 @@ fn kubectl_reaches_an_unreachable_node_through_the_tunnel() {
         TcpStream::connect_timeout(&direct, Duration::from_secs(1)).is_err(),
         "{direct} answers: the node must be unreachable for this test"
     );
+    assert_eq!(c.agent.status()["tunnelStreams"], 0, "{}", c.agent.status());
     let before = c.cp.kubectl(&["logs", "tun"]);
     assert!(
         !before.status.success(),
@@ -489,6 +490,18 @@ fn kubectl_reaches_an_unreachable_node_through_the_tunnel() {
     c.servers[0].spawn();
     let took = c.logs_within("tun", "hello-through-the-tunnel", Duration::from_secs(20));
     eprintln!("kubectl logs through the tunnel {took:?} after the proxy server came up");
+
+    assert_eq!(c.agent.status()["tunnelStreams"], 1, "{}", c.agent.status());
+    let human = c
+        .agent
+        .command(&["status"])
+        .output()
+        .expect("holdfast status");
+    let human = String::from_utf8_lossy(&human.stdout);
+    assert!(
+        human.contains("tunnel:       1 stream(s) to proxy servers up"),
+        "{human}"
+    );
 
     // exec, with the command's exit code.
     let out = c.cp.kubectl(&[

@@ -105,6 +105,9 @@ pub struct AgentStatus {
     pub store_held: Option<HeldWrites>,
     /// Pods the store knows (with their status).
     pub pods: Option<usize>,
+    /// Streams up to konnectivity proxy servers, when the tunnel is configured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tunnel_streams: Option<i64>,
 }
 
 /// Gathered by the running agent.
@@ -128,6 +131,9 @@ pub fn from_agent(
             records,
         }),
         pods: podstates.count().ok(),
+        tunnel_streams: crate::metrics::TUNNEL_ENABLED
+            .load(std::sync::atomic::Ordering::Relaxed)
+            .then(|| crate::metrics::TUNNEL_STREAMS.load(std::sync::atomic::Ordering::Relaxed)),
     }
 }
 
@@ -143,6 +149,7 @@ pub fn from_root(root_dir: &Path) -> AgentStatus {
         store_bytes: dir_size(&db),
         store_held: None,
         pods: None,
+        tunnel_streams: None,
     };
     if !db.exists() {
         return status;
@@ -242,6 +249,13 @@ pub fn render(s: &AgentStatus, now: Timestamp) -> String {
             ago(h.since, now),
             h.reason
         ));
+    }
+    match s.tunnel_streams {
+        Some(0) => out.push_str("tunnel:       down, no stream to a proxy server\n"),
+        Some(n) => out.push_str(&format!(
+            "tunnel:       {n} stream(s) to proxy servers up\n"
+        )),
+        None => {}
     }
     match s.pods {
         Some(n) => out.push_str(&format!("pods known:   {n}\n")),

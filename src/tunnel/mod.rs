@@ -116,6 +116,7 @@ pub fn spawn(config: &Config, stop: watch::Receiver<bool>) -> Option<tokio::task
         agent.identifiers,
         agent.policy.target
     );
+    metrics::TUNNEL_ENABLED.store(true, Ordering::Relaxed);
     let mut set = tokio::task::JoinSet::new();
     for addr in agent.config.servers.clone() {
         set.spawn(supervise(agent.clone(), addr, stop.clone()));
