@@ -18,6 +18,7 @@ pub mod cni;
 pub mod control_plane;
 pub mod fuzz;
 pub mod https_stub;
+pub mod konnectivity;
 pub mod kubelet_api;
 pub mod loopfs;
 pub mod maps;
