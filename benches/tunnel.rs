@@ -6,8 +6,8 @@
 //! and the upstream Go `proxy-agent` carries it beside it. For each: `kubectl
 //! port-forward` throughput both ways (32 MiB, best of 3), `kubectl exec -- true` round
 //! trip (median of 10), and the memory (PSS) of what carries the tunnel. The node's
-//! InternalIP is 127.0.0.1 here, where the upstream agent (which dials the address it is
-//! asked for) reaches the kubelet API.
+//! InternalIP is on a link of its own here, its kubelet API listening there, where the
+//! upstream agent (which dials the address it is asked for) reaches it.
 //!
 //! Prints a table and writes `target/bench/tunnel.json`.
 
@@ -108,7 +108,8 @@ fn main() {
     if !need_root() {
         return;
     }
-    let mut c = cluster_at("tunnel-bench", "tunnel-bench-node", 1, "127.0.0.1");
+    let addr = control_plane::link::NodeAddress::new(0);
+    let mut c = cluster_at("tunnel-bench", "tunnel-bench-node", 1, &addr.ip, true);
     c.agent.start();
     control_plane::cluster::wait_node(&c.cp, &c.agent, &c.node, false);
     let (blob_port, sink_port) = (free_port(), free_port());
@@ -138,6 +139,7 @@ fn main() {
     let _ = go.wait();
     let _ = c.cp.kubectl(&["delete", "pod", "bench", "--wait=false"]);
     c.agent.stop();
+    drop(addr);
 
     let extra = ours_pss as i64 - plain_pss as i64;
     println!("{:<34} {:>14} {:>14}", "", "holdfast", "proxy-agent");

@@ -249,12 +249,13 @@ pub struct Cluster {
 /// proxy servers (`--server-count count`) behind one relay, and the agent joined with
 /// the tunnel dialling the relay. The agent is not started.
 pub fn cluster(name: &str, node: &str, count: u32) -> Cluster {
-    cluster_at(name, node, count, &unreachable_ip(0))
+    cluster_at(name, node, count, &unreachable_ip(0), false)
 }
 
-/// [`cluster`] with the node's InternalIP given (`127.0.0.1` where an agent that dials
-/// the address it is asked for, as the upstream one does, must reach the kubelet API).
-pub fn cluster_at(name: &str, node: &str, count: u32, node_ip: &str) -> Cluster {
+/// [`cluster`] with the node's InternalIP given; with `listen`, the kubelet API listens
+/// there (where an agent that dials the address it is asked for, as the upstream one
+/// does, must reach it).
+pub fn cluster_at(name: &str, node: &str, count: u32, node_ip: &str, listen: bool) -> Cluster {
     let scratch = Scratch::new(name);
     let uds = scratch.0.join("k0.sock");
     let egress = scratch.0.join("egress.yaml");
@@ -286,6 +287,9 @@ pub fn cluster_at(name: &str, node: &str, count: u32, node_ip: &str) -> Cluster 
     let node_ip = node_ip.to_string();
     let mut a = Agent::new(name);
     a.node_name = node.into();
+    if listen {
+        a.address = node_ip.clone();
+    }
     let keys = format!(
         "  tunnel:\n    servers: [\"127.0.0.1:{}\"]\n    caFile: {}\n",
         relay.port,
