@@ -1,9 +1,9 @@
 //! The konnectivity tunnel end to end: a real kube-apiserver v1.36 whose egress selector
 //! sends node traffic to the real konnectivity `proxy-server` (apiserver-network-proxy
 //! at 4f8517c, `../shared/konnectivity/`), and holdfast as the node's agent dialling out
-//! to it. The node's InternalIP is an address nobody listens on (TEST-NET-3 with no
-//! link), its kubelet API listens on 127.0.0.1 only: the apiserver cannot reach it but
-//! through the tunnel. Each check is first shown failing without the tunnel.
+//! to it. The node's InternalIP is an address of its own on a local link where nobody
+//! listens (TEST-NET-3, refused on this machine), its kubelet API listens on 127.0.0.1
+//! only: the apiserver cannot reach it but through the tunnel. Each check is first shown failing without the tunnel.
 
 use support::control_plane;
 use support::konnectivity::{cluster, exchange, port_forward, tail, text};

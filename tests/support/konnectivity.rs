@@ -1,7 +1,7 @@
 //! The konnectivity tunnel's surroundings for tests and benches: the real `proxy-server`
 //! (and `proxy-agent`) from `../shared/konnectivity/`, a relay standing for a load
 //! balancer or a link that can be cut, and a cluster whose apiserver reaches its node
-//! only through the proxy servers (its egress selector), the node's InternalIP an
+//! only through the proxy servers (its egress selector), the node's InternalIP a local
 //! address nothing answers on.
 
 use std::io::{Read, Write};
@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::agent::{free_port, Agent};
+use crate::control_plane::link::NodeAddress;
 use crate::control_plane::{ControlPlane, Options};
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -227,12 +228,6 @@ impl Drop for Relay {
     }
 }
 
-/// A node address in TEST-NET-3 on no link: nothing on this machine answers there.
-pub fn unreachable_ip(index: u32) -> String {
-    let pid = std::process::id();
-    format!("203.0.113.{}", 1 + (pid.wrapping_mul(7) + index * 53) % 254)
-}
-
 pub struct Cluster {
     pub cp: ControlPlane,
     pub agent: Agent,
@@ -242,14 +237,27 @@ pub struct Cluster {
     pub kubelet_keys: String,
     pub node: String,
     pub node_ip: String,
+    /// The local link holding `node_ip` when the cluster made it (see [`cluster`]).
+    pub link: Option<NodeAddress>,
     pub scratch: Scratch,
 }
 
 /// The apiserver with its egress selector (to the first proxy server's socket), `count`
 /// proxy servers (`--server-count count`) behind one relay, and the agent joined with
 /// the tunnel dialling the relay. The agent is not started.
+///
+/// The node's InternalIP is an address of its own on a local link (TEST-NET-3, see
+/// [`NodeAddress`]) where nothing listens: the kubelet API listens on 127.0.0.1 only,
+/// so a direct dial is refused on this machine and no packet leaves it.
 pub fn cluster(name: &str, node: &str, count: u32) -> Cluster {
-    cluster_at(name, node, count, &unreachable_ip(0), false)
+    let index = name
+        .bytes()
+        .fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(b.into()))
+        % 1000;
+    let link = NodeAddress::new(index);
+    let mut c = cluster_at(name, node, count, &link.ip, false);
+    c.link = Some(link);
+    c
 }
 
 /// [`cluster`] with the node's InternalIP given; with `listen`, the kubelet API listens
@@ -320,6 +328,7 @@ pub fn cluster_at(name: &str, node: &str, count: u32, node_ip: &str, listen: boo
         kubelet_keys,
         node: node.into(),
         node_ip,
+        link: None,
         scratch,
     }
 }
