@@ -35,44 +35,23 @@ pub fn escape(s: &str) -> String {
 
 /// Decodes standard base64 (RFC 4648 with padding), ignoring ASCII whitespace, as
 /// kubeconfig `*-data` fields carry it.
+/// Like Go's `StdEncoding`, it accepts stray bits in the last symbol.
 pub fn base64_decode(text: &str) -> Result<Vec<u8>, String> {
-    fn value(c: u8) -> Option<u32> {
-        match c {
-            b'A'..=b'Z' => Some(u32::from(c - b'A')),
-            b'a'..=b'z' => Some(u32::from(c - b'a') + 26),
-            b'0'..=b'9' => Some(u32::from(c - b'0') + 52),
-            b'+' => Some(62),
-            b'/' => Some(63),
-            _ => None,
-        }
-    }
+    use base64::engine::{general_purpose, GeneralPurpose};
+    use base64::{alphabet, Engine};
+    const LENIENT: GeneralPurpose = GeneralPurpose::new(
+        &alphabet::STANDARD,
+        general_purpose::PAD.with_decode_allow_trailing_bits(true),
+    );
     let symbols: Vec<u8> = text.bytes().filter(|c| !c.is_ascii_whitespace()).collect();
-    if !symbols.len().is_multiple_of(4) {
-        return Err(format!(
-            "base64 length {} is not a multiple of 4",
-            symbols.len()
-        ));
-    }
-    let mut out = Vec::with_capacity(symbols.len() / 4 * 3);
-    let quads = symbols.len() / 4;
-    for (i, quad) in symbols.chunks(4).enumerate() {
-        let padding = quad.iter().rev().take_while(|c| **c == b'=').count();
-        if padding > 2 || (padding > 0 && i + 1 != quads) {
-            return Err("misplaced base64 padding".to_string());
-        }
-        let mut acc = 0u32;
-        for (j, c) in quad.iter().enumerate() {
-            let v = if j >= 4 - padding {
-                0
-            } else {
-                value(*c).ok_or_else(|| format!("invalid base64 character {:?}", *c as char))?
-            };
-            acc = (acc << 6) | v;
-        }
-        let bytes = acc.to_be_bytes();
-        out.extend_from_slice(&bytes[1..4 - padding]);
-    }
-    Ok(out)
+    LENIENT.decode(symbols).map_err(|e| e.to_string())
+}
+
+/// Encodes standard base64 with padding, as the `Authorization: Basic` header and
+/// kubeconfig `*-data` fields carry it.
+pub fn base64_encode(bytes: &[u8]) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
 #[cfg(test)]
@@ -94,6 +73,7 @@ mod tests {
             ("Zm9v", b"foo"),
             ("Zm9vYmFy", b"foobar"),
             ("+/+/\n", &[0xfb, 0xff, 0xbf][..]),
+            ("Zh==", b"f"),
         ] {
             assert_eq!(base64_decode(text).expect(text), bytes, "{text}");
         }

@@ -157,10 +157,9 @@ fn kubeconfig_text(boot: &Kubeconfig, pair: &Path) -> String {
     let ca_line = if ca.is_empty() {
         String::new()
     } else {
-        use base64::Engine;
         format!(
             "    certificate-authority-data: {}\n",
-            base64::engine::general_purpose::STANDARD.encode(ca)
+            crate::wire::base64_encode(ca.as_bytes())
         )
     };
     let server_name = boot
@@ -182,8 +181,7 @@ fn kubeconfig_text(boot: &Kubeconfig, pair: &Path) -> String {
 }
 
 fn pem(label: &str, der: &[u8]) -> String {
-    use base64::Engine;
-    let body = base64::engine::general_purpose::STANDARD.encode(der);
+    let body = crate::wire::base64_encode(der);
     let mut out = format!("-----BEGIN {label}-----\n");
     for line in body.as_bytes().chunks(64) {
         out.push_str(&String::from_utf8_lossy(line));

@@ -4,7 +4,6 @@
 //! message (`255, channel`) for the end of stdin. The error channel carries the
 //! final status as JSON, then the connection closes.
 
-use base64::Engine;
 use hyper::body::Incoming;
 use hyper::{Request, StatusCode};
 use hyper_util::rt::TokioIo;
@@ -32,7 +31,7 @@ pub fn accept_key(key: &str) -> String {
         &ring::digest::SHA1_FOR_LEGACY_USE_ONLY,
         format!("{key}{GUID}").as_bytes(),
     );
-    base64::engine::general_purpose::STANDARD.encode(digest.as_ref())
+    crate::wire::base64_encode(digest.as_ref())
 }
 
 pub fn upgrade(req: Request<Incoming>, opts: Opts, start: Launch) -> Resp {

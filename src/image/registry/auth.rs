@@ -14,8 +14,9 @@ use ureq::Body;
 
 use super::hosts::Endpoint;
 use super::http::{status_error, Call, Http};
-use super::keyring::{base64_encode, Credential};
+use super::keyring::Credential;
 use super::RegistryError;
+use crate::wire::base64_encode;
 
 /// A token's life when the token service does not say (the distribution spec's default).
 const DEFAULT_TOKEN_LIFE: Duration = Duration::from_secs(60);

@@ -259,28 +259,6 @@ fn path_matches(prefix: &str, path: &str) -> bool {
             .is_some_and(|r| r.starts_with('/'))
 }
 
-/// Standard base64 with padding, for the `Authorization: Basic` header.
-pub(crate) fn base64_encode(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
-    for chunk in bytes.chunks(3) {
-        let b = [
-            chunk[0],
-            chunk.get(1).copied().unwrap_or(0),
-            chunk.get(2).copied().unwrap_or(0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(char::from(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize]));
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -290,11 +268,11 @@ mod tests {
     #[test]
     fn base64_round_trips() {
         for s in ["", "a", "ab", "abc", "user:pa:ss", "ünïcode"] {
-            let enc = base64_encode(s.as_bytes());
+            let enc = crate::wire::base64_encode(s.as_bytes());
             let dec = crate::wire::base64_decode(&enc).expect("decode");
             assert_eq!(dec, s.as_bytes());
         }
-        assert_eq!(base64_encode(b"user:pass"), "dXNlcjpwYXNz");
+        assert_eq!(crate::wire::base64_encode(b"user:pass"), "dXNlcjpwYXNz");
     }
 
     #[test]
