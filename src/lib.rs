@@ -40,7 +40,7 @@
 //! - [`quantity`]: Kubernetes quantities (`64Mi`, `500m`), read and written back in
 //!   canonical form.
 //! - [`tls`]: the one TLS client stack (rustls under ureq), shared by the apiserver and
-//!   registry clients.
+//!   registry clients, and the one DER reader for X.509 (`tls::der`).
 //! - [`resources`]: pods' requests and limits, QoS classes, the pod cgroup hierarchy
 //!   and admission against the node's allocatable.
 //! - [`volume`]: a pod's volumes (emptyDir, hostPath, configMap, secret, downwardAPI,

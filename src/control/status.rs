@@ -372,7 +372,7 @@ mod tests {
             credentials: Default::default(),
         };
         view.credentials
-            .set_validity(Some(crate::kube::der::Validity {
+            .set_validity(Some(crate::tls::der::Validity {
                 not_before: at(-100).as_second(),
                 not_after: at(-10).as_second(),
             }));

@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-use super::der::Validity;
+use crate::tls::der::Validity;
 
 /// What the status shows of the client certificate. Cheap to clone; clones share.
 #[derive(Debug, Clone, Default)]

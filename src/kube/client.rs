@@ -142,9 +142,9 @@ impl Client {
     }
 
     /// The validity of the client certificate now presented, if there is one.
-    pub fn client_certificate_validity(&self) -> Option<super::der::Validity> {
+    pub fn client_certificate_validity(&self) -> Option<crate::tls::der::Validity> {
         let leaf = self.inner.cert.as_ref()?.leaf()?;
-        super::der::validity(&leaf).ok()
+        crate::tls::der::validity(&leaf).ok()
     }
 
     fn agent(&self) -> Agent {

@@ -9,9 +9,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
-use super::der::{self, Validity};
 pub use super::site::Source;
 use super::site::{KubeconfigError, RawUser, Site};
+use crate::tls::der::{self, Validity};
 
 /// A client certificate chain and its private key.
 pub struct ClientIdentity {

@@ -19,9 +19,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::ByteString;
 
 use super::client::Client;
-use super::der::{self, Validity};
 use super::error::ApiError;
 use crate::backoff::Backoff;
+use crate::tls::der::{self, Validity};
 
 /// The kubelet's client certificates: `kubernetes.io/kube-apiserver-client-kubelet`.
 pub const KUBELET_CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
@@ -504,7 +504,7 @@ mod tests {
             pem.starts_with("-----BEGIN CERTIFICATE REQUEST-----"),
             "{pem}"
         );
-        let der = crate::kube::der::base64_decode(
+        let der = crate::wire::base64_decode(
             &pem.lines()
                 .filter(|l| !l.starts_with("-----"))
                 .collect::<String>(),

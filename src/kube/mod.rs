@@ -14,7 +14,6 @@ pub mod client;
 pub mod connect;
 pub mod credentials;
 pub mod csr;
-pub mod der;
 pub mod error;
 pub mod kubeconfig;
 pub mod link;

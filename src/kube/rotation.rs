@@ -13,8 +13,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use super::cert_state::ClientCertState;
 use super::client::Client;
 use super::csr::{self, CsrSpec, Issued, PairFiles};
-use super::der::Validity;
 use crate::backoff::Backoff;
+use crate::tls::der::Validity;
 
 /// How long a rotation CSR is waited for before it counts as failed.
 const ROTATION_WAIT: Duration = Duration::from_secs(15 * 60);

@@ -141,7 +141,7 @@ impl Site<'_> {
                 Ok(Some((Source::File(file), bytes)))
             }
             (None, Some(d)) => {
-                let bytes = super::der::base64_decode(d)
+                let bytes = crate::wire::base64_decode(d)
                     .map_err(|e| self.error(data_name, format!("not base64: {e}")))?;
                 Ok(Some((Source::Data, bytes)))
             }

@@ -97,7 +97,7 @@ impl Drop for Scratch {
 fn base64_matches_the_decoder() {
     for input in [&b""[..], b"f", b"fo", b"foo", b"foob", b"\xff\x00\xfe"] {
         assert_eq!(
-            super::der::base64_decode(&base64(input)).expect("decode"),
+            crate::wire::base64_decode(&base64(input)).expect("decode"),
             input
         );
     }

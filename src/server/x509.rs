@@ -3,37 +3,15 @@
 //! names the client ([`subject`]). webpki parses version 3
 //! certificates only, so without this a client holding a version 1 certificate (what
 //! `openssl x509 -req` makes without an extension file) would get a TLS alert instead
-//! of the 401 that says what is wrong. Reads DER and nothing else; trusts nothing.
+//! of the 401 that says what is wrong. Reads DER through `tls::der` and nothing else;
+//! trusts nothing.
 
 use rustls::client::danger::HandshakeSignatureValid;
 use rustls::crypto::WebPkiSupportedAlgorithms;
 use rustls::{DigitallySignedStruct, PeerMisbehaved};
 use rustls_pki_types::SubjectPublicKeyInfoDer;
 
-/// One DER element at the start of `input`: its tag, its contents, and what follows.
-pub(super) fn element(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
-    let (&tag, rest) = input.split_first()?;
-    let (&first, rest) = rest.split_first()?;
-    let (len, rest) = if first < 0x80 {
-        (usize::from(first), rest)
-    } else {
-        let n = usize::from(first & 0x7f);
-        // A certificate longer than 4 GiB is not one.
-        if n == 0 || n > 4 || rest.len() < n {
-            return None;
-        }
-        let (bytes, rest) = rest.split_at(n);
-        let len = bytes
-            .iter()
-            .fold(0usize, |acc, b| (acc << 8) | usize::from(*b));
-        (len, rest)
-    };
-    if rest.len() < len {
-        return None;
-    }
-    let (contents, rest) = rest.split_at(len);
-    Some((tag, contents, rest))
-}
+use crate::tls::der::element;
 
 const SEQUENCE: u8 = 0x30;
 const INTEGER: u8 = 0x02;

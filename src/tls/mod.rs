@@ -1,9 +1,10 @@
 //! tls: the one TLS client stack in the binary, rustls with ring under ureq, shared by
 //! the apiserver client (`kube`) and the registry client (`image::registry`): the
-//! connector that lets each bring its own rustls config, PEM reading, and the words for
-//! handshake failures. Holds no policy about whom to trust; the callers decide that.
+//! connector that lets each bring its own rustls config, PEM reading, the words for
+//! handshake failures, and the DER reader ([`der`]) the serving side shares. Holds no policy about whom to trust; the callers decide that.
 
 mod connector;
+pub mod der;
 
 use std::sync::Arc;
 

@@ -3,8 +3,8 @@
 
 use std::net::IpAddr;
 
-use super::super::x509::element;
 use super::Names;
+use crate::tls::der::element;
 
 const SEQUENCE: u8 = 0x30;
 const OID: u8 = 0x06;

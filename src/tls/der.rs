@@ -1,8 +1,8 @@
-//! Just enough ASN.1 DER and base64 to check a kubeconfig's certificates before the first
-//! handshake: the validity window of an X.509 certificate, and the base64 of `*-data`
-//! fields. Pure functions over bytes; no IO, no crypto (rustls verifies signatures).
-
-pub use crate::wire::base64_decode;
+//! der: the one ASN.1 DER reader, just enough for X.509: one TLV at a time
+//! ([`element`]), and the validity window of a certificate, which the apiserver client
+//! checks before its first handshake and the certificate manager watches for rotation.
+//! The serving side reads client certificates with the same [`element`]. Pure functions
+//! over bytes; no IO, no crypto (rustls verifies signatures), nothing above `tls`.
 
 /// The `validity` of an X.509 certificate, in seconds since the Unix epoch (UTC).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,16 +18,16 @@ const VERSION_TAG: u8 = 0xa0;
 
 /// Reads `Certificate → tbsCertificate → validity` (RFC 5280 4.1) from a DER certificate.
 pub fn validity(cert: &[u8]) -> Result<Validity, String> {
-    let (certificate, _) = element(cert, SEQUENCE, "certificate")?;
-    let (tbs, _) = element(certificate, SEQUENCE, "tbsCertificate")?;
+    let (certificate, _) = tagged(cert, SEQUENCE, "certificate")?;
+    let (tbs, _) = tagged(certificate, SEQUENCE, "tbsCertificate")?;
     let mut rest = tbs;
     if rest.first() == Some(&VERSION_TAG) {
-        rest = element(rest, VERSION_TAG, "version")?.1;
+        rest = tagged(rest, VERSION_TAG, "version")?.1;
     }
     rest = any(rest, "serialNumber")?.1;
-    rest = element(rest, SEQUENCE, "signature")?.1;
-    rest = element(rest, SEQUENCE, "issuer")?.1;
-    let (validity, _) = element(rest, SEQUENCE, "validity")?;
+    rest = tagged(rest, SEQUENCE, "signature")?.1;
+    rest = tagged(rest, SEQUENCE, "issuer")?.1;
+    let (validity, _) = tagged(rest, SEQUENCE, "validity")?;
     let (not_before, rest) = time(validity, "notBefore")?;
     let (not_after, _) = time(rest, "notAfter")?;
     Ok(Validity {
@@ -37,7 +37,7 @@ pub fn validity(cert: &[u8]) -> Result<Validity, String> {
 }
 
 /// One TLV with the expected tag: (its contents, what follows it).
-fn element<'a>(input: &'a [u8], tag: u8, what: &str) -> Result<(&'a [u8], &'a [u8]), String> {
+fn tagged<'a>(input: &'a [u8], tag: u8, what: &str) -> Result<(&'a [u8], &'a [u8]), String> {
     match input.first() {
         Some(t) if *t == tag => any(input, what),
         Some(t) => Err(format!("{what}: expected tag {tag:#04x}, found {t:#04x}")),
@@ -47,25 +47,52 @@ fn element<'a>(input: &'a [u8], tag: u8, what: &str) -> Result<(&'a [u8], &'a [u
 
 /// One TLV of any tag: (its contents, what follows it).
 fn any<'a>(input: &'a [u8], what: &str) -> Result<(&'a [u8], &'a [u8]), String> {
-    let truncated = || format!("{what}: truncated");
-    let first = *input.get(1).ok_or_else(truncated)?;
-    let (len, header) = if first < 0x80 {
-        (usize::from(first), 2)
+    match tlv(input) {
+        Ok((_, contents, rest)) => Ok((contents, rest)),
+        Err(Malformed::Length) => Err(format!("{what}: unsupported length encoding")),
+        Err(Malformed::Truncated) => Err(format!("{what}: truncated")),
+    }
+}
+
+/// Why a TLV cannot be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Malformed {
+    Truncated,
+    /// BER's indefinite length (which DER forbids), or a length past 4 GiB.
+    Length,
+}
+
+/// One DER element at the start of `input`: its tag, its contents, and what follows;
+/// None if there is no whole element there.
+pub fn element(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+    tlv(input).ok()
+}
+
+fn tlv(input: &[u8]) -> Result<(u8, &[u8], &[u8]), Malformed> {
+    let (&tag, rest) = input.split_first().ok_or(Malformed::Truncated)?;
+    let (&first, rest) = rest.split_first().ok_or(Malformed::Truncated)?;
+    let (len, rest) = if first < 0x80 {
+        (usize::from(first), rest)
     } else {
         let n = usize::from(first & 0x7f);
         // 0x80 is BER's indefinite length, which DER forbids; four length bytes are 4 GiB.
         if n == 0 || n > 4 {
-            return Err(format!("{what}: unsupported length encoding"));
+            return Err(Malformed::Length);
         }
-        let bytes = input.get(2..2 + n).ok_or_else(truncated)?;
+        if rest.len() < n {
+            return Err(Malformed::Truncated);
+        }
+        let (bytes, rest) = rest.split_at(n);
         let len = bytes
             .iter()
             .fold(0usize, |acc, b| (acc << 8) | usize::from(*b));
-        (len, 2 + n)
+        (len, rest)
     };
-    let end = header.checked_add(len).ok_or_else(truncated)?;
-    let contents = input.get(header..end).ok_or_else(truncated)?;
-    Ok((contents, &input[end..]))
+    if rest.len() < len {
+        return Err(Malformed::Truncated);
+    }
+    let (contents, rest) = rest.split_at(len);
+    Ok((tag, contents, rest))
 }
 
 /// A UTCTime or GeneralizedTime in the `Z` forms RFC 5280 mandates, as Unix seconds.
@@ -157,6 +184,26 @@ mod tests {
         let mut cert = tlv(SEQUENCE, &tbs);
         cert.extend(tlv(SEQUENCE, &[]));
         tlv(SEQUENCE, &cert)
+    }
+
+    #[test]
+    fn element_reads_short_and_long_lengths_and_refuses_the_rest() {
+        let long = tlv(SEQUENCE, &[7; 300]);
+        let mut input = long.clone();
+        input.extend(tlv(0x02, &[1]));
+        let (tag, contents, rest) = element(&input).expect("long form");
+        assert_eq!(
+            (tag, contents.len(), rest),
+            (SEQUENCE, 300, &[0x02, 1, 1][..])
+        );
+        assert_eq!(element(&long[..long.len() - 1]), None, "truncated");
+        assert_eq!(
+            element(&[0x30, 0x80, 0x00, 0x00]),
+            None,
+            "indefinite length"
+        );
+        assert_eq!(element(&[0x30, 0x85, 1, 0, 0, 0, 0]), None, "past 4 GiB");
+        assert_eq!(element(&[0x30]), None);
     }
 
     #[test]
