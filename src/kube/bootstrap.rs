@@ -152,7 +152,7 @@ fn kubeconfig_text(boot: &Kubeconfig, pair: &Path) -> String {
     let q = |s: &str| serde_json::to_string(s).unwrap_or_default();
     let mut ca = String::new();
     for cert in &boot.ca {
-        ca.push_str(&pem("CERTIFICATE", cert.as_ref()));
+        ca.push_str(&crate::tls::pem_encode("CERTIFICATE", cert.as_ref()));
     }
     let ca_line = if ca.is_empty() {
         String::new()
@@ -178,17 +178,6 @@ fn kubeconfig_text(boot: &Kubeconfig, pair: &Path) -> String {
         q(&pair),
         q(&pair),
     )
-}
-
-fn pem(label: &str, der: &[u8]) -> String {
-    let body = crate::wire::base64_encode(der);
-    let mut out = format!("-----BEGIN {label}-----\n");
-    for line in body.as_bytes().chunks(64) {
-        out.push_str(&String::from_utf8_lossy(line));
-        out.push('\n');
-    }
-    out.push_str(&format!("-----END {label}-----\n"));
-    out
 }
 
 /// Writes `bytes` to `path` as a new 0600 file renamed over the old one, fsynced.

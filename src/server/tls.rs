@@ -21,7 +21,6 @@ use rustls::crypto::CryptoProvider;
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
-use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
 
 use super::error::ServerError;
@@ -87,14 +86,9 @@ fn load_pair(cert: &Path, key: &Path) -> Result<Pair, ServerError> {
         path: path.to_owned(),
         reason,
     };
-    let chain = CertificateDer::pem_file_iter(cert)
-        .map_err(|e| bad(cert, e.to_string()))?
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| bad(cert, e.to_string()))?;
-    if chain.is_empty() {
-        return Err(bad(cert, "no certificate in the file".into()));
-    }
-    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| bad(key, e.to_string()))?;
+    let read = |path: &Path| std::fs::read(path).map_err(|e| bad(path, e.to_string()));
+    let chain = crate::tls::certificates(&read(cert)?).map_err(|e| bad(cert, e))?;
+    let key = crate::tls::private_key(&read(key)?).map_err(|e| bad(key, e))?;
     Ok((chain, key))
 }
 
@@ -210,13 +204,10 @@ impl ClientAuth {
             path: PathBuf::from(path),
             reason,
         };
+        let bytes = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
         let mut roots = rustls::RootCertStore::empty();
-        for cert in CertificateDer::pem_file_iter(path).map_err(|e| bad(e.to_string()))? {
-            let cert = cert.map_err(|e| bad(e.to_string()))?;
+        for cert in crate::tls::ca_certificates(&bytes).map_err(bad)? {
             roots.add(cert).map_err(|e| bad(e.to_string()))?;
-        }
-        if roots.is_empty() {
-            return Err(bad("no certificate in the file".into()));
         }
         let inner = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
             .build()

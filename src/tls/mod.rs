@@ -53,6 +53,18 @@ pub fn private_key(bytes: &[u8]) -> Result<PrivateKeyDer<'static>, String> {
     })
 }
 
+/// `der` as one PEM block under `label`, in 64-column lines.
+pub fn pem_encode(label: &str, der: &[u8]) -> String {
+    let body = crate::wire::base64_encode(der);
+    let mut out = format!("-----BEGIN {label}-----\n");
+    for line in body.as_bytes().chunks(64) {
+        out.push_str(&String::from_utf8_lossy(line));
+        out.push('\n');
+    }
+    out.push_str(&format!("-----END {label}-----\n"));
+    out
+}
+
 /// rustls's words, with what they usually mean.
 pub fn describe(e: &rustls::Error, server: &str) -> String {
     use CertificateError as C;
