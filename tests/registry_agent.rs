@@ -8,16 +8,15 @@
 use support::{apiserver, pki, registry};
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Container, LocalObjectReference, Pod, PodSpec, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::ByteString;
-use registry::{Auth, Registry};
+use registry::{push_busybox, sleep_pod, waiting, Auth, Registry};
 use serde_json::Value;
-use support::agent::{bin, container, need_root, oci, Agent};
+use support::agent::{bin, container, need_root, Agent};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -34,45 +33,6 @@ fn registry_config(hosts: &[&Registry], extra: &str) -> String {
     }
     s.push_str(extra);
     s
-}
-
-/// Pushes the host's busybox as `repo:tag`, with a layer of its own so that it is not
-/// the image every test agent imports at start.
-fn push_busybox(reg: &Registry, dir: &Path, repo: &str, tag: &str, creds: Option<(&str, &str)>) {
-    let layout = dir.join(format!("layout-{}-{tag}", repo.replace('/', "-")));
-    let mut image = oci::busybox_image("unused").expect("busybox");
-    let seed = repo.bytes().chain(tag.bytes()).map(u64::from).sum::<u64>() + 1;
-    image.layers.push(
-        oci::Layer::new(vec![oci::Entry::file(
-            "etc/own",
-            &oci::noise(200_000, seed),
-            0o644,
-        )])
-        .gzipped(),
-    );
-    let (arch, variant) = oci::goarch();
-    let platform = match variant {
-        Some(v) => format!("linux/{arch}/{v}"),
-        None => format!("linux/{arch}"),
-    };
-    oci::write_index_dir(&layout, &[(&platform, &image)]).expect("layout");
-    reg.push(&layout, repo, tag, creds);
-}
-
-fn pod_yaml(name: &str, image: &str, policy: &str) -> String {
-    format!(
-        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  hostNetwork: true\n  \
-         terminationGracePeriodSeconds: 1\n  containers:\n    - name: c\n      image: {image}\n      \
-         imagePullPolicy: {policy}\n      command: [\"sleep\", \"3600\"]\n"
-    )
-}
-
-fn waiting(p: &Value) -> (String, String) {
-    let w = &container(p, "c")["state"]["waiting"];
-    (
-        w["reason"].as_str().unwrap_or("").to_string(),
-        w["message"].as_str().unwrap_or("").to_string(),
-    )
 }
 
 fn running(p: &Value) -> bool {
@@ -92,8 +52,8 @@ fn pull_policies_and_pull_back_off_in_the_pod_status() {
     let host = reg.host();
     let app = format!("{host}/edge/app:1");
     // Two pods want the new image at once: one download.
-    a.write_manifest("always.yaml", &pod_yaml("always", &app, "Always"));
-    a.write_manifest("always-too.yaml", &pod_yaml("always-too", &app, "Always"));
+    a.write_manifest("always.yaml", &sleep_pod("always", &app, "Always"));
+    a.write_manifest("always-too.yaml", &sleep_pod("always-too", &app, "Always"));
     a.start();
     a.wait_pod("always", "running from the pulled image", WAIT, running);
     a.wait_pod("always-too", "running from the pulled image", WAIT, running);
@@ -124,7 +84,7 @@ fn pull_policies_and_pull_back_off_in_the_pod_status() {
     assert!(after_always >= 1);
 
     // IfNotPresent with the image here: no request to the registry.
-    a.write_manifest("ifnot.yaml", &pod_yaml("ifnot", &app, "IfNotPresent"));
+    a.write_manifest("ifnot.yaml", &sleep_pod("ifnot", &app, "IfNotPresent"));
     a.wait_pod("ifnot", "running", WAIT, running);
     assert_eq!(
         manifest_gets(),
@@ -135,7 +95,7 @@ fn pull_policies_and_pull_back_off_in_the_pod_status() {
     // Never with an image that is not here.
     a.write_manifest(
         "never.yaml",
-        &pod_yaml("never", &format!("{host}/edge/app:2"), "Never"),
+        &sleep_pod("never", &format!("{host}/edge/app:2"), "Never"),
     );
     let p = a.wait_pod("never", "ErrImageNeverPull", WAIT, |p| {
         waiting(p).0 == "ErrImageNeverPull"
@@ -151,7 +111,7 @@ fn pull_policies_and_pull_back_off_in_the_pod_status() {
     let missing = format!("{host}/edge/app:nope");
     a.write_manifest(
         "missing.yaml",
-        &pod_yaml("missing", &missing, "IfNotPresent"),
+        &sleep_pod("missing", &missing, "IfNotPresent"),
     );
     let p = a.wait_pod("missing", "ErrImagePull", WAIT, |p| {
         waiting(p).0 == "ErrImagePull"
@@ -191,13 +151,13 @@ fn offline_an_always_pull_runs_the_image_that_is_here_unless_turned_off() {
     push_busybox(&reg, &a.dir, "edge/app", "1", None);
     a.write_config(&registry_config(&[&reg], ""));
     let app = format!("{}/edge/app:1", reg.host());
-    a.write_manifest("first.yaml", &pod_yaml("first", &app, "Always"));
+    a.write_manifest("first.yaml", &sleep_pod("first", &app, "Always"));
     a.start();
     a.wait_pod("first", "running", WAIT, running);
 
     // The registry is gone (the uplink is down): the image that is here runs.
     reg.stop();
-    a.write_manifest("second.yaml", &pod_yaml("second", &app, "Always"));
+    a.write_manifest("second.yaml", &sleep_pod("second", &app, "Always"));
     a.wait_pod("second", "running from the image here", WAIT, running);
     let log = a.agent_log();
     assert!(
@@ -212,7 +172,7 @@ fn offline_an_always_pull_runs_the_image_that_is_here_unless_turned_off() {
         "  imagePullOfflineFallback: false\n",
     ));
     a.start();
-    a.write_manifest("third.yaml", &pod_yaml("third", &app, "Always"));
+    a.write_manifest("third.yaml", &sleep_pod("third", &app, "Always"));
     let p = a.wait_pod("third", "ErrImagePull", WAIT, |p| {
         matches!(waiting(p).0.as_str(), "ErrImagePull" | "ImagePullBackOff")
     });
@@ -277,7 +237,10 @@ fn image_pull_goes_through_the_running_agent_and_prune_keeps_what_pods_use() {
     let other = format!("{}/edge/other:1", reg.host());
     assert!(pull(&other).status.success());
 
-    a.write_manifest("uses-app.yaml", &pod_yaml("uses-app", &app, "IfNotPresent"));
+    a.write_manifest(
+        "uses-app.yaml",
+        &sleep_pod("uses-app", &app, "IfNotPresent"),
+    );
     a.wait_pod("uses-app", "running", WAIT, running);
     let out = Command::new(bin())
         .args(["image", "prune", "--root-dir"])
@@ -323,7 +286,7 @@ fn a_static_pod_pulls_with_the_nodes_docker_config() {
     a.write_config(&registry_config(&[&reg], ""));
     a.start();
     let image = format!("{}/site/app:1", reg.host());
-    a.write_manifest("app.yaml", &pod_yaml("app", &image, "IfNotPresent"));
+    a.write_manifest("app.yaml", &sleep_pod("app", &image, "IfNotPresent"));
     // No credentials on the node yet: the registry refuses, the pod waits.
     let p = a.wait_pod("app", "refused", WAIT, |p| {
         matches!(waiting(p).0.as_str(), "ErrImagePull" | "ImagePullBackOff")

@@ -5,12 +5,11 @@
 //! (an `Always` pod asks the registry rather than falling back on its local copy), and
 //! a pull in progress shows as ContainerCreating, not as the back-off of the last try.
 
-use support::{oci, pki, registry};
+use support::{pki, registry};
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
-use registry::{Auth, Registry};
+use registry::{push_busybox, sleep_pod, waiting, Auth, Registry};
 use serde_json::Value;
 use support::agent::{container, need_root, Agent};
 use support::https_stub::{Answer, Stub};
@@ -19,43 +18,6 @@ const WAIT: Duration = Duration::from_secs(60);
 /// Three tries of a request whose answer never comes, 30 s each, with pauses.
 const HANG_FAILS_WITHIN: Duration = Duration::from_secs(150);
 const HANGING: &str = "/v2/edge/hang/";
-
-/// Pushes the host's busybox as `repo:tag`, with a layer of its own.
-fn push_busybox(reg: &Registry, dir: &Path, repo: &str, tag: &str) {
-    let layout = dir.join(format!("layout-{}-{tag}", repo.replace('/', "-")));
-    let mut image = oci::busybox_image("unused").expect("busybox");
-    let seed = repo.bytes().chain(tag.bytes()).map(u64::from).sum::<u64>() + 3;
-    image.layers.push(
-        oci::Layer::new(vec![oci::Entry::file(
-            "etc/own",
-            &oci::noise(100_000, seed),
-            0o644,
-        )])
-        .gzipped(),
-    );
-    let platform = match oci::goarch() {
-        (arch, Some(v)) => format!("linux/{arch}/{v}"),
-        (arch, None) => format!("linux/{arch}"),
-    };
-    oci::write_index_dir(&layout, &[(&platform, &image)]).expect("layout");
-    reg.push(&layout, repo, tag, None);
-}
-
-fn pod_yaml(name: &str, image: &str, policy: &str) -> String {
-    format!(
-        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  hostNetwork: true\n  \
-         terminationGracePeriodSeconds: 1\n  containers:\n    - name: c\n      image: {image}\n      \
-         imagePullPolicy: {policy}\n      command: [\"sleep\", \"3600\"]\n"
-    )
-}
-
-fn waiting(p: &Value) -> (String, String) {
-    let w = &container(p, "c")["state"]["waiting"];
-    (
-        w["reason"].as_str().unwrap_or("").to_string(),
-        w["message"].as_str().unwrap_or("").to_string(),
-    )
-}
 
 fn running(p: &Value) -> bool {
     container(p, "c")["state"]["running"].is_object()
@@ -78,7 +40,7 @@ fn a_hanging_repository_fails_alone_and_its_next_pull_shows_as_in_progress() {
     let pki = pki::Pki::new(&a.dir.join("pki"));
     let reg = Registry::start(&a.dir.join("registry"), &pki, Auth::None);
     for repo in ["edge/app", "edge/other", "edge/hang"] {
-        push_busybox(&reg, &a.dir, repo, "1");
+        push_busybox(&reg, &a.dir, repo, "1", None);
     }
     let front = Stub::start(&pki, "front", Some(reg.addr), |h| {
         if h.path.starts_with(HANGING) {
@@ -94,12 +56,12 @@ fn a_hanging_repository_fails_alone_and_its_next_pull_shows_as_in_progress() {
     ));
     a.start();
     let app = format!("{host}/edge/app:1");
-    a.write_manifest("app.yaml", &pod_yaml("app", &app, "Always"));
+    a.write_manifest("app.yaml", &sleep_pod("app", &app, "Always"));
     a.wait_pod("app", "running", WAIT, running);
 
     // The hanging repository's pull fails with its own URL and timeout.
     let hang = format!("{host}/edge/hang:1");
-    a.write_manifest("hang.yaml", &pod_yaml("hang", &hang, "IfNotPresent"));
+    a.write_manifest("hang.yaml", &sleep_pod("hang", &hang, "IfNotPresent"));
     let p = a.wait_pod("hang", "ErrImagePull", HANG_FAILS_WITHIN, |p| {
         matches!(waiting(p).0.as_str(), "ErrImagePull" | "ImagePullBackOff")
     });
@@ -113,9 +75,9 @@ fn a_hanging_repository_fails_alone_and_its_next_pull_shows_as_in_progress() {
     // Right after, the host's other repositories are pulled as ever: a new image, and
     // an `Always` pod of an image that is here asks the registry, not its local copy.
     let app_manifests = requests(&front, "/v2/edge/app/manifests/");
-    a.write_manifest("again.yaml", &pod_yaml("again", &app, "Always"));
+    a.write_manifest("again.yaml", &sleep_pod("again", &app, "Always"));
     let other = format!("{host}/edge/other:1");
-    a.write_manifest("other.yaml", &pod_yaml("other", &other, "IfNotPresent"));
+    a.write_manifest("other.yaml", &sleep_pod("other", &other, "IfNotPresent"));
     a.wait_pod("other", "running from its own pull", WAIT, running);
     a.wait_pod("again", "running", WAIT, running);
     assert!(

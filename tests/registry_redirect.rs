@@ -17,8 +17,7 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use pki::Pki;
-use registry::{Auth, Registry, TokenServer};
-use serde_json::Value;
+use registry::{sleep_pod, waiting, Auth, Registry, TokenServer};
 use support::agent::{container, need_root, Agent};
 use support::https_stub::{Answer, Stub};
 use tempdir::TempDir;
@@ -198,22 +197,6 @@ fn image_pull_sends_the_password_to_the_token_service_alone_and_no_token_to_stor
     }
 }
 
-fn pod_yaml(name: &str, image: &str) -> String {
-    format!(
-        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  hostNetwork: true\n  \
-         terminationGracePeriodSeconds: 1\n  containers:\n    - name: c\n      image: {image}\n      \
-         imagePullPolicy: Always\n      command: [\"sleep\", \"3600\"]\n"
-    )
-}
-
-fn waiting(p: &Value) -> (String, String) {
-    let w = &container(p, "c")["state"]["waiting"];
-    (
-        w["reason"].as_str().unwrap_or("").to_string(),
-        w["message"].as_str().unwrap_or("").to_string(),
-    )
-}
-
 #[test]
 fn a_pods_pull_sends_the_password_to_the_token_service_alone_and_no_token_to_storage() {
     if !need_root() || !registry::tools_present() {
@@ -236,7 +219,7 @@ fn a_pods_pull_sends_the_password_to_the_token_service_alone_and_no_token_to_sto
     a.start();
 
     let app = format!("{}/private/app:1", site.reg.host());
-    a.write_manifest("app.yaml", &pod_yaml("app", &app));
+    a.write_manifest("app.yaml", &sleep_pod("app", &app, "Always"));
     a.wait_pod(
         "app",
         "running from blobs the storage host served",
@@ -251,7 +234,7 @@ fn a_pods_pull_sends_the_password_to_the_token_service_alone_and_no_token_to_sto
     let catcher = site.catcher();
     site.tokens.redirect_to(Some(catcher.url()));
     let other = format!("{}/private/other:1", site.reg.host());
-    a.write_manifest("other.yaml", &pod_yaml("other", &other));
+    a.write_manifest("other.yaml", &sleep_pod("other", &other, "Always"));
     let p = a.wait_pod("other", "ErrImagePull", WAIT, |p| {
         matches!(waiting(p).0.as_str(), "ErrImagePull" | "ImagePullBackOff")
     });

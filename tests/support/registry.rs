@@ -484,3 +484,51 @@ fn der_to_raw(der: &[u8]) -> Vec<u8> {
     }
     out
 }
+
+/// Pushes the host's busybox as `repo:tag`, with a layer of its own (so that each image
+/// has blobs of its own), as `creds` if given.
+pub fn push_busybox(
+    reg: &Registry,
+    dir: &Path,
+    repo: &str,
+    tag: &str,
+    creds: Option<(&str, &str)>,
+) {
+    use crate::oci;
+    let layout = dir.join(format!("layout-{}-{tag}", repo.replace('/', "-")));
+    let mut image = oci::busybox_image("unused").expect("busybox");
+    let seed = repo.bytes().chain(tag.bytes()).map(u64::from).sum::<u64>() + 1;
+    image.layers.push(
+        oci::Layer::new(vec![oci::Entry::file(
+            "etc/own",
+            &oci::noise(200_000, seed),
+            0o644,
+        )])
+        .gzipped(),
+    );
+    let platform = match oci::goarch() {
+        (arch, Some(v)) => format!("linux/{arch}/{v}"),
+        (arch, None) => format!("linux/{arch}"),
+    };
+    oci::write_index_dir(&layout, &[(&platform, &image)]).expect("layout");
+    reg.push(&layout, repo, tag, creds);
+}
+
+/// A host-network pod whose one container `c` runs `image` (pulled by `policy`) and
+/// sleeps.
+pub fn sleep_pod(name: &str, image: &str, policy: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  hostNetwork: true\n  \
+         terminationGracePeriodSeconds: 1\n  containers:\n    - name: c\n      image: {image}\n      \
+         imagePullPolicy: {policy}\n      command: [\"sleep\", \"3600\"]\n"
+    )
+}
+
+/// Why container `c` of a pod (as `holdfast pods` shows it) waits: its reason and message.
+pub fn waiting(p: &serde_json::Value) -> (String, String) {
+    let w = &crate::agent::container(p, "c")["state"]["waiting"];
+    (
+        w["reason"].as_str().unwrap_or("").to_string(),
+        w["message"].as_str().unwrap_or("").to_string(),
+    )
+}
