@@ -211,18 +211,12 @@ mod tests {
         remove_unmounted(&tree).expect("nothing to remove");
     }
 
-    #[test]
-    fn a_bind_mount_below_is_unmounted_and_what_it_showed_stays() {
-        if !nix::unistd::geteuid().is_root() {
-            eprintln!("skipped: needs root to mount");
-            return;
-        }
-        let tmp = crate::testutil::TempDir::new("remove-mounted");
-        let host = tmp.0.join("host");
+    /// `base/host` with a file `keep`, bind-mounted on `base/tree/vol`: (host, vol).
+    fn bound_host_dir(base: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
+        let host = base.join("host");
         std::fs::create_dir_all(&host).expect("mkdir");
         std::fs::write(host.join("keep"), "x").expect("write");
-        let tree = tmp.0.join("tree");
-        let target = tree.join("vol");
+        let target = base.join("tree/vol");
         std::fs::create_dir_all(&target).expect("mkdir");
         let none: Option<&str> = None;
         nix::mount::mount(
@@ -233,6 +227,18 @@ mod tests {
             none,
         )
         .expect("bind");
+        (host, target)
+    }
+
+    #[test]
+    fn a_bind_mount_below_is_unmounted_and_what_it_showed_stays() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: needs root to mount");
+            return;
+        }
+        let tmp = crate::testutil::TempDir::new("remove-mounted");
+        let (host, target) = bound_host_dir(&tmp.0);
+        let tree = tmp.0.join("tree");
         // Reached through a symlinked parent, as a symlinked root dir's pods are.
         std::os::unix::fs::symlink(&tmp.0, tmp.0.join("link")).expect("symlink");
         let removed = remove_unmounted(&tmp.0.join("link/tree"));
@@ -250,20 +256,7 @@ mod tests {
         }
         let tmp = crate::testutil::TempDir::new("remove-crossing");
         let base = tmp.0.canonicalize().expect("tmp");
-        let host = base.join("host");
-        std::fs::create_dir_all(&host).expect("mkdir");
-        std::fs::write(host.join("keep"), "x").expect("write");
-        let target = base.join("tree/vol");
-        std::fs::create_dir_all(&target).expect("mkdir");
-        let none: Option<&str> = None;
-        nix::mount::mount(
-            Some(&host),
-            &target,
-            none,
-            nix::mount::MsFlags::MS_BIND,
-            none,
-        )
-        .expect("bind");
+        let (host, target) = bound_host_dir(&base);
         // The same filesystem through a bind mount: the device is the same, the mount not.
         let removed = remove_tree(&base.join("tree"));
         let _ = nix::mount::umount2(&target, nix::mount::MntFlags::MNT_DETACH);
