@@ -298,7 +298,7 @@ fn a_static_pod_pulls_with_the_nodes_docker_config() {
     let config = format!(
         "{{\"auths\":{{\"{}\":{{\"auth\":\"{}\"}}}}}}",
         reg.host(),
-        b64(&format!("site:{password}"))
+        registry::b64(format!("site:{password}").as_bytes())
     );
     std::fs::write(a.root.join("config.json"), config).expect("config.json");
     a.wait_pod("app", "running", WAIT, running);
@@ -337,7 +337,7 @@ fn a_cluster_pod_pulls_with_its_pull_secret_and_the_cluster_sees_the_kubelets_ev
         kubeconfig.display().to_string(),
         "--v=4".into(),
     ];
-    let auth = b64(&format!("puller:{password}"));
+    let auth = registry::b64(format!("puller:{password}").as_bytes());
     let dockerconfig = format!(
         "{{\"auths\":{{\"{}\":{{\"auth\":\"{auth}\"}}}}}}",
         reg.host()
@@ -477,22 +477,4 @@ fn a_cluster_pod_pulls_with_its_pull_secret_and_the_cluster_sees_the_kubelets_ev
     );
     a.reset();
     a.assert_clean();
-}
-
-fn b64(s: &str) -> String {
-    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::new();
-    for c in s.as_bytes().chunks(3) {
-        let n = (u32::from(c[0]) << 16)
-            | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
-            | u32::from(*c.get(2).unwrap_or(&0));
-        for i in 0..4 {
-            out.push(if i <= c.len() {
-                A[((n >> (18 - 6 * i)) & 63) as usize] as char
-            } else {
-                '='
-            });
-        }
-    }
-    out
 }

@@ -383,7 +383,7 @@ fn auth_round(
     let cfg = config(&tmp.0, &reg.ca, &[reg.host()], "");
     let cfg = cfg.to_str().expect("p");
     let creds = |name: &str, password: &str| {
-        let auth = holdfast_b64(&format!("{}:{password}", push_creds.0));
+        let auth = registry::b64(format!("{}:{password}", push_creds.0).as_bytes());
         let path = tmp.0.join(name);
         std::fs::write(
             &path,
@@ -447,25 +447,6 @@ fn auth_round(
     outputs
 }
 
-fn holdfast_b64(s: &str) -> String {
-    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let b = s.as_bytes();
-    let mut out = String::new();
-    for c in b.chunks(3) {
-        let n = (u32::from(c[0]) << 16)
-            | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
-            | u32::from(*c.get(2).unwrap_or(&0));
-        for i in 0..4 {
-            out.push(if i <= c.len() {
-                A[((n >> (18 - 6 * i)) & 63) as usize] as char
-            } else {
-                '='
-            });
-        }
-    }
-    out
-}
-
 #[test]
 fn basic_auth_with_right_and_wrong_credentials_and_none_in_the_output() {
     if !registry::tools_present() {
@@ -483,7 +464,7 @@ fn basic_auth_with_right_and_wrong_credentials_and_none_in_the_output() {
         },
     );
     let outputs = auth_round(&tmp, &reg, ("edge", password), password, "not-the-password");
-    let encoded = holdfast_b64(&format!("edge:{password}"));
+    let encoded = registry::b64(format!("edge:{password}").as_bytes());
     for o in &outputs {
         assert!(
             !o.contains(password) && !o.contains(&encoded),

@@ -70,7 +70,7 @@ impl Site {
         format!(
             "{{\"auths\":{{\"{}\":{{\"auth\":\"{}\"}}}}}}",
             self.reg.host(),
-            b64(&format!("{USER}:{password}"))
+            registry::b64(format!("{USER}:{password}").as_bytes())
         )
     }
 }
@@ -188,7 +188,7 @@ fn image_pull_sends_the_password_to_the_token_service_alone_and_no_token_to_stor
     );
     let out = text(&refused);
     assert!(out.contains("authentication failed"), "{out}");
-    let encoded = b64(&format!("{USER}:{password}"));
+    let encoded = registry::b64(format!("{USER}:{password}").as_bytes());
     for o in [text(&ok), out] {
         assert!(
             !o.contains(password) && !o.contains(&encoded),
@@ -250,23 +250,4 @@ fn a_pods_pull_sends_the_password_to_the_token_service_alone_and_no_token_to_sto
     drop(catcher);
     a.reset();
     a.assert_clean();
-}
-
-fn b64(s: &str) -> String {
-    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let b = s.as_bytes();
-    let mut out = String::new();
-    for c in b.chunks(3) {
-        let n = (u32::from(c[0]) << 16)
-            | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
-            | u32::from(*c.get(2).unwrap_or(&0));
-        for i in 0..4 {
-            out.push(if i <= c.len() {
-                A[((n >> (18 - 6 * i)) & 63) as usize] as char
-            } else {
-                '='
-            });
-        }
-    }
-    out
 }
