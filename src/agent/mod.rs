@@ -46,7 +46,11 @@ pub async fn run(mut config: Config, shutdown: impl Future<Output = ()>) -> Resu
     );
     // The tunnel to the proxy servers, once the kubelet API it carries listens.
     let (tunnel_stop, tunnel_stopped) = tokio::sync::watch::channel(false);
-    let _tunnel = crate::tunnel::spawn(&config, tunnel_stopped);
+    let tunnel_link = cluster.as_ref().map(|c| crate::tunnel::ClusterLink {
+        client: c.client.clone(),
+        tokens: c.tokens.clone(),
+    });
+    let _tunnel = crate::tunnel::spawn(&config, tunnel_link, tunnel_stopped);
     let _pinger = notify.start();
     let stopping = notify.clone();
     let shutdown = async move {

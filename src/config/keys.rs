@@ -111,6 +111,8 @@ pub const KEYS: &[&str] = &[
     "holdfast.tunnel.caFile",
     "holdfast.tunnel.serverName",
     "holdfast.tunnel.credential",
+    "holdfast.tunnel.serviceAccount",
+    "holdfast.tunnel.audience",
     "holdfast.tunnel.identifiers",
     "holdfast.tunnel.keepaliveTime",
 ];

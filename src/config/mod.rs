@@ -44,7 +44,9 @@ pub use names::{check_dns1123_label, check_dns1123_subdomain};
 pub use pods::{PodKeys, PodSettings};
 pub use server::{AuthorizationMode, OfflinePolicy, ServerConfig, DEFAULT_HEALTHZ_PORT};
 pub use taints::{check_taint, parse_taint};
-pub use tunnel::{TunnelConfig, TunnelCredential, TunnelKeys, MIN_TUNNEL_KEEPALIVE};
+pub use tunnel::{
+    ServiceAccountToken, TunnelConfig, TunnelCredential, TunnelKeys, MIN_TUNNEL_KEEPALIVE,
+};
 
 const DEFAULT_ROOT_DIR: &str = "/var/lib/holdfast";
 const DEFAULT_STATIC_POD_PATH: &str = "/etc/kubernetes/manifests";

@@ -1,8 +1,9 @@
 //! The konnectivity tunnel's keys, `holdfast.tunnel.*`: off unless `servers` is set.
 //! `servers` (`host:port` of the proxy servers' agent port), `caFile` (the CA their
 //! certificates chain to), `serverName` (the name to check instead of the host),
-//! `credential` (what the node shows them), `identifiers` (what it tells them it is, for
-//! their `destHost` routing) and `keepaliveTime`.
+//! `credential` (what the node shows them: its client certificate, or a ServiceAccount
+//! token for `audience` of `serviceAccount`), `identifiers` (what it tells them it is,
+//! for their `destHost` routing) and `keepaliveTime`.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -17,13 +18,28 @@ pub const MIN_TUNNEL_KEEPALIVE: Duration = Duration::from_secs(30);
 const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(40);
 /// Identifier keys konnectivity servers know (`host=...&ipv4=...`).
 const IDENTIFIER_KEYS: &[&str] = &["host", "ipv4", "ipv6", "cidr", "default-route"];
+/// The ServiceAccount and audience of the upstream agent's manifests.
+const DEFAULT_SERVICE_ACCOUNT: (&str, &str) = ("kube-system", "konnectivity-agent");
+const DEFAULT_AUDIENCE: &str = "system:konnectivity-server";
 
 /// How the node proves who it is to the proxy servers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TunnelCredential {
     /// The client certificate of the kubeconfig (the one the uplink uses), re-read at
     /// every dial.
     ClientCertificate,
+    /// A token of a ServiceAccount for the servers' audience, from the TokenRequest API
+    /// (the servers' `--agent-namespace`, `--agent-service-account`,
+    /// `--authentication-audience`).
+    ServiceAccountToken(ServiceAccountToken),
+}
+
+/// Which ServiceAccount's token, for which audience.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceAccountToken {
+    pub namespace: String,
+    pub name: String,
+    pub audience: String,
 }
 
 /// The tunnel's settings, when it is on.
@@ -44,7 +60,11 @@ pub struct TunnelKeys {
     pub servers: Option<Vec<String>>,
     pub ca_file: Option<PathBuf>,
     pub server_name: Option<String>,
-    pub credential: Option<TunnelCredential>,
+    /// `clientCertificate` or `serviceAccountToken`.
+    pub credential: Option<String>,
+    /// `serviceAccount`: namespace and name.
+    pub service_account: Option<(String, String)>,
+    pub audience: Option<String>,
     pub identifiers: Option<String>,
     pub keepalive: Option<Duration>,
 }
@@ -60,13 +80,46 @@ impl TunnelKeys {
             key: "holdfast.tunnel.caFile".into(),
             reason: "required with holdfast.tunnel.servers: the CA of the proxy servers".into(),
         })?;
+        let key_err = |key: &str, reason: String| ConfigError::Key {
+            path: reader_path.to_path_buf(),
+            key: key.into(),
+            reason,
+        };
+        let credential = match self.credential.as_deref() {
+            None | Some("clientCertificate") => {
+                for (set, key) in [
+                    (self.service_account.is_some(), "serviceAccount"),
+                    (self.audience.is_some(), "audience"),
+                ] {
+                    if set {
+                        return Err(key_err(
+                            &format!("holdfast.tunnel.{key}"),
+                            "applies only with credential: serviceAccountToken".into(),
+                        ));
+                    }
+                }
+                TunnelCredential::ClientCertificate
+            }
+            Some(_) => {
+                let (namespace, name) = self.service_account.clone().unwrap_or_else(|| {
+                    let (ns, name) = DEFAULT_SERVICE_ACCOUNT;
+                    (ns.into(), name.into())
+                });
+                TunnelCredential::ServiceAccountToken(ServiceAccountToken {
+                    namespace,
+                    name,
+                    audience: self
+                        .audience
+                        .clone()
+                        .unwrap_or_else(|| DEFAULT_AUDIENCE.into()),
+                })
+            }
+        };
         Ok(Some(TunnelConfig {
             servers,
             ca_file,
             server_name: self.server_name.clone(),
-            credential: self
-                .credential
-                .unwrap_or(TunnelCredential::ClientCertificate),
+            credential,
             identifiers: self.identifiers.clone(),
             keepalive: self.keepalive.unwrap_or(DEFAULT_KEEPALIVE),
         }))
@@ -150,14 +203,40 @@ impl Reader<'_> {
                 out.server_name = Some(s);
             }
             "holdfast.tunnel.credential" => {
-                out.credential = Some(match self.string(key, value)?.as_str() {
-                    "clientCertificate" => TunnelCredential::ClientCertificate,
-                    other => {
-                        return Err(
-                            self.err(key, format!("expected clientCertificate, got {other:?}"))
+                let s = self.string(key, value)?;
+                if !matches!(s.as_str(), "clientCertificate" | "serviceAccountToken") {
+                    return Err(self.err(
+                        key,
+                        format!("expected clientCertificate or serviceAccountToken, got {s:?}"),
+                    ));
+                }
+                out.credential = Some(s);
+            }
+            "holdfast.tunnel.serviceAccount" => {
+                let s = self.string(key, value)?;
+                let pair = s
+                    .split_once('/')
+                    .filter(|(ns, name)| {
+                        super::names::check_dns1123_label(ns).is_ok()
+                            && super::names::check_dns1123_subdomain(name).is_ok()
+                    })
+                    .ok_or_else(|| {
+                        self.err(
+                            key,
+                            format!("expected <namespace>/<name> of a ServiceAccount, got {s:?}"),
                         )
-                    }
-                });
+                    })?;
+                out.service_account = Some((pair.0.to_string(), pair.1.to_string()));
+            }
+            "holdfast.tunnel.audience" => {
+                let s = self.string(key, value)?;
+                if s.trim().is_empty() || s.len() > 253 {
+                    return Err(self.err(
+                        key,
+                        format!("expected the servers' --authentication-audience, got {s:?}"),
+                    ));
+                }
+                out.audience = Some(s);
             }
             "holdfast.tunnel.identifiers" => {
                 let s = self.string(key, value)?;
@@ -252,6 +331,40 @@ mod tests {
         assert_eq!(t.server_name.as_deref(), Some("konnectivity"));
         assert_eq!(t.identifiers.as_deref(), Some("host=gw&ipv4=10.0.0.9"));
         assert_eq!(t.keepalive, Duration::from_secs(60));
+        assert_eq!(t.credential, TunnelCredential::ClientCertificate);
+    }
+
+    #[test]
+    fn a_service_account_token_for_the_servers_audience() {
+        let on = "holdfast:\n  tunnel:\n    servers: [\"kas:8132\"]\n    caFile: ca.crt\n    ";
+        let k = keys(&format!("{on}credential: serviceAccountToken\n")).expect("parse");
+        let t = k.settings(Path::new("c")).expect("settings").expect("on");
+        let want = ServiceAccountToken {
+            namespace: "kube-system".into(),
+            name: "konnectivity-agent".into(),
+            audience: "system:konnectivity-server".into(),
+        };
+        assert_eq!(t.credential, TunnelCredential::ServiceAccountToken(want));
+        let k = keys(&format!(
+            "{on}credential: serviceAccountToken\n    serviceAccount: edge/tunnel\n    \
+             audience: konnectivity\n"
+        ))
+        .expect("parse");
+        let t = k.settings(Path::new("c")).expect("settings").expect("on");
+        let want = ServiceAccountToken {
+            namespace: "edge".into(),
+            name: "tunnel".into(),
+            audience: "konnectivity".into(),
+        };
+        assert_eq!(t.credential, TunnelCredential::ServiceAccountToken(want));
+        // Without the token credential they would be ignored: an error says so.
+        let k = keys(&format!("{on}serviceAccount: edge/tunnel\n")).expect("parse");
+        let e = k
+            .settings(Path::new("c"))
+            .expect_err("no token")
+            .to_string();
+        assert!(e.contains("holdfast.tunnel.serviceAccount"), "{e}");
+        assert!(e.contains("serviceAccountToken"), "{e}");
     }
 
     #[test]
@@ -261,7 +374,16 @@ mod tests {
             ("servers: [\"kas:0\"]", "is not 1 to 65535"),
             ("servers: [\"kas:99999\"]", "is not 1 to 65535"),
             ("keepaliveTime: 5s", "at least 30s"),
-            ("credential: password", "expected clientCertificate"),
+            (
+                "credential: password",
+                "expected clientCertificate or serviceAccountToken",
+            ),
+            ("serviceAccount: agent", "expected <namespace>/<name>"),
+            (
+                "serviceAccount: Kube_System/agent",
+                "expected <namespace>/<name>",
+            ),
+            ("audience: \"\"", "authentication-audience"),
             ("identifiers: host", "key=value"),
             ("identifiers: color=red", "unknown identifier"),
         ] {

@@ -175,6 +175,15 @@ pub fn encode_literal(out: &mut Vec<u8>, name: &str, value: &str) {
     }
 }
 
+/// A literal field never to be indexed by any hop (RFC 7541 6.2.3): for credentials.
+pub fn encode_never_indexed(out: &mut Vec<u8>, name: &str, value: &str) {
+    out.push(0x10);
+    for s in [name, value] {
+        encode_int(out, 0, 7, s.len());
+        out.extend_from_slice(s.as_bytes());
+    }
+}
+
 /// Like `encode_literal` with both strings Huffman-coded, as servers send them.
 #[cfg(test)]
 pub fn encode_literal_huffman(out: &mut Vec<u8>, name: &str, value: &str) {
@@ -667,10 +676,19 @@ mod tests {
         let long = "v".repeat(300);
         encode_literal(&mut block, ":path", "/grpc.health.v1.Health/Check");
         encode_literal(&mut block, "x-long", &long);
-        let fields = Decoder::new(4096).decode(&block, 1 << 16).expect("decodes");
+        encode_never_indexed(&mut block, "authorization", "Bearer t0k3n");
+        assert_eq!(block[block.len() - 28], 0x10, "never indexed");
+        let mut d = Decoder::new(4096);
+        let fields = d.decode(&block, 1 << 16).expect("decodes");
         assert_eq!(
             text(&fields),
-            pairs(&[(":path", "/grpc.health.v1.Health/Check"), ("x-long", &long)])
+            pairs(&[
+                (":path", "/grpc.health.v1.Health/Check"),
+                ("x-long", &long),
+                ("authorization", "Bearer t0k3n")
+            ])
         );
+        // Nothing went into the dynamic table: an index into it is refused.
+        assert!(d.decode(&[0xbe], 1 << 16).is_err());
     }
 }

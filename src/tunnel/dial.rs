@@ -1,6 +1,7 @@
 //! tunnel::dial: a new stream to a proxy server: TCP, TLS (the proxy server's CA as the
 //! only root, ALPN h2, the node's client certificate read from its files now, so a
-//! rotated certificate is used without a restart), then the gRPC request.
+//! rotated certificate is used without a restart), then the gRPC request (with the
+//! ServiceAccount token, where that is the credential).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,8 +21,22 @@ const STEP_TIMEOUT: Duration = Duration::from_secs(10);
 pub(super) type Session = stream::Session<TlsStream<TcpStream>>;
 
 /// Opens a stream to `addr` (`host:port`).
-pub(super) async fn connect(agent: &Agent, addr: &str) -> Result<Session, TunnelError> {
+pub(super) async fn connect(agent: &Arc<Agent>, addr: &str) -> Result<Session, TunnelError> {
     let tls = client_config(agent)?;
+    let token = match &agent.token {
+        Some(_) => {
+            let a = agent.clone();
+            let got = tokio::task::spawn_blocking(move || a.token.as_ref().map(|t| t.token()))
+                .await
+                .map_err(|e| TunnelError::Credentials(e.to_string()))?;
+            Some(
+                got.transpose()
+                    .map_err(TunnelError::Credentials)?
+                    .unwrap_or_default(),
+            )
+        }
+        None => None,
+    };
     let host = addr
         .rsplit_once(':')
         .map_or(addr, |(h, _)| h)
@@ -68,10 +83,15 @@ pub(super) async fn connect(agent: &Agent, addr: &str) -> Result<Session, Tunnel
         authority: addr,
         agent_id: &agent.node_name,
         identifiers: &agent.identifiers,
+        token: token.as_deref(),
     };
-    tokio::time::timeout(STEP_TIMEOUT, stream::open(io, addr, &hello))
+    let opened = tokio::time::timeout(STEP_TIMEOUT, stream::open(io, addr, &hello))
         .await
-        .map_err(|_| timeout(addr))?
+        .map_err(|_| timeout(addr))?;
+    if let (Err(TunnelError::Refused { .. }), Some(t)) = (&opened, &agent.token) {
+        t.refused();
+    }
+    opened
 }
 
 /// The TLS client config of a new stream: built at each dial from the files as they
@@ -93,6 +113,7 @@ fn client_config(agent: &Agent) -> Result<Arc<ClientConfig>, TunnelError> {
         .map_err(|e| bad(e.to_string()))?
         .with_root_certificates(roots);
     let mut config = match agent.config.credential {
+        TunnelCredential::ServiceAccountToken(_) => builder.with_no_client_auth(),
         TunnelCredential::ClientCertificate => {
             let path = agent.kubeconfig.as_ref().ok_or_else(|| {
                 bad("the client certificate comes from the kubeconfig, and none is set".into())

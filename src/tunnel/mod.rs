@@ -7,14 +7,15 @@
 //! One gRPC stream per proxy server (`serverid`), as many as the server says there are
 //! (`servercount`) behind one address; each stream lost is dialled again at a random
 //! phase (full jitter), soon after the link is back. The node's client certificate is
-//! read from its files at every dial, so a rotated one is used by the next stream.
-//! Uses `uplink` only to read the kubeconfig's credentials; starts nothing else.
+//! read from its files at every dial, so a rotated one is used by the next stream; or a
+//! ServiceAccount token from the TokenRequest API (see `token`). Starts nothing else.
 
 mod dial;
 mod frames;
 mod packet;
 mod splice;
 mod stream;
+mod token;
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -28,6 +29,7 @@ use crate::config::{Config, TunnelConfig};
 use crate::metrics;
 pub use packet::{Packet, PacketError};
 pub use splice::Policy;
+pub use token::ClusterLink;
 
 /// Streams lost are dialled again after 1 s doubling to 10 s, full jitter.
 const RECONNECT: Backoff = Backoff {
@@ -71,13 +73,25 @@ struct Agent {
     node_name: String,
     identifiers: String,
     policy: Arc<Policy>,
+    /// With `credential: serviceAccountToken`.
+    token: Option<token::TokenSource>,
 }
 
 /// Starts the tunnel if `holdfast.tunnel.servers` is set: one task per server address,
 /// until `stop` turns true (each stream then sends DRAIN and serves on until the
-/// process ends).
-pub fn spawn(config: &Config, stop: watch::Receiver<bool>) -> Option<tokio::task::JoinSet<()>> {
+/// process ends). `cluster`: where a ServiceAccount token comes from.
+pub fn spawn(
+    config: &Config,
+    cluster: Option<ClusterLink>,
+    stop: watch::Receiver<bool>,
+) -> Option<tokio::task::JoinSet<()>> {
     let tunnel = config.tunnel.clone()?;
+    let token = match &tunnel.credential {
+        crate::config::TunnelCredential::ServiceAccountToken(account) => Some(
+            token::TokenSource::new(cluster, account.clone(), &config.node_name),
+        ),
+        crate::config::TunnelCredential::ClientCertificate => None,
+    };
     let address = config.node_address();
     let mut hosts = vec![config.node_name.clone()];
     hosts.extend(address.clone());
@@ -108,6 +122,7 @@ pub fn spawn(config: &Config, stop: watch::Receiver<bool>) -> Option<tokio::task
         kubeconfig: config.kubeconfig.clone(),
         node_name: config.node_name.clone(),
         identifiers,
+        token,
     });
     log::info!(
         "tunnel: dialling {} as agent {} ({}), carrying only the kubelet API at {}",

@@ -38,6 +38,8 @@ pub(super) struct Hello<'a> {
     pub authority: &'a str,
     pub agent_id: &'a str,
     pub identifiers: &'a str,
+    /// A ServiceAccount token, sent as `authorization: Bearer <token>`.
+    pub token: Option<&'a str>,
 }
 
 /// An open stream, its response headers read.
@@ -128,6 +130,9 @@ where
         ("agentidentifiers", hello.identifiers),
     ] {
         hpack::encode_literal(&mut block, name, value);
+    }
+    if let Some(token) = hello.token {
+        hpack::encode_never_indexed(&mut block, "authorization", &format!("Bearer {token}"));
     }
     if block.len() > MAX_FRAME {
         return Err(s.protocol("request headers larger than one frame".into()));

@@ -267,6 +267,12 @@ impl TokenManager {
         }
     }
 
+    /// Drops the token for `key` (its user was refused it): the next `get` mints one.
+    pub fn remove(&self, key: &TokenKey) -> Result<(), StoreError> {
+        self.tree.remove(&key.store_key())?;
+        Ok(())
+    }
+
     /// Drops every token of pod `uid` (the pod is gone).
     pub fn forget(&self, uid: &str) -> Result<usize, StoreError> {
         let prefix = format!("{uid}/");

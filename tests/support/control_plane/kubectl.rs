@@ -49,6 +49,13 @@ impl ControlPlane {
         self.kubectl_stdin(&["create", "-f", "-"], doc)
     }
 
+    /// `kubectl create -f - <extra>` (`-o json` to read what the server made of it).
+    pub fn create_with(&self, doc: &str, extra: &[&str]) -> String {
+        let mut args = vec!["create", "-f", "-"];
+        args.extend_from_slice(extra);
+        self.kubectl_stdin(&args, doc)
+    }
+
     fn kubectl_stdin(&self, args: &[&str], input: &str) -> String {
         use std::io::Write;
         let mut child = self
