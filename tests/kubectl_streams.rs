@@ -11,6 +11,7 @@ use std::net::TcpStream;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use control_plane::kubectl::wait_output;
 use control_plane::{ControlPlane, Options};
 use support::agent::{free_port, need_root, Agent};
 use support::cni::{need_plugins, TestNetwork};
@@ -57,78 +58,7 @@ fn tail(s: &str, n: usize) -> String {
 
 /// Runs kubectl with `input` on its stdin (closed after), bounded in time.
 fn kubectl_with(cp: &ControlPlane, args: &[&str], input: &[u8]) -> Output {
-    let mut child = cp
-        .kubectl_cmd(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn kubectl");
-    let mut stdin = child.stdin.take().expect("stdin");
-    let input = input.to_vec();
-    // Written while its output is read: a command that echoes its input fills the
-    // output pipe long before the input is all written.
-    let writer = std::thread::spawn(move || {
-        let _ = stdin.write_all(&input);
-    });
-    let out = wait_output(child, Duration::from_secs(30), args);
-    let _ = writer.join();
-    out
-}
-
-/// Reads a child's output while it runs; kills it after `within`.
-fn wait_output(mut child: Child, within: Duration, what: &[&str]) -> Output {
-    let drain = |r: Option<Box<dyn Read + Send>>| {
-        std::thread::spawn(move || {
-            let mut buf = Vec::new();
-            if let Some(mut r) = r {
-                let _ = r.read_to_end(&mut buf);
-            }
-            buf
-        })
-    };
-    let stdout = drain(
-        child
-            .stdout
-            .take()
-            .map(|r| Box::new(r) as Box<dyn Read + Send>),
-    );
-    let stderr = drain(
-        child
-            .stderr
-            .take()
-            .map(|r| Box::new(r) as Box<dyn Read + Send>),
-    );
-    let deadline = Instant::now() + within;
-    let mut late = false;
-    while child.try_wait().ok().flatten().is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            late = true;
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let status = child.wait().expect("kubectl status");
-    let out = Output {
-        status,
-        stdout: stdout.join().expect("stdout"),
-        stderr: stderr.join().expect("stderr"),
-    };
-    assert!(
-        !late,
-        "kubectl {} still running after {within:?}\nstdout ({} bytes): {}\nstderr: {}",
-        what.join(" "),
-        out.stdout.len(),
-        short(&out.stdout),
-        short(&out.stderr)
-    );
-    out
-}
-
-/// At most the last 2000 bytes of some output, as text.
-fn short(b: &[u8]) -> String {
-    text(&b[b.len().saturating_sub(2000)..])
+    cp.kubectl_input(args, input, Duration::from_secs(30))
 }
 
 fn text(b: &[u8]) -> String {
@@ -181,7 +111,12 @@ sys.exit(code)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let out = wait_output(cmd.spawn().expect("python3"), Duration::from_secs(40), args);
+    let what: Vec<&str> = ["kubectl"].iter().chain(args).copied().collect();
+    let out = wait_output(
+        cmd.spawn().expect("python3"),
+        Duration::from_secs(40),
+        &what,
+    );
     (text(&out.stdout), out.status.code())
 }
 

@@ -1,8 +1,9 @@
 //! The real kubectl with the cluster's admin kubeconfig, and what tests build on it:
-//! apply and create from a document, get as JSON (or a k8s-openapi type), and a bounded
-//! wait on anything a probe can read.
+//! apply and create from a document, get as JSON (or a k8s-openapi type), input on its
+//! stdin within a deadline, and a bounded wait on anything a probe can read.
 
-use std::process::{Command, Output, Stdio};
+use std::io::{Read, Write};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -56,8 +57,32 @@ impl ControlPlane {
         self.kubectl_stdin(&args, doc)
     }
 
+    /// kubectl with `input` on its stdin (closed after), its output read while it
+    /// runs; panics if it runs longer than `within`.
+    pub fn kubectl_input(&self, args: &[&str], input: &[u8], within: Duration) -> Output {
+        let mut child = self
+            .kubectl_cmd(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn kubectl");
+        let mut stdin = child.stdin.take().expect("stdin");
+        let input = input.to_vec();
+        // Written while its output is read: a command that echoes its input fills the
+        // output pipe long before the input is all written.
+        let writer = std::thread::spawn(move || {
+            let _ = stdin.write_all(&input);
+        });
+        let what: Vec<&str> = std::iter::once("kubectl")
+            .chain(args.iter().copied())
+            .collect();
+        let out = wait_output(child, within, &what);
+        let _ = writer.join();
+        out
+    }
+
     fn kubectl_stdin(&self, args: &[&str], input: &str) -> String {
-        use std::io::Write;
         let mut child = self
             .kubectl_cmd(args)
             .stdin(Stdio::piped())
@@ -128,4 +153,60 @@ impl ControlPlane {
             std::thread::sleep(Duration::from_millis(200));
         }
     }
+}
+
+/// Reads a child's output while it runs; kills it and panics after `within` (`what`
+/// names it in the message).
+pub fn wait_output(mut child: Child, within: Duration, what: &[&str]) -> Output {
+    let drain = |r: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_end(&mut buf);
+            }
+            buf
+        })
+    };
+    let stdout = drain(
+        child
+            .stdout
+            .take()
+            .map(|r| Box::new(r) as Box<dyn Read + Send>),
+    );
+    let stderr = drain(
+        child
+            .stderr
+            .take()
+            .map(|r| Box::new(r) as Box<dyn Read + Send>),
+    );
+    let deadline = Instant::now() + within;
+    let mut late = false;
+    while child.try_wait().ok().flatten().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            late = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let status = child.wait().expect("kubectl status");
+    let out = Output {
+        status,
+        stdout: stdout.join().expect("stdout"),
+        stderr: stderr.join().expect("stderr"),
+    };
+    assert!(
+        !late,
+        "{} still running after {within:?}\nstdout ({} bytes): {}\nstderr: {}",
+        what.join(" "),
+        out.stdout.len(),
+        short(&out.stdout),
+        short(&out.stderr)
+    );
+    out
+}
+
+/// At most the last 2000 bytes of some output, as text.
+fn short(b: &[u8]) -> String {
+    String::from_utf8_lossy(&b[b.len().saturating_sub(2000)..]).into_owned()
 }

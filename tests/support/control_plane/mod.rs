@@ -14,7 +14,7 @@
 
 mod certs;
 pub mod cluster;
-mod kubectl;
+pub mod kubectl;
 pub mod link;
 pub use crate::pki;
 mod process;
