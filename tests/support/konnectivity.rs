@@ -9,12 +9,13 @@ use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::agent::{free_port, Agent};
 use crate::control_plane::link::NodeAddress;
 use crate::control_plane::{ControlPlane, Options};
+use crate::pki::Issued;
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -146,7 +147,10 @@ impl Drop for Scratch {
 
 /// A TCP relay in front of the proxy servers, as a load balancer with one address:
 /// each connection goes to the next server in turn. `cut` closes every relayed
-/// connection and refuses new ones (the link is down) until `restore`.
+/// connection and refuses new ones (the link is down) until `restore`. `silence` keeps
+/// every connection open, new ones too, but passes no byte either way (a black hole: a
+/// NAT table flushed, a cellular link dead) until `restore`; what was sent meanwhile,
+/// and a side's close, then go on, as TCP's retransmission delivers them late.
 pub struct Relay {
     pub port: u16,
     state: Arc<RelayState>,
@@ -155,6 +159,9 @@ pub struct Relay {
 struct RelayState {
     up: AtomicBool,
     stop: AtomicBool,
+    /// Whether bytes pass (false: silenced), with a wake-up for the copies it holds.
+    passing: Mutex<bool>,
+    resumed: Condvar,
     backends: Vec<u16>,
     next: AtomicUsize,
     conns: Mutex<Vec<TcpStream>>,
@@ -168,6 +175,8 @@ impl Relay {
         let state = Arc::new(RelayState {
             up: AtomicBool::new(true),
             stop: AtomicBool::new(false),
+            passing: Mutex::new(true),
+            resumed: Condvar::new(),
             backends,
             next: AtomicUsize::new(0),
             conns: Mutex::new(Vec::new()),
@@ -191,13 +200,20 @@ impl Relay {
         }
     }
 
+    /// No byte passes from now on, and no connection closes, until `restore`.
+    pub fn silence(&self) {
+        *self.state.passing.lock().expect("lock") = false;
+    }
+
     pub fn restore(&self) {
         self.state.up.store(true, Ordering::SeqCst);
+        *self.state.passing.lock().expect("lock") = true;
+        self.state.resumed.notify_all();
     }
 }
 
 impl RelayState {
-    fn relay(&self, client: TcpStream) {
+    fn relay(self: &Arc<Self>, client: TcpStream) {
         if !self.up.load(Ordering::SeqCst) {
             return;
         }
@@ -208,16 +224,32 @@ impl RelayState {
         };
         let mut conns = self.conns.lock().expect("lock");
         for (from, to) in [(&client, &server), (&server, &client)] {
-            let (Ok(mut from), Ok(mut to)) = (from.try_clone(), to.try_clone()) else {
+            let (Ok(from), Ok(to)) = (from.try_clone(), to.try_clone()) else {
                 return;
             };
-            std::thread::spawn(move || {
-                let _ = std::io::copy(&mut from, &mut to);
-                let _ = to.shutdown(Shutdown::Write);
-            });
+            let state = self.clone();
+            std::thread::spawn(move || state.pipe(from, to));
         }
         conns.push(client);
         conns.push(server);
+    }
+
+    /// Copies `from` to `to` until either ends, holding each read (and the end) while
+    /// the relay is silenced.
+    fn pipe(&self, mut from: TcpStream, mut to: TcpStream) {
+        let mut buf = vec![0u8; 64 << 10];
+        loop {
+            let n = from.read(&mut buf).unwrap_or(0);
+            let mut passing = self.passing.lock().expect("lock");
+            while !*passing && !self.stop.load(Ordering::SeqCst) {
+                passing = self.resumed.wait(passing).expect("lock");
+            }
+            drop(passing);
+            if n == 0 || to.write_all(&buf[..n]).is_err() {
+                break;
+            }
+        }
+        let _ = to.shutdown(Shutdown::Write);
     }
 }
 
@@ -225,6 +257,7 @@ impl Drop for Relay {
     fn drop(&mut self) {
         self.state.stop.store(true, Ordering::SeqCst);
         self.cut();
+        self.restore();
     }
 }
 
@@ -235,10 +268,14 @@ pub struct Cluster {
     pub relay: Relay,
     /// The agent's config keys without the tunnel's (to run it with the tunnel off).
     pub kubelet_keys: String,
+    /// The `holdfast.tunnel` section as written (see [`Cluster::tunnel_keys`]).
+    pub tunnel_keys: String,
     pub node: String,
     pub node_ip: String,
     /// The local link holding `node_ip` when the cluster made it (see [`cluster`]).
     pub link: Option<NodeAddress>,
+    /// A client certificate of the cluster CA, to read the kubelet API on the node.
+    pub scraper: Issued,
     pub scratch: Scratch,
 }
 
@@ -320,15 +357,18 @@ pub fn cluster_at(name: &str, node: &str, count: u32, node_ip: &str, listen: boo
     a.write_config(&format!("{keys}{kubelet_keys}"));
     a.extra_args
         .extend(["--node-ip".to_string(), node_ip.clone()]);
+    let scraper = cp.pki().client("node-scraper", "node-scraper", &[]);
     Cluster {
         cp,
         agent: a,
         servers,
         relay,
         kubelet_keys,
+        tunnel_keys: keys,
         node: node.into(),
         node_ip,
         link: None,
+        scraper,
         scratch,
     }
 }
@@ -336,11 +376,17 @@ pub fn cluster_at(name: &str, node: &str, count: u32, node_ip: &str, listen: boo
 impl Cluster {
     /// A host-network pod `name` running `script`, once running.
     pub fn pod(&self, name: &str, script: &str) {
+        self.pod_with(name, script, "", "");
+    }
+
+    /// [`pod`](Self::pod) with `spec_extra` YAML lines under its spec (two spaces in)
+    /// and `extra` under its container (six spaces in).
+    pub fn pod_with(&self, name: &str, script: &str, spec_extra: &str, extra: &str) {
         self.cp.apply(&format!(
             "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  nodeName: {}\n  \
              hostNetwork: true\n  automountServiceAccountToken: false\n  \
-             terminationGracePeriodSeconds: 1\n  containers:\n    - name: main\n      \
-             image: docker.io/library/busybox:demo\n      command: [\"sh\", \"-c\", {}]\n",
+             terminationGracePeriodSeconds: 1\n{spec_extra}  containers:\n    - name: main\n      \
+             image: docker.io/library/busybox:demo\n      command: [\"sh\", \"-c\", {}]\n{extra}",
             self.node,
             serde_json::to_string(script).expect("json string")
         ));
@@ -364,6 +410,27 @@ impl Cluster {
             .find_map(|l| l.strip_prefix(&format!("{name} ")))
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or(0)
+    }
+
+    /// Writes the agent's config again with `extra` lines under `holdfast.tunnel` (four
+    /// spaces in), such as `    keepaliveTime: 30s\n`.
+    pub fn tunnel_keys(&self, extra: &str) {
+        self.agent
+            .write_config(&format!("{}{extra}{}", self.tunnel_keys, self.kubelet_keys));
+    }
+
+    /// `name` in the agent's `/metrics` read on the node itself (its kubelet API on
+    /// 127.0.0.1, not through the tunnel), as someone on the gateway reads it; None when
+    /// the agent does not answer or shows no such sample.
+    pub fn node_metric(&self, name: &str) -> Option<u64> {
+        let url = format!("https://127.0.0.1:{}/metrics", self.agent.port);
+        let (code, body) = crate::kubelet_api::curl(&url, Some(&self.scraper), &[]);
+        if code != 200 {
+            return None;
+        }
+        body.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .and_then(|v| v.trim().parse().ok())
     }
 
     /// The node's client certificate and key files, as its kubeconfig names them.
@@ -423,11 +490,35 @@ pub fn text(o: &Output) -> String {
     )
 }
 
+/// A process that runs until stopped (`kubectl port-forward`, `logs -f`);
+/// killed and waited for when dropped, so that a failed test leaves none behind.
+pub struct Spawned(pub Child);
+
+impl std::ops::Deref for Spawned {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Spawned {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// `kubectl port-forward pod/<name> <local>:<port>`, once it forwards.
-pub fn port_forward(cp: &ControlPlane, name: &str, port: u16) -> (Child, u16) {
+pub fn port_forward(cp: &ControlPlane, name: &str, port: u16) -> (Spawned, u16) {
     let local = free_port();
-    let mut child = cp
-        .kubectl_cmd(&[
+    let mut child = Spawned(
+        cp.kubectl_cmd(&[
             "port-forward",
             &format!("pod/{name}"),
             &format!("{local}:{port}"),
@@ -435,7 +526,8 @@ pub fn port_forward(cp: &ControlPlane, name: &str, port: u16) -> (Child, u16) {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("kubectl port-forward");
+        .expect("kubectl port-forward"),
+    );
     let mut stdout = child.stdout.take().expect("stdout");
     let mut seen = Vec::new();
     let mut b = [0u8; 256];
@@ -443,8 +535,11 @@ pub fn port_forward(cp: &ControlPlane, name: &str, port: u16) -> (Child, u16) {
         match stdout.read(&mut b) {
             Ok(0) | Err(_) => {
                 let _ = child.kill();
-                let out = child.wait_with_output().expect("output");
-                panic!("port-forward ended: {}", text(&out));
+                let mut err = String::new();
+                if let Some(mut e) = child.stderr.take() {
+                    let _ = e.read_to_string(&mut err);
+                }
+                panic!("port-forward ended: {err}");
             }
             Ok(n) => seen.extend_from_slice(&b[..n]),
         }
@@ -454,6 +549,88 @@ pub fn port_forward(cp: &ControlPlane, name: &str, port: u16) -> (Child, u16) {
         let _ = stdout.read_to_end(&mut sink);
     });
     (child, local)
+}
+
+/// A kubectl that runs until stopped (`logs -f`), what it prints gathered as it comes;
+/// killed when dropped.
+pub struct Follower {
+    pub child: Spawned,
+    out: Arc<Mutex<Vec<u8>>>,
+    err: Arc<Mutex<Vec<u8>>>,
+    what: String,
+}
+
+impl Follower {
+    /// `kubectl ARGS`.
+    pub fn start(cp: &ControlPlane, args: &[&str]) -> Follower {
+        let mut child = Spawned(
+            cp.kubectl_cmd(args)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn kubectl"),
+        );
+        let gather = |r: Option<Box<dyn Read + Send>>| {
+            let buf = Arc::new(Mutex::new(Vec::new()));
+            let into = buf.clone();
+            if let Some(mut r) = r {
+                std::thread::spawn(move || {
+                    let mut b = [0u8; 4096];
+                    while let Ok(n @ 1..) = r.read(&mut b) {
+                        into.lock().expect("lock").extend_from_slice(&b[..n]);
+                    }
+                });
+            }
+            buf
+        };
+        let out = gather(
+            child
+                .stdout
+                .take()
+                .map(|r| Box::new(r) as Box<dyn Read + Send>),
+        );
+        let err = gather(
+            child
+                .stderr
+                .take()
+                .map(|r| Box::new(r) as Box<dyn Read + Send>),
+        );
+        Follower {
+            child,
+            out,
+            err,
+            what: format!("kubectl {}", args.join(" ")),
+        }
+    }
+
+    /// What it printed on stdout so far.
+    pub fn stdout(&self) -> String {
+        String::from_utf8_lossy(&self.out.lock().expect("lock")).into_owned()
+    }
+
+    /// What it printed on stderr so far.
+    pub fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.err.lock().expect("lock")).into_owned()
+    }
+
+    /// Waits until its stdout shows `want`; panics after `within`, or when it ended
+    /// without.
+    pub fn wait_for(&mut self, want: &str, within: Duration) -> Duration {
+        let t0 = Instant::now();
+        while !self.stdout().contains(want) {
+            let ended = self.child.try_wait().ok().flatten();
+            assert!(
+                ended.is_none() && t0.elapsed() < within,
+                "{} shows no {want:?} after {:?} ({ended:?})\nstdout: {}\nstderr: {}",
+                self.what,
+                t0.elapsed(),
+                tail(&self.stdout(), 20),
+                tail(&self.stderr(), 20)
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        t0.elapsed()
+    }
 }
 
 /// Sends `data` to 127.0.0.1:`port`, closes its side, and returns all it got back.
@@ -470,5 +647,49 @@ pub fn exchange(port: u16, data: &[u8]) -> Vec<u8> {
     let mut got = Vec::new();
     let _ = s.read_to_end(&mut got);
     writer.join().expect("writer");
+    got
+}
+
+/// [`exchange`] within `within` all told: when it takes longer, the connection is shut
+/// and it panics with how far it got.
+pub fn exchange_within(port: u16, data: &[u8], within: Duration) -> Vec<u8> {
+    let deadline = Instant::now() + within;
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect port-forward");
+    let mut w = s.try_clone().expect("clone");
+    let data = data.to_vec();
+    let writer = std::thread::spawn(move || {
+        let sent = w.write_all(&data);
+        let _ = w.shutdown(Shutdown::Write);
+        sent
+    });
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 256 << 10];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            let _ = s.shutdown(Shutdown::Both);
+            let sent = writer.join().expect("writer");
+            panic!(
+                "exchange through 127.0.0.1:{port} not done after {within:?}: {} bytes back, \
+                 sending: {sent:?}",
+                got.len()
+            );
+        }
+        s.set_read_timeout(Some(left)).expect("timeout");
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => break,
+        }
+    }
+    writer
+        .join()
+        .expect("writer")
+        .expect("write through port-forward");
     got
 }
