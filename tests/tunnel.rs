@@ -413,8 +413,11 @@ fn a_stream_to_each_of_two_servers_and_back_after_the_link_returns() {
     let took = c.logs_within("ha", "hello-from-ha", Duration::from_secs(15));
     eprintln!("kubectl logs back {took:?} after the link returned");
     c.wait_metric("holdfast_tunnel_streams", 2, Duration::from_secs(15));
-    let _ = c.cp.kubectl(&["delete", "pod", "ha", "--wait=false"]);
-    c.agent.stop();
+
+    // A node with no pod left stops: it still says DRAIN on both streams.
+    c.cp.kubectl_ok(&["delete", "pod", "ha", "--wait=false"]);
+    c.agent.wait_gone("ha", Duration::from_secs(30));
+    a_stopping_agent_drains(&mut c);
 }
 
 #[test]

@@ -58,7 +58,7 @@ pub async fn run(mut config: Config, shutdown: impl Future<Output = ()>) -> Resu
         stopping.stopping();
         // The tunnel's streams say DRAIN, so that the proxy servers route no new
         // connections to a node that is stopping.
-        let _ = tunnel_stop.send(true);
+        crate::tunnel::drain(&tunnel_stop).await;
     };
     SyncLoop::new(local.deps)
         .with_object_changes(objects_rx)

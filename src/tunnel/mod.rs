@@ -38,6 +38,8 @@ const RECONNECT: Backoff = Backoff {
 };
 /// Between dials that found a server already held, while fewer than `servercount` are.
 const SYNC: Duration = Duration::from_secs(2);
+/// How long a stopping agent waits for its streams to have said DRAIN.
+const DRAIN_WAIT: Duration = Duration::from_secs(2);
 
 /// Why a stream could not be opened or ended.
 #[derive(Debug, thiserror::Error)]
@@ -139,6 +141,19 @@ pub fn spawn(
     Some(set)
 }
 
+/// Tells every stream to say DRAIN (see [`spawn`]) and waits until each has written it
+/// or is gone, at most `DRAIN_WAIT`: the process may end right after, and a stream's
+/// task is then never run again.
+pub async fn drain(stop: &watch::Sender<bool>) {
+    let _ = stop.send(true);
+    if tokio::time::timeout(DRAIN_WAIT, stop.closed())
+        .await
+        .is_err()
+    {
+        log::warn!("tunnel: streams not drained within {DRAIN_WAIT:?}, stopping anyway");
+    }
+}
+
 /// Keeps one stream to each distinct server behind `addr`, as many as it says there
 /// are, dialling again with back-off when one is lost.
 async fn supervise(agent: Arc<Agent>, addr: String, mut stop: watch::Receiver<bool>) {
@@ -165,7 +180,11 @@ async fn supervise(agent: Arc<Agent>, addr: String, mut stop: watch::Receiver<bo
             }
             continue;
         }
-        let wait = match dial::connect(&agent, &addr).await {
+        let dialled = tokio::select! {
+            r = dial::connect(&agent, &addr) => r,
+            _ = stop.changed() => return,
+        };
+        let wait = match dialled {
             Ok(session) if !held.contains_key(&session.server_id) => {
                 failures = 0;
                 want = session.server_count;
@@ -211,7 +230,7 @@ async fn serve(
     agent: Arc<Agent>,
     addr: String,
     session: dial::Session,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
     ended: mpsc::Sender<String>,
 ) {
     let id = session.server_id.clone();
@@ -219,7 +238,7 @@ async fn serve(
     let mut conns = splice::Conns::new(agent.policy.clone(), out_tx, id.clone());
     metrics::TUNNEL_STREAMS.fetch_add(1, Ordering::Relaxed);
     let r = session
-        .run(&mut conns, &mut out_rx, agent.config.keepalive, &mut stop)
+        .run(&mut conns, &mut out_rx, agent.config.keepalive, stop)
         .await;
     metrics::TUNNEL_STREAMS.fetch_sub(1, Ordering::Relaxed);
     match r {

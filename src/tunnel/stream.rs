@@ -313,18 +313,23 @@ impl<S: AsyncRead + AsyncWrite + Send + 'static> Session<S> {
 
     /// Carries packets until the stream ends (an error says why) or `stop` is set, after
     /// which DRAIN is sent and the stream serves what it carries until it is dropped.
+    /// `stop` is dropped once DRAIN is written: the stopping agent waits for that.
     pub(super) async fn run(
         mut self,
         conns: &mut Conns,
         out_rx: &mut mpsc::Receiver<Out>,
         keepalive: Duration,
-        stop: &mut watch::Receiver<bool>,
+        stop: watch::Receiver<bool>,
     ) -> Result<(), TunnelError> {
         let mut ping = Keepalive::new(keepalive);
+        let mut stop = Some(stop);
         let mut draining = false;
         let consumed = conns.consumed();
         loop {
             self.flush().await?;
+            if draining && self.pending.is_empty() {
+                stop = None;
+            }
             self.acknowledge(consumed.take()).await?;
             let wake = ping.wake();
             tokio::select! {
@@ -348,7 +353,7 @@ impl<S: AsyncRead + AsyncWrite + Send + 'static> Session<S> {
                     self.write(&out).await?;
                     ping.sent();
                 }
-                r = stop.changed(), if !draining => {
+                r = changed(&mut stop), if !draining => {
                     draining = true;
                     if r.is_ok() {
                         log::info!("tunnel: draining the stream to {}", self.addr);
@@ -478,5 +483,13 @@ impl<S: AsyncRead + AsyncWrite + Send + 'static> Session<S> {
         let rest = self.inbuf.split_off(5 + len);
         let msg = std::mem::replace(&mut self.inbuf, rest);
         Ok(Some(Bytes::from(msg).slice(5..)))
+    }
+}
+
+/// `stop`'s next change; never, once it is given up.
+async fn changed(stop: &mut Option<watch::Receiver<bool>>) -> Result<(), watch::error::RecvError> {
+    match stop {
+        Some(stop) => stop.changed().await,
+        None => std::future::pending().await,
     }
 }
