@@ -3,7 +3,8 @@
 //! response headers (`serverid`, `servercount`), then packets both ways. Flow control
 //! both ways: what the server sends is acknowledged only once it has been written to
 //! the kubelet API's socket, so the window bounds what waits in memory. Pings keep the
-//! server's keepalive policy (no more often than it allows) and find a dead stream.
+//! server's keepalive policy (no more often than it allows) and find a dead stream. A
+//! stopping agent's stream says DRAIN, ends its side, and waits for the server's end.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -64,6 +65,11 @@ pub(super) struct Session<S> {
     inbuf: Vec<u8>,
     /// Header block fragments until END_HEADERS.
     block: Option<Vec<u8>>,
+    /// This side of the stream is ended (END_STREAM sent, after DRAIN): nothing more
+    /// goes out on it.
+    half_closed: bool,
+    /// The server ended its side after this one.
+    ended: bool,
 }
 
 impl<S> Drop for Session<S> {
@@ -96,6 +102,8 @@ where
         unacked: 0,
         inbuf: Vec::new(),
         block: None,
+        half_closed: false,
+        ended: false,
     };
     let mut out = PREFACE.to_vec();
     let mut settings = Vec::new();
@@ -239,6 +247,7 @@ impl<S: AsyncRead + AsyncWrite + Send + 'static> Session<S> {
                 }
             }
             HEADERS | CONTINUATION if f.stream == STREAM => return self.headers(&f),
+            RST_STREAM if f.stream == STREAM && self.half_closed => self.ended = true,
             RST_STREAM if f.stream == STREAM => {
                 let code = be_u32(&f.payload, 0).unwrap_or(0);
                 return Err(self.protocol(format!("stream reset: {}", error_name(code))));
@@ -311,24 +320,25 @@ impl<S: AsyncRead + AsyncWrite + Send + 'static> Session<S> {
         Ok(Some(fields))
     }
 
-    /// Carries packets until the stream ends (an error says why) or `stop` is set, after
-    /// which DRAIN is sent and the stream serves what it carries until it is dropped.
-    /// `stop` is dropped once DRAIN is written: the stopping agent waits for that.
+    /// Carries packets until the stream is lost (the error says why) or, once `stop` is
+    /// set, until it has said DRAIN, ended its side and seen the server end its own (Ok).
+    /// `stop` is held until then: the stopping agent waits for it. Ending the stream,
+    /// not only the connection, is what has the server read all that was sent: when a
+    /// connection closes, grpc-go cancels the stream and may drop what it had not read.
     pub(super) async fn run(
         mut self,
         conns: &mut Conns,
         out_rx: &mut mpsc::Receiver<Out>,
         keepalive: Duration,
-        stop: watch::Receiver<bool>,
+        mut stop: watch::Receiver<bool>,
     ) -> Result<(), TunnelError> {
         let mut ping = Keepalive::new(keepalive);
-        let mut stop = Some(stop);
         let mut draining = false;
         let consumed = conns.consumed();
         loop {
             self.flush().await?;
-            if draining && self.pending.is_empty() {
-                stop = None;
+            if draining && !self.half_closed && self.pending.is_empty() {
+                self.half_close().await?;
             }
             self.acknowledge(consumed.take()).await?;
             let wake = ping.wake();
@@ -336,6 +346,9 @@ impl<S: AsyncRead + AsyncWrite + Send + 'static> Session<S> {
                 f = self.frames.recv() => {
                     let f = f.ok_or_else(|| self.protocol("connection closed".into()))??;
                     self.on_frame(f, conns, &mut ping).await?;
+                    if self.ended {
+                        return Ok(());
+                    }
                 }
                 out = out_rx.recv(), if self.pending.is_empty() => {
                     // Conns hold a sender of their own: the channel never closes here.
@@ -353,7 +366,7 @@ impl<S: AsyncRead + AsyncWrite + Send + 'static> Session<S> {
                     self.write(&out).await?;
                     ping.sent();
                 }
-                r = changed(&mut stop), if !draining => {
+                r = stop.changed(), if !draining => {
                     draining = true;
                     if r.is_ok() {
                         log::info!("tunnel: draining the stream to {}", self.addr);
@@ -379,9 +392,22 @@ impl<S: AsyncRead + AsyncWrite + Send + 'static> Session<S> {
     }
 
     fn queue(&mut self, p: &Packet) {
+        if self.half_closed {
+            // The connections it carried end with the stream.
+            return;
+        }
         let mut msg = Vec::new();
         p.encode_grpc(&mut msg);
         self.pending.extend(msg);
+    }
+
+    /// Ends this side of the stream (an empty DATA frame with END_STREAM), DRAIN sent:
+    /// the server reads all before the end, then ends its side.
+    async fn half_close(&mut self) -> Result<(), TunnelError> {
+        let mut out = Vec::new();
+        frame::frame(&mut out, DATA, END_STREAM, STREAM, &[]);
+        self.half_closed = true;
+        self.write(&out).await
     }
 
     /// Sends what is pending, as far as the windows allow.
@@ -430,7 +456,7 @@ impl<S: AsyncRead + AsyncWrite + Send + 'static> Session<S> {
         if f.kind != DATA || f.stream != STREAM {
             if self.on_control(f, Some(ping)).await?.is_some() {
                 // Trailers: the server ended the stream.
-                return Err(self.protocol("the server ended the stream".into()));
+                return self.server_ended();
             }
             return Ok(());
         }
@@ -460,8 +486,17 @@ impl<S: AsyncRead + AsyncWrite + Send + 'static> Session<S> {
         }
         self.acknowledge(handled).await?;
         if f.flags & END_STREAM != 0 {
+            return self.server_ended();
+        }
+        Ok(())
+    }
+
+    /// The server ended its side: the end of a stream this side ended first, else a loss.
+    fn server_ended(&mut self) -> Result<(), TunnelError> {
+        if !self.half_closed {
             return Err(self.protocol("the server ended the stream".into()));
         }
+        self.ended = true;
         Ok(())
     }
 
@@ -486,10 +521,109 @@ impl<S: AsyncRead + AsyncWrite + Send + 'static> Session<S> {
     }
 }
 
-/// `stop`'s next change; never, once it is given up.
-async fn changed(stop: &mut Option<watch::Receiver<bool>>) -> Result<(), watch::error::RecvError> {
-    match stop {
-        Some(stop) => stop.changed().await,
-        None => std::future::pending().await,
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use tokio::io::{AsyncReadExt, DuplexStream};
+
+    use super::*;
+    use crate::tunnel::splice::Policy;
+
+    /// One frame as the server reads it: kind, flags, stream, payload.
+    async fn read_frame(io: &mut DuplexStream) -> (u8, u8, u32, Vec<u8>) {
+        let mut head = [0u8; 9];
+        io.read_exact(&mut head).await.expect("frame head");
+        let len = usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
+        let mut payload = vec![0u8; len];
+        io.read_exact(&mut payload).await.expect("frame payload");
+        let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+        (head[3], head[4], stream, payload)
+    }
+
+    fn headers(out: &mut Vec<u8>, fields: &[(&str, &str)], flags: u8) {
+        let mut block = Vec::new();
+        for (name, value) in fields {
+            hpack::encode_literal(&mut block, name, value);
+        }
+        frame::frame(out, HEADERS, END_HEADERS | flags, STREAM, &block);
+    }
+
+    /// A proxy server's side of the stream, as grpc-go's: the response headers, then what
+    /// the agent sends on the stream until it ends its side, then the trailers.
+    async fn server(mut io: DuplexStream) -> Vec<u8> {
+        let mut preface = [0u8; 24];
+        io.read_exact(&mut preface).await.expect("preface");
+        assert_eq!(&preface[..], PREFACE);
+        while read_frame(&mut io).await.0 != HEADERS {}
+        let mut out = Vec::new();
+        frame::frame(&mut out, SETTINGS, 0, 0, &[]);
+        headers(
+            &mut out,
+            &[
+                (":status", "200"),
+                ("serverid", "kas-0"),
+                ("servercount", "1"),
+            ],
+            0,
+        );
+        io.write_all(&out).await.expect("response");
+        let mut sent = Vec::new();
+        loop {
+            let (kind, flags, stream, payload) = read_frame(&mut io).await;
+            if kind == DATA && stream == STREAM {
+                sent.extend(payload);
+                if flags & END_STREAM != 0 {
+                    break;
+                }
+            }
+        }
+        let mut out = Vec::new();
+        headers(&mut out, &[("grpc-status", "0")], END_STREAM);
+        io.write_all(&out).await.expect("trailers");
+        sent
+    }
+
+    #[tokio::test]
+    async fn a_stopping_stream_says_drain_ends_its_side_and_waits_for_the_server() {
+        let (agent_io, server_io) = tokio::io::duplex(64 << 10);
+        let server = tokio::spawn(server(server_io));
+        let hello = Hello {
+            authority: "kas:8132",
+            agent_id: "gw-1",
+            identifiers: "host=gw-1",
+        };
+        let session = open(agent_io, "kas:8132", &hello).await.expect("open");
+        assert_eq!(session.server_id, "kas-0");
+        let policy = Arc::new(Policy {
+            hosts: vec!["gw-1".into()],
+            port: 10250,
+            target: "127.0.0.1:10250".parse().expect("addr"),
+        });
+        let (out_tx, mut out_rx) = mpsc::channel(8);
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let run = tokio::spawn(async move {
+            let mut conns = Conns::new(policy, out_tx, "kas-0".into());
+            let keepalive = Duration::from_secs(30);
+            let r = session.run(&mut conns, &mut out_rx, keepalive, stop_rx);
+            r.await.map_err(|e| e.to_string())
+        });
+
+        stop_tx.send(true).expect("stop");
+        let within = Duration::from_secs(5);
+        let sent = tokio::time::timeout(within, server)
+            .await
+            .expect("the agent ends its side of the stream")
+            .expect("server");
+        // What the stream carried: one gRPC message, DRAIN, then its end.
+        let len = be_u32(&sent, 1).expect("a message") as usize;
+        assert_eq!((sent[0], sent.len()), (0, 5 + len));
+        let msg = Bytes::copy_from_slice(&sent[5..]);
+        assert_eq!(Packet::decode(&msg), Ok(Packet::Drain));
+        // The server's end is the stream's: it lets the stopping agent go.
+        tokio::time::timeout(within, stop_tx.closed())
+            .await
+            .expect("stop let go");
+        assert_eq!(run.await.expect("run"), Ok(()));
     }
 }
