@@ -312,18 +312,20 @@ fn back_after_the_server_restarts(c: &mut Cluster) {
     c.servers[0].stop();
     c.servers[0].spawn();
     let t0 = Instant::now();
-    exec_within(c, Duration::from_secs(15));
+    exec_within(c, "tun", Duration::from_secs(15));
     eprintln!(
         "exec back {:?} after the proxy server restarted",
         t0.elapsed()
     );
 }
 
-/// Polls `kubectl exec tun -- echo back` until it works, or fails after `within`.
-fn exec_within(c: &Cluster, within: Duration) {
+/// Polls `kubectl exec <pod> -- echo back` until it works, or fails after `within`;
+/// each try has 10 s (see [`Cluster::logs_within`]).
+fn exec_within(c: &Cluster, pod: &str, within: Duration) {
     let t0 = Instant::now();
     loop {
-        let out = c.cp.kubectl(&["exec", "tun", "--", "echo", "back"]);
+        let out =
+            c.cp.kubectl(&["--request-timeout=10s", "exec", pod, "--", "echo", "back"]);
         if out.status.success() && String::from_utf8_lossy(&out.stdout) == "back\n" {
             return;
         }
@@ -471,14 +473,8 @@ fn a_silent_link_is_found_by_the_keepalive_and_dialled_again() {
     // The link passes bytes again: a new stream, and kubectl works.
     c.relay.restore();
     let t0 = Instant::now();
-    c.logs_within("quiet", "hello-from-quiet", Duration::from_secs(30));
-    let out = c.cp.kubectl(&["exec", "quiet", "--", "echo", "back"]);
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout),
-        "back\n",
-        "{}",
-        text(&out)
-    );
+    c.logs_within("quiet", "hello-from-quiet", Duration::from_secs(45));
+    exec_within(&c, "quiet", Duration::from_secs(30));
     eprintln!(
         "kubectl logs and exec back {:?} after the link",
         t0.elapsed()

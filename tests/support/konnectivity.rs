@@ -461,11 +461,13 @@ impl Cluster {
         }
     }
 
-    /// Polls `kubectl logs` until it shows `want`, or fails after `within`.
+    /// Polls `kubectl logs` until it shows `want`, or fails after `within`. Each try
+    /// has 10 s: one the server routed to a stream it has not yet seen end (a link back
+    /// from silence) would wait for the apiserver's dial timeout (30 s).
     pub fn logs_within(&self, pod: &str, want: &str, within: Duration) -> Duration {
         let t0 = Instant::now();
         loop {
-            let out = self.cp.kubectl(&["logs", pod]);
+            let out = self.cp.kubectl(&["logs", "--request-timeout=10s", pod]);
             if out.status.success() && String::from_utf8_lossy(&out.stdout).contains(want) {
                 return t0.elapsed();
             }
