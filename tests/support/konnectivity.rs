@@ -257,7 +257,9 @@ impl Drop for Relay {
     fn drop(&mut self) {
         self.state.stop.store(true, Ordering::SeqCst);
         self.cut();
-        self.restore();
+        // The copies a silence holds see the stop (under the lock: none misses it).
+        let _held = self.state.passing.lock().unwrap_or_else(|e| e.into_inner());
+        self.state.resumed.notify_all();
     }
 }
 
