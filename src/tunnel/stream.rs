@@ -592,6 +592,7 @@ mod tests {
             authority: "kas:8132",
             agent_id: "gw-1",
             identifiers: "host=gw-1",
+            token: None,
         };
         let session = open(agent_io, "kas:8132", &hello).await.expect("open");
         assert_eq!(session.server_id, "kas-0");
