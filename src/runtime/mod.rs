@@ -61,6 +61,7 @@ mod exec_seccomp;
 mod exec_shim;
 mod exits;
 mod libcontainer_runtime;
+pub mod log_read;
 mod logs;
 mod records;
 mod remove;

@@ -158,9 +158,9 @@ pub async fn start(
 pub mod fuzz {
     pub use super::connection::serve_connection;
     pub use super::http::Query;
-    pub use super::logs::read::{stream as read_log, LogOptions, Sink};
     pub use super::spdy::{read_frame, Frame, Headers};
     pub use super::websocket::read_message;
+    pub use crate::runtime::log_read::{stream as read_log, LogOptions, Sink};
 }
 
 /// The running configuration as `/configz` shows it, in KubeletConfiguration's

@@ -6,8 +6,6 @@
 //! own, which hands its output to the response through a bounded channel; a client
 //! that reads slowly holds the reader back, and one that goes away ends it.
 
-pub mod read;
-
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -20,9 +18,9 @@ use tokio::sync::mpsc;
 use super::deps::ApiDeps;
 use super::http::{error, segments, Body, Query, Resp};
 use super::lookup;
+use crate::runtime::log_read::{stream, LogOptions, Sink, CHUNK, FOLLOW_POLL};
 use crate::runtime::{ContainerId, ContainerState, LibcontainerRuntime, Runtime};
 use crate::time::Timestamp;
-use read::{stream, LogOptions, Sink, CHUNK, FOLLOW_POLL};
 
 /// Chunks queued for a slow client before the reader waits: 256 KiB.
 const QUEUE: usize = 8;

@@ -1,4 +1,4 @@
-//! A container's CRI log files as `kubectl logs` shows them: the shim's
+//! runtime::log_read: a container's CRI log files as `kubectl logs` shows them: the shim's
 //! `<restart>.log` and its rotated siblings `<restart>.log.<stamp>`, read oldest first
 //! so that rotation loses nothing, records turned into output as [`LogOptions`] asks,
 //! and with `follow` the live file watched (and the next one after a rotation) until
