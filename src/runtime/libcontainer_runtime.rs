@@ -288,6 +288,12 @@ impl LibcontainerRuntime {
         if let Some(sb) = req.sandbox {
             sandbox::apply(&mut oci, sb, req.mounts)?;
         }
+        if let Some(m) = super::termination::prepare(req.container, disk)? {
+            let mut mounts = oci.mounts().clone().unwrap_or_default();
+            mounts.retain(|existing| existing.destination() != Path::new(&m.destination));
+            mounts.push(sandbox::bind_mount(&m)?);
+            oci.set_mounts(Some(mounts));
+        }
         oci.set_annotations(Some(super::adoption::annotations(req)));
         let config_path = bundle.join("config.json");
         // The environment in it may hold Secret values: created 0600, root alone reads it.
@@ -635,7 +641,8 @@ impl Runtime for LibcontainerRuntime {
         let ended = |dir: &Path| -> Result<Option<ContainerState>, RuntimeError> {
             // Written before it was synced (see `records`): one a power cut tore is no
             // exit anyone took, so the container is lost, as without one.
-            if let Some(exit) = records::read_boot_scoped::<ExitInfo>(&disk, records::EXIT)? {
+            if let Some(mut exit) = records::read_boot_scoped::<ExitInfo>(&disk, records::EXIT)? {
+                exit.termination_message = super::termination::read(&disk);
                 return Ok(Some(ContainerState::Exited(exit)));
             }
             if let Some(f) = records::read::<FailedRecord>(dir, records::FAILED)? {
@@ -646,6 +653,7 @@ impl Runtime for LibcontainerRuntime {
                     started_at: None,
                     finished_at: f.at,
                     start_error: Some(f.message),
+                    termination_message: None,
                 })));
             }
             Ok(None)

@@ -76,6 +76,7 @@ mod shim;
 pub mod spec;
 mod supervise;
 pub mod sysctl;
+pub mod termination;
 mod unix_socket;
 mod user;
 
@@ -153,6 +154,10 @@ pub struct ExitInfo {
     pub finished_at: Timestamp,
     /// Set when the process never ran (for example its command was not found).
     pub start_error: Option<String>,
+    /// What the container left at its `terminationMessagePath` (see `termination`):
+    /// read from its file when the state is asked for, not kept in the exit record.
+    #[serde(default, skip_serializing)]
+    pub termination_message: Option<String>,
 }
 
 /// An image ready to run, as the image store hands it to the runtime: its config and

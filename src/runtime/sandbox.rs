@@ -118,21 +118,26 @@ pub fn apply(
     for m in ordered {
         // A volume over one of the pod's files replaces it, as in the kubelet.
         mounts.retain(|existing| existing.destination() != std::path::Path::new(&m.destination));
-        let extra: &[&str] = if m.nosuid_nodev {
-            &["nosuid", "nodev"]
-        } else {
-            &[]
-        };
-        mounts.push(bind(
-            &m.source,
-            &m.destination,
-            m.read_only,
-            &m.propagation,
-            extra,
-        )?);
+        mounts.push(bind_mount(m)?);
     }
     spec.set_mounts(Some(mounts));
     Ok(())
+}
+
+/// The spec's mount for `m`.
+pub(super) fn bind_mount(m: &BindMount) -> Result<Mount, RuntimeError> {
+    let extra: &[&str] = if m.nosuid_nodev {
+        &["nosuid", "nodev"]
+    } else {
+        &[]
+    };
+    bind(
+        &m.source,
+        &m.destination,
+        m.read_only,
+        &m.propagation,
+        extra,
+    )
 }
 
 fn ns(

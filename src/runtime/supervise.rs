@@ -232,6 +232,7 @@ fn exit_info(
         started_at: Some(started_at),
         finished_at,
         start_error: None,
+        termination_message: None,
     }
 }
 

@@ -29,6 +29,7 @@ mod probes;
 mod sandbox;
 mod start;
 mod stop;
+mod termination;
 
 pub use countdown::StopDeadline;
 pub use sandbox::Ended;
@@ -440,8 +441,17 @@ impl Worker {
             };
             let id = cur.id.clone();
             let state = self.runtime_state(&id).await;
+            let restart = rec.restart_count;
             let ended = match state {
-                Ok(ContainerState::Exited(exit)) => Some(Terminated::from_exit(&id, &exit)),
+                Ok(ContainerState::Exited(exit)) => {
+                    let mut t = Terminated::from_exit(&id, &exit);
+                    if let Some(reason) = self.kill_reasons.get(&name) {
+                        t.message = t.message.or_else(|| Some(reason.clone()));
+                    }
+                    self.add_termination_message(&name, restart, &exit, &mut t)
+                        .await;
+                    Some(t)
+                }
                 // No trace of it at all is lost too: a power cut right after its start
                 // can leave the store's record of it running while its dir, not synced
                 // yet, never reached the disk (or the start's cleanup took what did).

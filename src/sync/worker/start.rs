@@ -97,11 +97,14 @@ impl Worker {
             }
             Ok(ContainerState::Exited(exit)) => {
                 let image_id = self.image_id(image_ref).await;
+                let mut ended = Terminated::from_exit(id, &exit);
+                self.add_termination_message(&rec.name, rec.restart_count, &exit, &mut ended)
+                    .await;
                 rec.current = Some(Instance {
                     id: id.clone(),
                     image: image_ref.to_owned(),
                     image_id,
-                    state: InstanceState::Terminated(Terminated::from_exit(id, &exit)),
+                    state: InstanceState::Terminated(ended),
                 });
                 rec.waiting = None;
                 plan::count_exit(rec, self.deps.crash_loop_reset);
