@@ -1,5 +1,5 @@
 //! Pod admission, as the kubelet's admit handlers decide it before a pod may run:
-//! under memory pressure no BestEffort pod (the eviction handler); only sysctls of
+//! a pod for another OS (its `os.name` or its `kubernetes.io/os` node selector) never; under memory pressure no BestEffort pod (the eviction handler); only sysctls of
 //! the safe set or `allowedUnsafeSysctls`, never a network one with hostNetwork; the
 //! pod must fit in the node's allocatable beside the pods already admitted (pods
 //! count, then cpu, then memory: OutOfpods, OutOfcpu, OutOfmemory, with the kubelet's
@@ -80,6 +80,26 @@ pub fn admit(
         reason: reason.to_owned(),
         message,
     };
+
+    // The OS the pod is for, by its field and by its node selector, as the
+    // kubelet's predicate admit handler checks them before anything else of its own.
+    if let Some(os) = spec.and_then(|s| s.os.as_ref()) {
+        if os.name != std::env::consts::OS {
+            return Err(reject(
+                "PodOSNotSupported",
+                "Failed to admit pod as the OS field doesn't match node OS".into(),
+            ));
+        }
+    }
+    let selected_os = spec
+        .and_then(|s| s.node_selector.as_ref())
+        .and_then(|m| m.get("kubernetes.io/os"));
+    if selected_os.is_some_and(|os| os != std::env::consts::OS) {
+        return Err(reject(
+            "PodOSSelectorNodeLabelDoesNotMatch",
+            "Failed to admit pod as the `kubernetes.io/os` label doesn't match node label".into(),
+        ));
+    }
 
     if memory_pressure && !critical && Qos::of(pod) == Qos::BestEffort {
         return Err(reject(
@@ -223,6 +243,32 @@ mod tests {
 
     fn rejected(p: &Pod, active: &[Amounts]) -> Rejection {
         admit(p, active, &policy(), false).expect_err("rejected")
+    }
+
+    #[test]
+    fn a_pod_for_another_os_is_refused() {
+        let r = rejected(
+            &pod(json!({"os": {"name": "windows"}, "containers": [{"name": "a"}]})),
+            &[],
+        );
+        assert_eq!(r.reason, "PodOSNotSupported");
+        assert_eq!(
+            r.message,
+            "Failed to admit pod as the OS field doesn't match node OS"
+        );
+        let r = rejected(
+            &pod(
+                json!({"nodeSelector": {"kubernetes.io/os": "windows"}, "containers": [{"name": "a"}]}),
+            ),
+            &[],
+        );
+        assert_eq!(r.reason, "PodOSSelectorNodeLabelDoesNotMatch");
+        for fine in [
+            json!({"os": {"name": "linux"}, "containers": [{"name": "a"}]}),
+            json!({"nodeSelector": {"kubernetes.io/os": "linux"}, "containers": [{"name": "a"}]}),
+        ] {
+            assert_eq!(admit(&pod(fine), &[], &policy(), false), Ok(()));
+        }
     }
 
     #[test]
