@@ -166,17 +166,20 @@ pub fn resolver(pod: &Pod, settings: &DnsSettings, kind: DnsKind, host: &Resolve
 /// (`<subdomain>.<namespace>.svc.<clusterDomain>`).
 pub fn hostname_and_domain(pod: &Pod, cluster_domain: &str) -> (String, Option<String>) {
     let spec = pod.spec.as_ref();
-    let mut name = spec
+    // `hostnameOverride` (beta, on by default since 1.35) names the pod alone: no
+    // domain. The apiserver checked it is a DNS subdomain of at most 64 characters.
+    if let Some(o) = spec
+        .and_then(|s| s.hostname_override.as_deref())
+        .filter(|o| !o.is_empty())
+    {
+        return (truncated(o.to_string()), None);
+    }
+    let name = spec
         .and_then(|s| s.hostname.clone())
         .filter(|h| !h.is_empty())
         .or_else(|| pod.metadata.name.clone())
         .unwrap_or_default();
-    if name.len() > MAX_HOSTNAME {
-        name.truncate(MAX_HOSTNAME);
-        while name.ends_with(['-', '.']) {
-            name.pop();
-        }
-    }
+    let name = truncated(name);
     let domain = spec
         .and_then(|s| s.subdomain.as_deref())
         .filter(|s| !s.is_empty() && !cluster_domain.is_empty())
@@ -188,6 +191,17 @@ pub fn hostname_and_domain(pod: &Pod, cluster_domain: &str) -> (String, Option<S
             )
         });
     (name, domain)
+}
+
+/// A host name cut to what a host name may hold, without a trailing `-` or `.`.
+fn truncated(mut name: String) -> String {
+    if name.len() > MAX_HOSTNAME {
+        name.truncate(MAX_HOSTNAME);
+        while name.ends_with(['-', '.']) {
+            name.pop();
+        }
+    }
+    name
 }
 
 /// The pod's `/etc/hosts` (`ensureHostsFile`). A host-network pod gets the host's
@@ -351,6 +365,16 @@ mod tests {
         let (h, d) = hostname_and_domain(&p, "cluster.local");
         assert_eq!(h, "web-0");
         assert_eq!(d.as_deref(), Some("db.shop.svc.cluster.local"));
+        // hostnameOverride wins over hostname and subdomain, and has no domain.
+        let mut o = p.clone();
+        if let Some(s) = o.spec.as_mut() {
+            s.hostname = Some("named".into());
+            s.hostname_override = Some("override-host".into());
+        }
+        assert_eq!(
+            hostname_and_domain(&o, "cluster.local"),
+            ("override-host".to_string(), None)
+        );
         let text = hosts_file(&p, &["10.88.0.7".into()], &h, d.as_deref(), "");
         assert_eq!(
             text,

@@ -91,16 +91,12 @@ pub fn apply(
             namespaces.push(ns(kind.oci(), Some(path.clone()))?);
         }
     }
-    let has_uts = namespaces
-        .iter()
-        .any(|n| n.typ() == LinuxNamespaceType::Uts);
     if let Some(linux) = spec.linux_mut() {
         linux.set_namespaces(Some(namespaces));
     }
-    if !has_uts {
-        // The host's UTS namespace: a container may not set the host's name.
-        spec.set_hostname(None);
-    }
+    // The UTS namespace is the pod's, named when the sandbox was made (`hostname`,
+    // `subdomain`, `hostnameOverride`), or the host's: a container renames neither.
+    spec.set_hostname(None);
 
     let mut mounts: Vec<Mount> = spec.mounts().clone().unwrap_or_default();
     if let Some(shm) = &sandbox.shm {
@@ -249,7 +245,10 @@ mod tests {
         assert_eq!(find("ipc").expect("ipc")["path"], "/r/pods/u/ns/ipc");
         assert_eq!(find("uts").expect("uts")["path"], "/r/pods/u/ns/uts");
         assert!(find("pid").expect("pid").get("path").is_none());
-        assert_eq!(v["hostname"], "web");
+        assert!(
+            v.get("hostname").is_none(),
+            "the pod's UTS namespace renamed: {v}"
+        );
         let mounts = v["mounts"].as_array().expect("mounts");
         let shm = mounts
             .iter()
