@@ -60,13 +60,18 @@ fn safe_make_dir(volume: &Path, sub: &str) -> Result<(), VolumeError> {
                     Mode::from_bits_truncate(mode),
                 )
                 .map_err(|e| mount_err(format!("create subPath {sub:?}: {e}")))?;
-                nix::fcntl::openat(
+                let fd = nix::fcntl::openat(
                     Some(cur.as_raw_fd()),
                     name,
-                    OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_PATH,
+                    OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_RDONLY,
                     Mode::empty(),
                 )
-                .map_err(|e| mount_err(format!("open subPath {sub:?}: {e}")))?
+                .map_err(|e| mount_err(format!("open subPath {sub:?}: {e}")))?;
+                // mkdirat took the umask off: the mode is the volume root's, whole
+                // (0777 for an emptyDir with fsGroup), as the kubelet's Fchmod makes it.
+                nix::sys::stat::fchmod(fd, Mode::from_bits_truncate(mode))
+                    .map_err(|e| mount_err(format!("chmod subPath {sub:?}: {e}")))?;
+                fd
             }
             Err(e) => {
                 return Err(mount_err(format!(
