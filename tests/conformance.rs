@@ -131,7 +131,10 @@ fn kubelet_back_off(a: &Agent) {
     let path = a.dir.join("config.yaml");
     let config = std::fs::read_to_string(&path).expect("agent config");
     let kubelets = config
-        .replace("crashLoopBackOffInitial: 1s", "crashLoopBackOffInitial: 10s")
+        .replace(
+            "crashLoopBackOffInitial: 1s",
+            "crashLoopBackOffInitial: 10s",
+        )
         .replace("crashLoopBackOffMax: 4s", "crashLoopBackOffMax: 5m");
     assert_ne!(config, kubelets, "the harness's back-off keys moved");
     std::fs::write(&path, kubelets).expect("agent config");

@@ -76,25 +76,9 @@ fn wait_started(cp: &ControlPlane, a: &Agent) -> Value {
     )
 }
 
-/// The admin kubeconfig's client certificate and key (paths, as the harness writes
-/// them): the cluster CA issued them, so the kubelet API lets them in.
-fn admin_cert(kubeconfig: &Path) -> (String, String) {
-    let kc = std::fs::read_to_string(kubeconfig).expect("read kubeconfig");
-    let field = |name: &str| -> String {
-        let value = kc
-            .lines()
-            .map(str::trim)
-            .find_map(|l| l.strip_prefix(name))
-            .unwrap_or_else(|| panic!("{name} in {}", kubeconfig.display()))
-            .trim();
-        serde_json::from_str(value).unwrap_or_else(|_| value.to_string())
-    };
-    (field("client-certificate:"), field("client-key:"))
-}
-
 /// A call of the agent's kubelet API with the admin's certificate: (status, body).
 fn kubelet_api(cp: &ControlPlane, a: &Agent, method: &str, path: &str) -> (u16, String) {
-    let (cert, key) = admin_cert(&cp.admin_kubeconfig);
+    let (cert, key) = cp.admin_cert();
     let out = Command::new("curl")
         .args([
             "-sk",
@@ -105,7 +89,10 @@ fn kubelet_api(cp: &ControlPlane, a: &Agent, method: &str, path: &str) -> (u16, 
             "-w",
             "\n%{http_code}",
         ])
-        .args(["--cert", &cert, "--key", &key])
+        .arg("--cert")
+        .arg(&cert)
+        .arg("--key")
+        .arg(&key)
         .arg(format!("https://{}:{}{path}", a.address, a.port))
         .output()
         .expect("run curl");

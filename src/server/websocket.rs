@@ -1,8 +1,10 @@
 //! The WebSocket stream protocols of the kubelet (RFC 6455 framing; subprotocols
-//! `v5.channel.k8s.io` and `v4.channel.k8s.io`): every binary message starts with a
-//! channel byte (0 stdin, 1 stdout, 2 stderr, 3 error, 4 resize); v5 adds a close
-//! message (`255, channel`) for the end of stdin. The error channel carries the
-//! final status as JSON, then the connection closes.
+//! `v5.channel.k8s.io` down to the unversioned `channel.k8s.io`, and their `base64.`
+//! forms): every binary message starts with a channel byte (0 stdin, 1 stdout,
+//! 2 stderr, 3 error, 4 resize from v3 on); v5 adds a close message (`255, channel`)
+//! for the end of stdin. The base64 forms send text messages, the channel as an ASCII
+//! digit and the data in base64. From v4 on the error channel carries the final status
+//! as JSON; before, only a failure's message, as text. Then the connection closes.
 
 use hyper::body::Incoming;
 use hyper::{Request, StatusCode};
@@ -12,7 +14,73 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use super::http::{error, Body, Resp};
 use super::streams::{sizes, Ends, In, Launch, Opts, Out, Upgraded};
 
-const PROTOCOLS: [&str; 2] = ["v5.channel.k8s.io", "v4.channel.k8s.io"];
+/// What the kubelet speaks, newest first: the first the client offers is taken.
+const PROTOCOLS: [&str; 9] = [
+    "v5.channel.k8s.io",
+    "v4.channel.k8s.io",
+    "v4.base64.channel.k8s.io",
+    "v3.channel.k8s.io",
+    "v3.base64.channel.k8s.io",
+    "v2.channel.k8s.io",
+    "v2.base64.channel.k8s.io",
+    "channel.k8s.io",
+    "base64.channel.k8s.io",
+];
+
+/// How one of [`PROTOCOLS`] is spoken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Dialect {
+    version: u8,
+    base64: bool,
+}
+
+impl Dialect {
+    fn of(protocol: &str) -> Dialect {
+        let base64 = protocol.contains("base64.");
+        let version = protocol
+            .strip_prefix('v')
+            .and_then(|rest| rest.split('.').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1);
+        Dialect { version, base64 }
+    }
+
+    /// A message on `ch`.
+    fn message(self, ch: u8, data: &[u8]) -> Vec<u8> {
+        if self.base64 {
+            let mut text = vec![b'0' + ch];
+            text.extend_from_slice(crate::wire::base64_encode(data).as_bytes());
+            frame(0x1, &text)
+        } else {
+            channel_frame(ch, data)
+        }
+    }
+
+    /// A client's message: its channel and data (None if it is not one).
+    fn read(self, opcode: u8, payload: &[u8]) -> Option<(u8, Vec<u8>)> {
+        let (&ch, data) = payload.split_first()?;
+        if !self.base64 {
+            return Some((ch, data.to_vec()));
+        }
+        if opcode != 0x1 || !ch.is_ascii_digit() {
+            return None;
+        }
+        let text = std::str::from_utf8(data).ok()?;
+        Some((ch - b'0', crate::wire::base64_decode(text).ok()?))
+    }
+
+    /// What the error channel says at the end, if anything.
+    fn status(
+        self,
+        st: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Status,
+    ) -> Option<Vec<u8>> {
+        if self.version >= 4 {
+            return Some(serde_json::to_vec(st).unwrap_or_default());
+        }
+        let failed = st.status.as_deref().is_some_and(|s| s != "Success");
+        failed.then(|| st.message.clone().unwrap_or_default().into_bytes())
+    }
+}
 /// RFC 6455's key suffix.
 const GUID: &str = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
 /// The largest message a client may send (stdin chunks are far smaller).
@@ -36,7 +104,7 @@ pub fn accept_key(key: &str) -> String {
 
 pub fn upgrade(req: Request<Incoming>, opts: Opts, start: Launch) -> Resp {
     accept(req, &PROTOCOLS, false, move |io, protocol| {
-        session(io, opts, start, protocol == PROTOCOLS[0])
+        session(io, opts, start, Dialect::of(protocol))
     })
 }
 
@@ -119,7 +187,7 @@ where
     resp
 }
 
-async fn session<IO>(io: IO, opts: Opts, start: Launch, v5: bool) -> std::io::Result<()>
+async fn session<IO>(io: IO, opts: Opts, start: Launch, dialect: Dialect) -> std::io::Result<()>
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -148,15 +216,17 @@ where
                     let _ = ctl_tx.send(frame(0xA, &payload)).await;
                 }
                 0x1 | 0x2 => {
-                    let Some((&ch, data)) = payload.split_first() else {
+                    let Some((ch, data)) = dialect.read(opcode, &payload) else {
                         continue;
                     };
                     match ch {
-                        0 if stdin_open && input.send(In::Stdin(data.to_vec())).await.is_err() => {
-                            break;
+                        0 => {
+                            if stdin_open && input.send(In::Stdin(data)).await.is_err() {
+                                break;
+                            }
                         }
-                        4 => {
-                            resize_buf.extend_from_slice(data);
+                        4 if dialect.version >= 3 => {
+                            resize_buf.extend_from_slice(&data);
                             for s in sizes(&mut resize_buf) {
                                 let _ = input.send(In::Resize(s.width, s.height)).await;
                             }
@@ -164,7 +234,7 @@ where
                                 resize_buf.clear();
                             }
                         }
-                        255 if v5 && data.first() == Some(&0) => {
+                        255 if dialect.version >= 5 && data.first() == Some(&0) => {
                             stdin_open = false;
                             let _ = input.send(In::StdinEof).await;
                         }
@@ -180,16 +250,17 @@ where
     loop {
         tokio::select! {
             msg = output.recv() => match msg {
-                Some(Out::Stdout(d)) => wr.write_all(&channel_frame(1, &d)).await?,
-                Some(Out::Stderr(d)) => wr.write_all(&channel_frame(2, &d)).await?,
+                Some(Out::Stdout(d)) => wr.write_all(&dialect.message(1, &d)).await?,
+                Some(Out::Stderr(d)) => wr.write_all(&dialect.message(2, &d)).await?,
                 None => break,
             },
             Some(ctl) = ctl_rx.recv() => wr.write_all(&ctl).await?,
         }
     }
     let st = status.await.unwrap_or_default();
-    let json = serde_json::to_vec(&st).unwrap_or_default();
-    wr.write_all(&channel_frame(3, &json)).await?;
+    if let Some(said) = dialect.status(&st) {
+        wr.write_all(&dialect.message(3, &said)).await?;
+    }
     // Normal closure.
     wr.write_all(&frame(0x8, &1000u16.to_be_bytes())).await?;
     wr.flush().await?;

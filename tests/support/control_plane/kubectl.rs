@@ -3,6 +3,7 @@
 //! stdin within a deadline, and a bounded wait on anything a probe can read.
 
 use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -48,6 +49,12 @@ impl ControlPlane {
     /// `kubectl create -f -` (server-generated names, no last-applied annotation).
     pub fn create(&self, doc: &str) -> String {
         self.kubectl_stdin(&["create", "-f", "-"], doc)
+    }
+
+    /// The admin kubeconfig's client certificate and key files (the cluster CA issued
+    /// them: the kubelet API lets them in too).
+    pub fn admin_cert(&self) -> (PathBuf, PathBuf) {
+        client_files(&self.admin_kubeconfig)
     }
 
     /// `kubectl create -f - <extra>` (`-o json` to read what the server made of it).
@@ -209,4 +216,19 @@ pub fn wait_output(mut child: Child, within: Duration, what: &[&str]) -> Output 
 /// At most the last 2000 bytes of some output, as text.
 fn short(b: &[u8]) -> String {
     String::from_utf8_lossy(&b[b.len().saturating_sub(2000)..]).into_owned()
+}
+
+/// A kubeconfig's `client-certificate` and `client-key` paths.
+pub fn client_files(kubeconfig: &Path) -> (PathBuf, PathBuf) {
+    let kc = std::fs::read_to_string(kubeconfig).expect("read kubeconfig");
+    let field = |name: &str| -> PathBuf {
+        let value = kc
+            .lines()
+            .map(str::trim)
+            .find_map(|l| l.strip_prefix(name))
+            .unwrap_or_else(|| panic!("{name} in {}", kubeconfig.display()))
+            .trim();
+        PathBuf::from(serde_json::from_str::<String>(value).unwrap_or_else(|_| value.to_string()))
+    };
+    (field("client-certificate:"), field("client-key:"))
 }
