@@ -220,8 +220,8 @@ where
                         continue;
                     };
                     match ch {
-                        0 => {
-                            if stdin_open && input.send(In::Stdin(data)).await.is_err() {
+                        0 if stdin_open => {
+                            if input.send(In::Stdin(data)).await.is_err() {
                                 break;
                             }
                         }
