@@ -219,12 +219,13 @@ where
                     let Some((ch, data)) = dialect.read(opcode, &payload) else {
                         continue;
                     };
-                    match ch {
-                        0 if stdin_open => {
-                            if input.send(In::Stdin(data)).await.is_err() {
-                                break;
-                            }
+                    if ch == 0 {
+                        if stdin_open && input.send(In::Stdin(data)).await.is_err() {
+                            break;
                         }
+                        continue;
+                    }
+                    match ch {
                         4 if dialect.version >= 3 => {
                             resize_buf.extend_from_slice(&data);
                             for s in sizes(&mut resize_buf) {
