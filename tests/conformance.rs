@@ -2,7 +2,8 @@
 //! against holdfast as the one node of the real envtest control plane (with the
 //! controller-manager and the scheduler): its kubelet API on port 10250 at an address of
 //! its own, its own CNI network, and the suite's images, built as stand-ins by
-//! `images/build.sh`, pulled from Debian's `docker-registry` on 127.0.0.1 as a mirror of
+//! `tests/conformance/images/build.sh` (the shared script, with what the stand-ins
+//! lacked added), pulled from Debian's `docker-registry` on 127.0.0.1 as a mirror of
 //! `registry.k8s.io`.
 //!
 //! `node_conformance` (ignored: `tests/conformance/run.sh` runs it) runs every selected
@@ -144,7 +145,7 @@ fn kubelet_back_off(a: &Agent) {
 fn build_images(registry: &Registry) {
     let t0 = Instant::now();
     let out = Command::new("bash")
-        .arg(shared().join("conformance/images/build.sh"))
+        .arg(support::repo_root().join("tests/conformance/images/build.sh"))
         .arg(suite_dir().join("agnhost"))
         .arg(registry.host())
         .env("DEST_TLS", "false")
