@@ -68,7 +68,7 @@ fn the_message_a_container_leaves_or_its_log_when_it_failed() {
          securityContext: {runAsUser: 1000}\n",
     ));
     let fallback = "      terminationMessagePolicy: FallbackToLogsOnError\n";
-    cp.apply(&pod("failed", "echo first; echo DONE; exit 1", fallback));
+    cp.apply(&pod("failed", "echo first; echo -n DONE; exit 1", fallback));
     cp.apply(&pod("succeeded", "echo to the log; exit 0", fallback));
     cp.apply(&pod(
         "failed-with-file",
@@ -83,7 +83,7 @@ fn the_message_a_container_leaves_or_its_log_when_it_failed() {
     assert_eq!(t["message"], "DONE", "{t}");
     assert_eq!(t["exitCode"], 0, "{t}");
     let t = terminated(&cp, &a, "failed");
-    assert_eq!(t["message"], "first\nDONE\n", "{t}");
+    assert_eq!(t["message"], "first\nDONE", "{t}");
     let t = terminated(&cp, &a, "succeeded");
     assert!(t.get("message").is_none_or(Value::is_null), "{t}");
     let t = terminated(&cp, &a, "failed-with-file");

@@ -284,11 +284,12 @@ impl LineBuffer {
         Ok(())
     }
 
-    /// At end of stream, a last line without a newline is still a whole line
-    /// (containerd does the same).
+    /// At end of stream, a last line without a newline is written as a partial
+    /// record, as containerd writes it: readers show it without a newline (`echo -n
+    /// DONE` is `DONE` in `kubectl logs` and a termination message from the log).
     pub fn finish(&mut self, log: &mut CriLog) -> std::io::Result<()> {
         if !self.pending.is_empty() {
-            log.record(time::now(), self.stream, true, &self.pending)?;
+            log.record(time::now(), self.stream, false, &self.pending)?;
             self.pending.clear();
         }
         Ok(())
@@ -349,7 +350,7 @@ mod tests {
                 ("stdout", "P", MAX_RECORD),
                 ("stdout", "P", MAX_RECORD),
                 ("stdout", "F", 10),
-                ("stdout", "F", 4),
+                ("stdout", "P", 4),
             ]
         );
         assert_eq!(r[0].2, "hello");

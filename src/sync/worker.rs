@@ -448,8 +448,7 @@ impl Worker {
                     if let Some(reason) = self.kill_reasons.get(&name) {
                         t.message = t.message.or_else(|| Some(reason.clone()));
                     }
-                    self.add_termination_message(&name, restart, &exit, &mut t)
-                        .await;
+                    Box::pin(self.add_termination_message(&name, restart, &exit, &mut t)).await;
                     Some(t)
                 }
                 // No trace of it at all is lost too: a power cut right after its start

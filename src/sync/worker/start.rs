@@ -98,8 +98,13 @@ impl Worker {
             Ok(ContainerState::Exited(exit)) => {
                 let image_id = self.image_id(image_ref).await;
                 let mut ended = Terminated::from_exit(id, &exit);
-                self.add_termination_message(&rec.name, rec.restart_count, &exit, &mut ended)
-                    .await;
+                Box::pin(self.add_termination_message(
+                    &rec.name,
+                    rec.restart_count,
+                    &exit,
+                    &mut ended,
+                ))
+                .await;
                 rec.current = Some(Instance {
                     id: id.clone(),
                     image: image_ref.to_owned(),
