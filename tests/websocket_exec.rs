@@ -1,8 +1,7 @@
 //! `exec` over every WebSocket protocol the kubelet speaks, through a real
 //! kube-apiserver v1.36 to real containers, as root, with Python's websocket-client:
 //! `v5`/`v4.channel.k8s.io` (the status as JSON), the older `v3`, `v2` and unversioned
-//! `channel.k8s.io` (only a failure's message, as text), and their `base64.` forms;
-//! and a container's log over a WebSocket (`binary.k8s.io`, the apiserver's).
+//! `channel.k8s.io` (only a failure's message, as text), and their `base64.` forms.
 
 use support::control_plane;
 
@@ -44,23 +43,6 @@ fn escape(s: &str) -> String {
         })
         .collect()
 }
-
-const LOG_CLIENT: &str = r#"
-import ssl, sys, websocket
-url, cert, key, ca = sys.argv[1:5]
-ws = websocket.create_connection(url, sslopt={"ca_certs": ca, "certfile": cert, "keyfile": key},
-                                 subprotocols=["binary.k8s.io"], timeout=30)
-out = b""
-while True:
-    try:
-        op, data = ws.recv_data(control_frame=False)
-    except websocket.WebSocketConnectionClosedException:
-        break
-    if op == websocket.ABNF.OPCODE_CLOSE:
-        break
-    out += data
-sys.stdout.write(out.decode())
-"#;
 
 #[test]
 fn exec_over_each_websocket_protocol_through_the_apiserver() {
@@ -138,24 +120,6 @@ fn exec_over_each_websocket_protocol_through_the_apiserver() {
             assert!(error.contains('3'), "{protocol}: {failed}");
         }
     }
-    // The log through the apiserver's WebSocket, as the suite reads it.
-    let logs = format!(
-        "{}/api/v1/namespaces/default/pods/ws/log?container=main",
-        cp.url.replace("https://", "wss://")
-    );
-    let out = std::process::Command::new(PYTHON)
-        .args(["-c", LOG_CLIENT, &logs])
-        .arg(&cert)
-        .arg(&key)
-        .arg(cp.ca())
-        .output()
-        .expect("python3");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "container is alive\n");
     let _ = cp.kubectl(&["delete", "pod", "ws", "--wait=false"]);
     a.stop();
 }

@@ -10,8 +10,11 @@ AGNHOST=$(readlink -f "${1:?path of agnhost}"); REG=${2:?registry host:port}
 here=$(cd "$(dirname "$0")" && pwd); W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
 ARCH=${ARCH:-amd64}
 gcc -static -O2 -o "$W/pause" "$here/pause.c"; gcc -static -O2 -o "$W/nnp" "$here/nnp.c"
-# busybox's nc has no UDP mode (-u), which the node-to-pod UDP specs run: nc.c adds it
+# busybox's nc has no UDP mode (-u), which the node-to-pod UDP specs run: nc.c adds it. The
+# static busybox's sh runs its own applets before anything on PATH, so the agnhost stand-in's
+# sh is Debian's dynamic busybox (with its libraries), which looks nc up on PATH.
 gcc -static -O2 -o "$W/nc" "$here/nc.c" 2>/dev/null
+(cd "$W" && apt-get download busybox >/dev/null && dpkg-deb -x busybox_*.deb "$W/bbdyn")
 base=$W/base; mkdir -p $base/{bin,etc,tmp,root,home,var/www,usr/bin,usr/sbin,sbin,usr/local/bin}
 cp /bin/busybox $base/bin/busybox
 for a in $(/bin/busybox --list); do [ -e $base/bin/$a ] || ln -s busybox $base/bin/$a; done
@@ -29,6 +32,8 @@ mk() { local ref=$1 fn=$2; shift 2; local d=$W/oci
 f_none() { :; }
 # the real agnhost image carries curl; the specs run `curl -g -q -s URL`: busybox wget stands in
 f_agnhost() { cp "$AGNHOST" $1/agnhost; chmod 755 $1/agnhost; cp "$W/nc" $1/usr/local/bin/nc
+  cp "$W/bbdyn/bin/busybox" $1/bin/busybox-sh; ln -sf busybox-sh $1/bin/sh
+  for lib in $(ldd "$W/bbdyn/bin/busybox" | grep -o '/[^ ]*'); do mkdir -p "$1$(dirname "$lib")"; cp -L "$lib" "$1$lib"; done
   printf '#!/bin/sh\nfor a; do u=$a; done\nexec wget -q -O - "$u"\n' > $1/usr/local/bin/curl; chmod 755 $1/usr/local/bin/curl
   # it also carries bash and a second copy of the binary (/agnhost-2, for entrypoint specs)
   printf '#!/bin/sh\nexec /bin/sh "$@"\n' > $1/bin/bash; chmod 755 $1/bin/bash; cp "$AGNHOST" $1/agnhost-2
