@@ -16,7 +16,9 @@ use crate::time::Timestamp;
 use super::plan::{self, Action};
 use super::record::{ContainerRecord, InstanceState, Terminated};
 
+mod ephemeral;
 mod init;
+use ephemeral::ephemeral_statuses;
 use init::initialized;
 pub use init::{app_done, init_failed, init_policy, is_sidecar, phase_with_init};
 
@@ -97,6 +99,7 @@ pub fn pod_status(
         conditions: Some(conditions),
         init_container_statuses: (!init_statuses.is_empty()).then_some(init_statuses),
         container_statuses: Some(statuses),
+        ephemeral_container_statuses: ephemeral_statuses(pod, records, i),
         host_ip: ip.clone(),
         host_ips: ip.clone().map(|ip| vec![HostIP { ip }]),
         pod_ip,
@@ -121,15 +124,8 @@ fn container_statuses(
     let inits: &[Container] = spec
         .and_then(|s| s.init_containers.as_deref())
         .unwrap_or(&[]);
-    let pod_name = pod.metadata.name.as_deref().unwrap_or("");
-    let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
-    let uid = pod.metadata.uid.as_deref().unwrap_or("");
-    let who = format!("{pod_name}_{namespace}({uid})");
-    let creating = if inits.is_empty() {
-        "ContainerCreating"
-    } else {
-        "PodInitializing"
-    };
+    let who = who(pod);
+    let creating = creating(inits);
     let over =
         i.terminal || app_done(policy, containers, records) || init_failed(policy, inits, records);
     let status_of = |c: &Container, policy: &str| {
@@ -168,6 +164,23 @@ fn container_statuses(
         .collect();
     let statuses: Vec<ContainerStatus> = containers.iter().map(|c| status_of(c, policy)).collect();
     (init_statuses, statuses)
+}
+
+/// `<pod>_<namespace>(<uid>)`, as back-off messages name the pod.
+fn who(pod: &Pod) -> String {
+    let pod_name = pod.metadata.name.as_deref().unwrap_or("");
+    let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+    let uid = pod.metadata.uid.as_deref().unwrap_or("");
+    format!("{pod_name}_{namespace}({uid})")
+}
+
+/// The waiting reason of a container that never ran, in a pod with `inits`.
+fn creating(inits: &[Container]) -> &'static str {
+    if inits.is_empty() {
+        "ContainerCreating"
+    } else {
+        "PodInitializing"
+    }
 }
 
 /// The pod's conditions for its `phase` and containers' statuses, each marked with the

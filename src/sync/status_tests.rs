@@ -362,3 +362,62 @@ fn the_status_names_the_generation_it_describes_and_no_signal() {
         .expect("terminated");
     assert_eq!((t.exit_code, t.signal), (137, None));
 }
+
+fn ephemeral(name: &str) -> k8s_openapi::api::core::v1::EphemeralContainer {
+    k8s_openapi::api::core::v1::EphemeralContainer {
+        name: name.into(),
+        image: Some("busybox".into()),
+        target_container_name: Some("main".into()),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn ephemeral_containers_have_statuses_of_their_own_and_never_restart() {
+    let mut p = pod("Always");
+    if let Some(spec) = p.spec.as_mut() {
+        let all = ["debug", "once", "later"].map(ephemeral).to_vec();
+        spec.ephemeral_containers = Some(all);
+    }
+    let records: BTreeMap<String, ContainerRecord> = [
+        record("main", running()),
+        record("debug", running()),
+        record("once", exited(1)),
+    ]
+    .into_iter()
+    .map(|r| (r.name.clone(), r))
+    .collect();
+    let backoff = Backoff {
+        initial: Duration::from_secs(10),
+        max: Duration::from_secs(300),
+    };
+    let inputs = StatusInputs {
+        now: Timestamp::from_second(1_800_000_001).expect("ts"),
+        backoff: &backoff,
+        start_time: None,
+        host_ip: None,
+        previous: None,
+        terminal: false,
+        sandbox: None,
+        probes: None,
+    };
+    let s = pod_status(&p, &records, &inputs);
+    let eph = s.ephemeral_container_statuses.clone().expect("ephemeral");
+    let names: Vec<&str> = eph.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["debug", "once", "later"]);
+    let state = |i: usize| eph[i].state.clone().unwrap_or_default();
+    assert!(state(0).running.is_some());
+    // Running, yet neither ready nor said to have started, as the kubelet reports it.
+    assert!(!eph[0].ready);
+    assert_eq!(eph[0].started, None);
+    // Under restartPolicy Always it ended for good: no CrashLoopBackOff.
+    let ended = state(1).terminated.expect("terminated");
+    assert_eq!((ended.exit_code, eph[1].restart_count), (1, 0));
+    assert_eq!(waiting_reason(&eph[2]), Some("ContainerCreating"));
+    // They count for neither phase nor readiness; the app containers' list is theirs.
+    assert_eq!(s.phase.as_deref(), Some("Running"));
+    assert_eq!(cond(&s, "Ready").status, "True");
+    assert_eq!(s.container_statuses.map(|c| c.len()), Some(1));
+    let plain = pod_status(&pod("Always"), &records, &inputs);
+    assert_eq!(plain.ephemeral_container_statuses, None);
+}
