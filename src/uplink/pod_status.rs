@@ -63,7 +63,11 @@ pub fn status_patch(uid: &str, status: &PodStatus, owns_all: bool) -> Value {
         // The patch carries the whole status, and a strategic merge keeps what it does
         // not mention: a container that went from waiting to running would show both.
         // Null what a state no longer holds, as the kubelet's two-way patch does.
-        for list in ["containerStatuses", "initContainerStatuses"] {
+        for list in [
+            "containerStatuses",
+            "initContainerStatuses",
+            "ephemeralContainerStatuses",
+        ] {
             let Some(Value::Array(statuses)) = obj.get_mut(list) else {
                 continue;
             };
@@ -294,23 +298,31 @@ mod tests {
     #[test]
     fn a_state_that_went_away_is_nulled() {
         let mut st = status();
-        st.container_statuses = Some(vec![serde_json::from_value(json!({
-            "name": "main", "image": "x", "imageID": "", "ready": true, "restartCount": 0,
-            "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}},
-            "lastState": {},
-        }))
-        .expect("container status")]);
+        let running = || -> k8s_openapi::api::core::v1::ContainerStatus {
+            serde_json::from_value(json!({
+                "name": "main", "image": "x", "imageID": "", "ready": true, "restartCount": 0,
+                "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}},
+                "lastState": {},
+            }))
+            .expect("container status")
+        };
+        st.container_statuses = Some(vec![running()]);
+        st.ephemeral_container_statuses = Some(vec![running()]);
         let body = status_patch("u1", &st, false);
-        let cs = &body["status"]["containerStatuses"][0];
-        assert_eq!(
-            cs["state"],
-            json!({"running": {"startedAt": "2026-01-01T00:00:00Z"},
-                   "waiting": null, "terminated": null})
-        );
-        assert_eq!(
-            cs["lastState"],
-            json!({"running": null, "waiting": null, "terminated": null})
-        );
+        for list in ["containerStatuses", "ephemeralContainerStatuses"] {
+            let cs = &body["status"][list][0];
+            assert_eq!(
+                cs["state"],
+                json!({"running": {"startedAt": "2026-01-01T00:00:00Z"},
+                       "waiting": null, "terminated": null}),
+                "{list}"
+            );
+            assert_eq!(
+                cs["lastState"],
+                json!({"running": null, "waiting": null, "terminated": null}),
+                "{list}"
+            );
+        }
     }
 
     #[test]
