@@ -181,11 +181,14 @@ impl SyncLoop {
         for change in &initial {
             if let PodChange::Add(p) | PodChange::Update(p) = change {
                 if let Some(uid) = &p.metadata.uid {
+                    let ephemeral = crate::pod::ephemeral::ephemeral_containers(p);
                     let names = p
                         .spec
-                        .as_ref()
-                        .map(|s| s.containers.iter().map(|c| c.name.clone()).collect())
-                        .unwrap_or_default();
+                        .iter()
+                        .flat_map(|s| s.containers.iter().map(|c| &c.name))
+                        .chain(ephemeral.iter().map(|c| &c.name))
+                        .cloned()
+                        .collect();
                     desired.insert(uid.clone(), names);
                 }
             }

@@ -22,6 +22,7 @@ use crate::uplink::report::EventType;
 mod countdown;
 mod deadline;
 mod environment;
+mod ephemeral;
 mod hooks;
 mod image;
 mod init;
@@ -323,12 +324,17 @@ impl Worker {
         }
         let done = status::app_done(&policy, &spec.containers, &self.records)
             || status::init_failed(&policy, &inits, &self.records);
+        // Started even before initialization is done, as the kubelet starts them.
+        if !done {
+            self.sync_ephemeral().await;
+        }
         if self.sync_init(&inits, &policy, done).await {
             for c in &spec.containers {
                 self.sync_container(c, &policy).await;
             }
         }
         if done {
+            self.stop_ephemeral().await;
             self.stop_sidecars().await;
         }
         self.refresh_probes();

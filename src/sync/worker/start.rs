@@ -146,7 +146,7 @@ impl Worker {
         restart_count: u32,
         prepared: Prepared,
     ) -> Result<Started, RuntimeError> {
-        let sandbox = self.runtime_sandbox();
+        let sandbox = self.container_sandbox(&c.name).await?;
         let log_path = self
             .log_dir()
             .join(&c.name)

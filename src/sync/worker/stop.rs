@@ -242,6 +242,31 @@ impl Worker {
         self.refresh().await;
     }
 
+    /// The pod's work is done: its running ephemeral containers stop, as the kubelet
+    /// kills what is left of a pod whose containers are through.
+    pub(super) async fn stop_ephemeral(&mut self) {
+        let names: Vec<String> = crate::pod::ephemeral::ephemeral_containers(&self.pod)
+            .iter()
+            .map(|c| c.name.clone())
+            .collect();
+        let running: Vec<(String, ContainerId)> = self
+            .running()
+            .into_iter()
+            .filter(|(n, _)| names.contains(n))
+            .collect();
+        if running.is_empty() {
+            return;
+        }
+        log::info!(
+            "pod {}: work done, stopping its ephemeral containers",
+            self.name()
+        );
+        let wait = grace_wait(self.grace_period());
+        self.stop_group(&running, deadline_in(wait), Signals::of(wait, false))
+            .await;
+        self.refresh().await;
+    }
+
     /// Removes the containers, the pod's logs and everything the store knew of it.
     async fn forget(&mut self) {
         let all: Vec<ContainerId> = self
