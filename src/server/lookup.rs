@@ -1,12 +1,15 @@
-//! Finding pods and their containers (app or init) for the routes, from the sync
-//! loop's pod states ([`crate::sync::PodStates`]): the one lookup every route that names a pod or a
-//! container shares, with the kubelet's 404 and 400 when there is none.
+//! Finding pods and their containers (app, init or ephemeral) for the routes, from the
+//! sync loop's pod states ([`crate::sync::PodStates`]): the one lookup every route that
+//! names a pod or a container shares, with the kubelet's 404 and 400 when there is none.
+
+use std::borrow::Cow;
 
 use hyper::StatusCode;
 use k8s_openapi::api::core::v1::{Container, ContainerStatus};
 
 use super::deps::ApiDeps;
 use super::http::{error, Resp};
+use crate::pod::ephemeral;
 use crate::runtime::ContainerId;
 use crate::sync::PodView;
 
@@ -52,22 +55,23 @@ async fn read<T: Send + 'static>(
     }
 }
 
-/// One of the pod's containers as the kubelet API reaches it: an app container or an
-/// init container (a sidecar is an init container with `restartPolicy: Always`), with
-/// the status the sync loop reported for it. Ephemeral containers are not run here, so
-/// none is found, as the kubelet finds no container that does not exist.
+/// One of the pod's containers as the kubelet API reaches it: an app container, an
+/// init container (a sidecar is an init container with `restartPolicy: Always`) or an
+/// ephemeral container (as the container it runs as), with the status the sync loop
+/// reported for it.
 pub struct PodContainer<'a> {
-    pub spec: &'a Container,
+    pub spec: Cow<'a, Container>,
     /// None until the sync loop reported the container.
     pub status: Option<&'a ContainerStatus>,
 }
 
-/// The container `name` of the pod, among its containers and init containers; else
-/// the kubelet's 404. Every route that names a container finds it here.
+/// The container `name` of the pod, among its containers, init containers and
+/// ephemeral containers; else the kubelet's 404. Every route that names a container
+/// finds it here.
 #[allow(clippy::result_large_err)] // the error is the response, built once per request
 pub fn container<'a>(state: &'a PodView, name: &str) -> Result<PodContainer<'a>, Resp> {
-    let spec = state
-        .pod()
+    let pod = state.pod();
+    let spec = pod
         .spec
         .iter()
         .flat_map(|s| {
@@ -76,6 +80,8 @@ pub fn container<'a>(state: &'a PodView, name: &str) -> Result<PodContainer<'a>,
                 .chain(s.init_containers.iter().flatten())
         })
         .find(|c| c.name == name)
+        .map(Cow::Borrowed)
+        .or_else(|| ephemeral::find(pod, name).map(|ec| Cow::Owned(ephemeral::as_container(ec))))
         .ok_or_else(|| {
             error(
                 StatusCode::NOT_FOUND,
@@ -88,6 +94,7 @@ pub fn container<'a>(state: &'a PodView, name: &str) -> Result<PodContainer<'a>,
         .iter()
         .flatten()
         .chain(status.init_container_statuses.iter().flatten())
+        .chain(status.ephemeral_container_statuses.iter().flatten())
         .find(|c| c.name == name);
     Ok(PodContainer { spec, status })
 }
@@ -176,7 +183,8 @@ mod tests {
     use k8s_openapi::api::core::v1::Pod;
 
     /// A pod with an app container, a completed init container that ran twice, a
-    /// running sidecar, and an ephemeral container in its spec only.
+    /// running sidecar, a running ephemeral container with a terminal, and an ephemeral
+    /// container in its spec only.
     fn state() -> PodView {
         let pod = serde_json::json!({
             "metadata": {"name": "p", "namespace": "default", "uid": "u"},
@@ -186,7 +194,11 @@ mod tests {
                     {"name": "sidecar", "image": "i", "restartPolicy": "Always"}
                 ],
                 "containers": [{"name": "main", "image": "i"}],
-                "ephemeralContainers": [{"name": "debug", "image": "i"}]
+                "ephemeralContainers": [
+                    {"name": "debug", "image": "i", "stdin": true, "tty": true,
+                     "targetContainerName": "main"},
+                    {"name": "later", "image": "i"}
+                ]
             },
             "status": {
                 "initContainerStatuses": [
@@ -202,6 +214,11 @@ mod tests {
                 "containerStatuses": [
                     {"name": "main", "image": "i", "imageID": "", "ready": false,
                      "restartCount": 0, "state": {"waiting": {"reason": "PodInitializing"}}}
+                ],
+                "ephemeralContainerStatuses": [
+                    {"name": "debug", "image": "i", "imageID": "", "ready": false,
+                     "restartCount": 0, "containerID": "holdfast://debug-0",
+                     "state": {"running": {}}}
                 ]
             }
         });
@@ -236,15 +253,27 @@ mod tests {
     }
 
     #[test]
-    fn unknown_and_ephemeral_containers_are_not_found() {
+    fn ephemeral_containers_are_found_as_the_containers_they_run_as() {
         let s = state();
-        for name in ["nosuch", "debug"] {
-            let r = container(&s, name).map(|c| c.spec.name.clone());
-            assert_eq!(
-                r.map_err(|r| r.status()),
-                Err(StatusCode::NOT_FOUND),
-                "{name}"
-            );
-        }
+        let debug = container(&s, "debug").unwrap_or_else(|r| panic!("{}", r.status()));
+        assert_eq!(debug.spec.name, "debug");
+        assert_eq!(debug.spec.tty, Some(true), "attach takes its terminal");
+        assert_eq!(
+            debug.running_id("p").ok().map(|i| i.0).as_deref(),
+            Some("debug-0")
+        );
+        assert_eq!(debug.waiting_reason(), None);
+        // In the spec, not yet reported: there, but not running.
+        let later = container(&s, "later").unwrap_or_else(|r| panic!("{}", r.status()));
+        assert_eq!(later.waiting_reason().as_deref(), Some("ContainerCreating"));
+        let refused = later.running_id("p").map_err(|r| r.status());
+        assert_eq!(refused.map(|i| i.0), Err(StatusCode::BAD_REQUEST));
+    }
+
+    #[test]
+    fn unknown_containers_are_not_found() {
+        let s = state();
+        let r = container(&s, "nosuch").map(|c| c.spec.name.clone());
+        assert_eq!(r.map_err(|r| r.status()), Err(StatusCode::NOT_FOUND));
     }
 }
