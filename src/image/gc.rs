@@ -46,20 +46,22 @@ impl InUse {
         let mut u = InUse::default();
         for (pod, status) in pods {
             let spec = pod.spec.iter();
-            for c in spec.flat_map(|s| {
+            let images = spec.flat_map(|s| {
                 s.containers
                     .iter()
                     .chain(s.init_containers.iter().flatten())
-            }) {
-                if let Some(image) = &c.image {
-                    u.add_reference(image);
-                }
+                    .map(|c| &c.image)
+                    .chain(s.ephemeral_containers.iter().flatten().map(|c| &c.image))
+            });
+            for image in images.flatten() {
+                u.add_reference(image);
             }
             for cs in status.into_iter().flat_map(|s| {
                 s.container_statuses
                     .iter()
                     .flatten()
                     .chain(s.init_container_statuses.iter().flatten())
+                    .chain(s.ephemeral_container_statuses.iter().flatten())
             }) {
                 if !cs.image_id.is_empty() {
                     // `repo@sha256:<manifest>`: the manifest digest is what names it.
@@ -326,5 +328,19 @@ mod tests {
         assert!(u.uses(&rec(&["docker.io/library/busybox:latest"], "sha256:9")));
         assert!(u.uses(&rec(&["other:1"], "sha256:1")));
         assert!(!u.uses(&rec(&["docker.io/library/busybox:1"], "sha256:9")));
+        // An ephemeral container's image is the pod's as much as the others'.
+        let debugged: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p"},
+            "spec": {"containers": [{"name": "c", "image": "busybox"}],
+                     "ephemeralContainers": [{"name": "d", "image": "tools:1"}]},
+        }))
+        .expect("pod");
+        let status: PodStatus = serde_json::from_value(serde_json::json!({
+            "ephemeralContainerStatuses": [{"name": "d", "image": "x", "imageID": "sha256:2", "ready": false, "restartCount": 0}],
+        }))
+        .expect("status");
+        let u = InUse::from_pods([(&debugged, Some(&status))]);
+        assert!(u.uses(&rec(&["docker.io/library/tools:1"], "sha256:9")));
+        assert!(u.uses(&rec(&["other:1"], "sha256:2")));
     }
 }
