@@ -489,6 +489,7 @@ mod junit {
         s.replace("&#xA;", "\n")
             .replace("&#x9;", "\t")
             .replace("&quot;", "\"")
+            .replace("&#34;", "\"")
             .replace("&#39;", "'")
             .replace("&lt;", "<")
             .replace("&gt;", ">")
