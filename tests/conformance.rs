@@ -463,10 +463,19 @@ mod junit {
                 Some("skipped") | Some("pending") => Status::Skipped,
                 _ => Status::Failed,
             };
+            // The message attribute is often empty: the text is the element's.
             let message = body
-                .split_once("<failure message=\"")
-                .and_then(|(_, rest)| rest.split_once('"'))
-                .map(|(m, _)| unescape(m))
+                .split_once("<failure ")
+                .and_then(|(_, rest)| rest.split_once('>'))
+                .and_then(|(attrs, rest)| {
+                    let text = rest.split("</failure>").next().unwrap_or_default();
+                    let attr = attrs
+                        .split_once("message=\"")
+                        .and_then(|(_, m)| m.split_once('"'))
+                        .map(|(m, _)| m)
+                        .unwrap_or_default();
+                    Some(unescape(if attr.is_empty() { text } else { attr }))
+                })
                 .unwrap_or_default();
             out.push(Case {
                 name,
