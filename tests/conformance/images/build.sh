@@ -10,11 +10,13 @@ AGNHOST=$(readlink -f "${1:?path of agnhost}"); REG=${2:?registry host:port}
 here=$(cd "$(dirname "$0")" && pwd); W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
 ARCH=${ARCH:-amd64}
 gcc -static -O2 -o "$W/pause" "$here/pause.c"; gcc -static -O2 -o "$W/nnp" "$here/nnp.c"
-# busybox's nc has no UDP mode (-u), which the node-to-pod UDP specs run: nc.c adds it. The
-# static busybox's sh runs its own applets before anything on PATH, so the agnhost stand-in's
-# sh is Debian's dynamic busybox (with its libraries), which looks nc up on PATH.
+# busybox's nc has no UDP mode (-u), which the node-to-pod UDP specs run: nc.c adds it.
 gcc -static -O2 -o "$W/nc" "$here/nc.c" 2>/dev/null
-(cd "$W" && apt-get download busybox >/dev/null && dpkg-deb -x busybox_*.deb "$W/bbdyn")
+# Busybox 1.35's sh drops variables whose names are no shell names (data-1) before it runs
+# a command, and runs its own applets (nc) before anything on PATH; the real images' shells
+# do neither. The stand-ins that run the specs' shell commands get the host's bash as sh.
+f_bash_sh() { cp /bin/bash $1/bin/bash; ln -sf bash $1/bin/sh
+  for lib in $(ldd /bin/bash | grep -o '/[^ ]*'); do mkdir -p "$1$(dirname "$lib")"; cp -L "$lib" "$1$lib"; done; }
 base=$W/base; mkdir -p $base/{bin,etc,tmp,root,home,var/www,usr/bin,usr/sbin,sbin,usr/local/bin}
 cp /bin/busybox $base/bin/busybox
 for a in $(/bin/busybox --list); do [ -e $base/bin/$a ] || ln -s busybox $base/bin/$a; done
@@ -31,19 +33,17 @@ mk() { local ref=$1 fn=$2; shift 2; local d=$W/oci
   skopeo copy -q --dest-tls-verify=${DEST_TLS:-true} oci:$d:t docker://$REG/$ref; echo "pushed $REG/$ref"; }
 f_none() { :; }
 # the real agnhost image carries curl; the specs run `curl -g -q -s URL`: busybox wget stands in
-f_agnhost() { cp "$AGNHOST" $1/agnhost; chmod 755 $1/agnhost; cp "$W/nc" $1/usr/local/bin/nc
-  cp "$W/bbdyn/bin/busybox" $1/bin/busybox-sh; ln -sf busybox-sh $1/bin/sh
-  for lib in $(ldd "$W/bbdyn/bin/busybox" | grep -o '/[^ ]*'); do mkdir -p "$1$(dirname "$lib")"; cp -L "$lib" "$1$lib"; done
+f_agnhost() { cp "$AGNHOST" $1/agnhost; chmod 755 $1/agnhost; cp "$W/nc" $1/usr/local/bin/nc; f_bash_sh $1
   printf '#!/bin/sh\nfor a; do u=$a; done\nexec wget -q -O - "$u"\n' > $1/usr/local/bin/curl; chmod 755 $1/usr/local/bin/curl
-  # it also carries bash and a second copy of the binary (/agnhost-2, for entrypoint specs)
-  printf '#!/bin/sh\nexec /bin/sh "$@"\n' > $1/bin/bash; chmod 755 $1/bin/bash; cp "$AGNHOST" $1/agnhost-2
+  # it also carries bash (f_bash_sh) and a second copy of the binary (/agnhost-2, for entrypoint specs)
+  cp "$AGNHOST" $1/agnhost-2
   # and a self-signed localhost pair for its HTTPS servers (`netexec --http-port ... --tls-*`)
   openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj /CN=localhost -keyout $1/localhost.key -out $1/localhost.crt 2>/dev/null; }
 f_pause() { cp $W/pause $1/pause; }
 f_nginx() { mkdir -p $1/usr/share/nginx/html; echo '<html><body>nginx stand-in (busybox httpd)</body></html>' > $1/usr/share/nginx/html/index.html; }
 f_nnp() { cp $W/nnp $1/usr/local/bin/nnp; chmod 4755 $1/usr/local/bin/nnp; }
 for t in 2.63.0 2.55; do mk e2e-test-images/agnhost:$t f_agnhost --config.entrypoint=/agnhost --config.cmd=pause; done
-for t in 1.37.0-1 1.36.1-1; do mk e2e-test-images/busybox:$t f_none --config.cmd=sh; done
+for t in 1.37.0-1 1.36.1-1; do mk e2e-test-images/busybox:$t f_bash_sh --config.cmd=sh; done
 mk pause:3.10.2 f_pause --config.entrypoint=/pause
 for t in 1.27-0 1.15-4; do mk e2e-test-images/nginx:$t f_nginx --config.entrypoint=/bin/httpd --config.entrypoint=-f \
   --config.entrypoint=-p --config.entrypoint=80 --config.entrypoint=-h --config.entrypoint=/usr/share/nginx/html; done
