@@ -134,7 +134,7 @@ type TreeCheck = fn(&Store, &'static str) -> Result<usize, crate::store::StoreEr
 fn open_store(root: &std::path::Path) -> Result<Store, Error> {
     let opened = crate::store::recover::open_or_recover(&root.join("db"))?;
     let store = opened.store;
-    let checks: [(&'static str, TreeCheck); 6] = [
+    let checks: [(&'static str, TreeCheck); 8] = [
         (crate::source::PODS_TREE, |s, n| {
             s.quarantine_undecodable::<crate::source::DesiredPod>(n)
         }),
@@ -149,6 +149,12 @@ fn open_store(root: &std::path::Path) -> Result<Store, Error> {
         }),
         (crate::uplink::objects::TREE_SECRETS, |s, n| {
             s.quarantine_undecodable::<k8s_openapi::api::core::v1::Secret>(n)
+        }),
+        (crate::uplink::services::TREE_SERVICES, |s, n| {
+            s.quarantine_undecodable::<k8s_openapi::api::core::v1::Service>(n)
+        }),
+        (crate::uplink::services::TREE_SERVICES_LISTED, |s, n| {
+            s.quarantine_undecodable::<bool>(n)
         }),
         ("*images", |s, _| {
             crate::image::ImageStore::quarantine_undecodable(s)
