@@ -1,9 +1,9 @@
 //! agent::cluster: the cluster link and its services, for a node with a kubeconfig. The
 //! one apiserver client (made on a thread of its own once the kubeconfig can be used),
 //! the link's state every user of it shares, and the uplink's services: what the pods
-//! use offline (the outbox, the ConfigMap and Secret cache, the tokens) at once, the
-//! threads that talk to the apiserver (node, pod status, object manager) once the
-//! client is made. The pods run meanwhile.
+//! use offline (the outbox, the ConfigMap, Secret and Service caches, the tokens) at
+//! once, the threads that talk to the apiserver (node, pod status, object manager,
+//! Service reflector) once the client is made. The pods run meanwhile.
 //!
 //! Wiring only: what each service does is the uplink's and kube's.
 
@@ -28,6 +28,7 @@ use crate::uplink::objects::{pod_set, spawn_object_manager, ObjectCache, ObjectK
 use crate::uplink::objects::{PodSetReceiver, PodSetSender};
 use crate::uplink::pods::{self, MirrorSet, NodeUid, PodUplink, SharedMirrors};
 use crate::uplink::report::Outbox;
+use crate::uplink::services::{ServiceCache, ServiceReflector, ServiceReflectorOptions};
 use crate::uplink::tokens::TokenManager;
 use crate::uplink::{Reporter, UplinkView};
 use crate::Error;
@@ -39,6 +40,8 @@ pub struct Cluster {
     pub reporter: Reporter,
     /// The ConfigMaps and Secrets the cluster's pods reference, kept for offline use.
     pub objects: ObjectCache,
+    /// The cluster's Services, for containers' environments, kept for offline use.
+    pub services: ServiceCache,
     /// The pods' service-account tokens, kept for offline use.
     pub tokens: TokenManager,
     /// The link, the outbox and the credentials, for `holdfast status` and metrics.
@@ -56,14 +59,22 @@ impl Drop for Cluster {
     }
 }
 
-/// Starts the cluster link if the config names a kubeconfig (or a bootstrap one). A
-/// changed ConfigMap or Secret is told on `objects_changed`. A Node the config cannot
-/// describe (a label NodeRestriction refuses, ...) is an error.
+/// Where the cluster link tells the sync loop of changes its pods wait for.
+pub struct Changes {
+    /// A ConfigMap or Secret changed in the cache.
+    pub objects: mpsc::Sender<ObjectKey>,
+    /// The Services have been read (once per run).
+    pub services_read: mpsc::Sender<()>,
+}
+
+/// Starts the cluster link if the config names a kubeconfig (or a bootstrap one), and
+/// tells `changes`. A Node the config cannot describe (a label NodeRestriction
+/// refuses, ...) is an error.
 pub fn start(
     config: &Config,
     store: &Store,
     notify: &Notify,
-    objects_changed: mpsc::Sender<ObjectKey>,
+    changes: Changes,
 ) -> Result<Option<Cluster>, Error> {
     let Some(kubeconfig) = crate::kube::bootstrap::node_kubeconfig(config) else {
         return Ok(None);
@@ -75,6 +86,7 @@ pub fn start(
     let client = connect(config, kubeconfig, &credentials, &stop);
     let (reporter, outbox) = Reporter::persistent(store, link.clone())?;
     let objects = ObjectCache::open(store).map_err(|e| Error::Cli(e.to_string()))?;
+    let service_cache = ServiceCache::open(store)?.with_link(link.clone());
     let tokens = TokenManager::open(store, Some(link.clone()))?;
     let (pod_set, wanted) = pod_set();
     let services = Services {
@@ -82,8 +94,9 @@ pub fn start(
         model,
         objects: objects.clone(),
         tokens: tokens.clone(),
+        services: service_cache.clone(),
         wanted,
-        objects_changed,
+        changes,
         link: link.clone(),
         outbox: outbox.clone(),
         node_uid: new_node_uid(),
@@ -94,6 +107,7 @@ pub fn start(
         client: client.clone(),
         reporter,
         objects,
+        services: service_cache,
         tokens,
         view: UplinkView {
             link,
@@ -172,8 +186,9 @@ struct Services {
     model: DeviceModel,
     objects: ObjectCache,
     tokens: TokenManager,
+    services: ServiceCache,
     wanted: PodSetReceiver,
-    objects_changed: mpsc::Sender<ObjectKey>,
+    changes: Changes,
     link: Link,
     outbox: Outbox,
     node_uid: NodeUid,
@@ -202,8 +217,9 @@ impl Services {
             model,
             objects,
             tokens,
+            services,
             wanted,
-            objects_changed,
+            changes,
             link,
             outbox,
             node_uid,
@@ -219,6 +235,17 @@ impl Services {
         if let Err(e) = node.spawn() {
             log::error!("uplink: cannot start the node thread: {e}");
         }
+        let reflector = ServiceReflector {
+            lister: client.clone(),
+            cache: services,
+            link: Some(link.clone()),
+            stop: stop.clone(),
+            read: Some(changes.services_read),
+            options: ServiceReflectorOptions::default(),
+        };
+        if let Err(e) = reflector.spawn() {
+            log::error!("uplink: cannot start the Service reflector: {e}");
+        }
         let pods = PodUplink {
             client: client.clone(),
             outbox,
@@ -231,7 +258,7 @@ impl Services {
         if let Err(e) = pods.spawn() {
             log::error!("uplink: cannot start the pod status thread: {e}");
         }
-        if let Err(e) = spawn_object_manager(client, objects, wanted, objects_changed) {
+        if let Err(e) = spawn_object_manager(client, objects, wanted, changes.objects) {
             log::error!("uplink: cannot start the ConfigMap and Secret manager: {e}");
         }
     }

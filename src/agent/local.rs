@@ -1,6 +1,6 @@
 //! agent::local: the node's local services and what the sync loop runs with: container
 //! exits, image pulls, the control socket, the kubelet API, the sync loop's deps (the
-//! pods' sandboxes, the ConfigMap and Secret cache, the node's allocatable), the pod
+//! pods' sandboxes, the ConfigMap, Secret and Service caches, the node's allocatable), the pod
 //! cgroups and node-pressure eviction. On a cluster node the kubelet API and the pods
 //! share the cluster link's client, reports and caches.
 //!
@@ -128,6 +128,7 @@ async fn deps(
         node_name: config.node_name.clone(),
         host_ip: config.node_address(),
         objects,
+        services: cluster.map(|c| c.services.clone()),
         tokens: cluster.map(|c| c.tokens.clone()),
         allocatable,
         backoff: Backoff {

@@ -29,9 +29,15 @@ pub async fn run(mut config: Config, shutdown: impl Future<Output = ()>) -> Resu
     let notify = crate::systemd::Notify::from_env();
     let root = root::open(&mut config).await?;
     let sources = sources::open(&config, &root.store)?;
-    // A changed ConfigMap or Secret resyncs the pods that reference it.
+    // A changed ConfigMap or Secret resyncs the pods that reference it; the Services
+    // read for the first time, every pod.
     let (objects_tx, objects_rx) = mpsc::channel(OBJECT_CHANGES);
-    let mut cluster = cluster::start(&config, &root.store, &notify, objects_tx)?;
+    let (services_tx, services_rx) = mpsc::channel(1);
+    let changes = cluster::Changes {
+        objects: objects_tx,
+        services_read: services_tx,
+    };
+    let mut cluster = cluster::start(&config, &root.store, &notify, changes)?;
     if let Some(cluster) = cluster.as_mut() {
         sources.start_api(&config, cluster);
     }
@@ -62,6 +68,7 @@ pub async fn run(mut config: Config, shutdown: impl Future<Output = ()>) -> Resu
     };
     SyncLoop::new(local.deps)
         .with_object_changes(objects_rx)
+        .with_services_read(services_rx)
         .with_evictions(local.evictions)
         .with_notify(notify)
         .run(initial, changes, local.exits, local.resyncs, shutdown)

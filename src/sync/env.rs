@@ -1,13 +1,17 @@
 //! A container's environment as the kubelet builds it (`makeEnvironmentVariables`):
 //! `envFrom` first, then `env` in order, each `value` with `$(VAR)` expanded against what
 //! came before, each `valueFrom` resolved from the pod (`fieldRef`), the container's
-//! resources (`resourceFieldRef`) or the cached ConfigMaps and Secrets.
+//! resources (`resourceFieldRef`) or the cached ConfigMaps and Secrets; then the
+//! variables of the Services the pod sees (see [`service_env`](super::service_env)),
+//! except those the container sets itself. `$(VAR)` can refer to them.
 //!
 //! Reads the store's copy of ConfigMaps and Secrets ([`ObjectCache`]) and never the
 //! apiserver, so a pod from the cluster gets its environment after a reboot with no
 //! uplink. An object that is not cached is "not found", as the kubelet says when the
 //! apiserver has no such object; the worker retries on resync and at once when the
-//! object arrives.
+//! object arrives. The Services too come from the store: the list read since the agent
+//! started or, while the apiserver cannot be reached, the one kept from before (the
+//! caller logs that); else a cluster pod's container waits, as with the kubelet.
 //!
 //! Secret values pass through here: nothing in this file logs or formats a value, and
 //! [`Environment`] has no `Debug`. Errors name objects and keys, never values.
@@ -26,6 +30,7 @@ use crate::pod::downward::{
 };
 use crate::runtime::{expand, expanded_len};
 use crate::uplink::objects::{ObjectCache, ObjectsError};
+use crate::uplink::services::{ListState, ServiceCache};
 
 /// The most one variable may take, `NAME=value` and its NUL: the kernel's
 /// `MAX_ARG_STRLEN`, as for one argument. execve refuses a longer string with E2BIG,
@@ -103,11 +108,32 @@ pub enum EnvError {
         container: String,
         bytes: usize,
     },
+    /// The kubelet's words: a cluster pod waits until the Services have been read
+    /// once (here: or a list of them was kept from before).
+    #[error("services have not yet been read at least once, cannot construct envvars")]
+    ServicesNotRead,
+    /// The kept Services could not be read.
+    #[error("failed to list services when setting up env vars: {0}")]
+    Services(#[source] crate::store::StoreError),
+    /// The variables of the namespace's Services do not fit beside the container's own.
+    #[error(
+        "environment of container {container:?} would take {bytes} bytes with the variables \
+         of the {services} Service(s) it sees, more than the {MAX_ENV_BYTES} bytes (1 MiB) a \
+         container's environment may take: set enableServiceLinks: false"
+    )]
+    ServiceEnvTooLarge {
+        container: String,
+        services: usize,
+        bytes: usize,
+    },
 }
 
 /// What resolution needs besides the pod and container.
 pub struct EnvInputs<'a> {
     pub objects: &'a ObjectCache,
+    /// The cluster's Services, on a node with an apiserver; `None` standalone, where,
+    /// as with a kubelet without one, containers get no Service variables.
+    pub services: Option<&'a ServiceCache>,
     /// Where the pod runs, for `fieldRef` and `resourceFieldRef`.
     pub downward: DownwardInputs<'a>,
 }
@@ -121,6 +147,8 @@ pub struct Environment {
     /// Warning events the kubelet records (`InvalidEnvironmentVariableNames`), as
     /// messages; names only, never values.
     pub invalid_names: Vec<String>,
+    /// Where the Service variables came from; `None` on a node without an apiserver.
+    pub services: Option<ListState>,
     /// What `vars` takes, as [`entry_bytes`] counts it.
     bytes: usize,
 }
@@ -193,10 +221,15 @@ pub fn resolve(
         config_maps: HashMap::new(),
         secrets: HashMap::new(),
     };
-    let mut env = Environment::default();
+    let services = service_vars(pod, inputs)?;
+    let mut env = Environment {
+        services: services.list,
+        ..Environment::default()
+    };
     let mut index: HashMap<String, usize> = HashMap::new();
-    // The names `$(VAR)` can refer to: envFrom's and the earlier env entries.
-    let mut defined: HashMap<String, String> = HashMap::new();
+    // The names `$(VAR)` can refer to: envFrom's and the earlier env entries, then the
+    // Services' (the kubelet looks in the container's own first).
+    let mut defined: HashMap<String, String> = services.vars.iter().cloned().collect();
 
     // envFrom first, so that env overrides it.
     add_env_from(container, &mut objects, &mut env, &mut index, &mut defined)?;
@@ -225,6 +258,8 @@ pub fn resolve(
         defined.insert(var.name.clone(), value);
     }
 
+    add_service_vars(&mut env, &mut index, &container.name, services)?;
+
     if let Some((name, _)) = env.vars.iter().find(|(_, v)| v.contains('\0')) {
         return Err(EnvError::NulInValue {
             name: name.clone(),
@@ -232,6 +267,72 @@ pub fn resolve(
         });
     }
     Ok(env)
+}
+
+/// The variables of the Services a pod sees.
+#[derive(Default)]
+struct ServiceVars {
+    /// Where the list came from; `None` on a node without an apiserver.
+    list: Option<ListState>,
+    /// How many Services made them.
+    services: usize,
+    vars: Vec<(String, String)>,
+}
+
+/// The variables of the Services the pod sees. A cluster pod waits while this run's
+/// list is not read, unless the apiserver cannot be reached and a list was kept; a
+/// static pod does not wait (the kubelet gives it what it has).
+fn service_vars(pod: &Pod, inputs: &EnvInputs<'_>) -> Result<ServiceVars, EnvError> {
+    let Some(cache) = inputs.services else {
+        return Ok(ServiceVars::default());
+    };
+    let links = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.enable_service_links)
+        .unwrap_or(true);
+    let visible = cache
+        .visible(&namespace(pod), links)
+        .map_err(EnvError::Services)?;
+    let unread = matches!(visible.list, ListState::Unread | ListState::Stale);
+    if unread && !crate::pod::is_static_pod(pod) {
+        return Err(EnvError::ServicesNotRead);
+    }
+    Ok(ServiceVars {
+        list: Some(visible.list),
+        services: visible.services.len(),
+        vars: super::service_env::service_vars(&visible.services),
+    })
+}
+
+/// Appends the Service variables the container does not set itself (env and envFrom
+/// win), within [`MAX_ENV_BYTES`].
+fn add_service_vars(
+    env: &mut Environment,
+    index: &mut HashMap<String, usize>,
+    container: &str,
+    services: ServiceVars,
+) -> Result<(), EnvError> {
+    let own: Vec<bool> = services
+        .vars
+        .iter()
+        .map(|(n, _)| index.contains_key(n))
+        .collect();
+    for ((name, value), own) in services.vars.into_iter().zip(own) {
+        if own {
+            continue;
+        }
+        env.set(index, container, name, value)
+            .map_err(|e| match e {
+                EnvError::EnvTooLarge { bytes, .. } => EnvError::ServiceEnvTooLarge {
+                    container: container.to_string(),
+                    services: services.services,
+                    bytes,
+                },
+                e => e,
+            })?;
+    }
+    Ok(())
 }
 
 /// `envFrom`: every valid key of each ConfigMap or Secret, prefixed; invalid keys are
@@ -440,3 +541,7 @@ pub fn is_env_var_name(name: &str) -> bool {
 #[cfg(test)]
 #[path = "env_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "env_services_tests.rs"]
+mod services_tests;

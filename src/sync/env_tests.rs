@@ -56,6 +56,7 @@ impl Cached {
         let container = &pod.spec.as_ref().expect("spec").containers[0];
         let inputs = EnvInputs {
             objects: &self.cache,
+            services: None,
             downward: DownwardInputs {
                 node_name: "gw-1",
                 host_ip: Some("10.1.2.3"),

@@ -15,6 +15,7 @@ pub mod probe;
 pub mod record;
 mod restart_timer;
 pub mod sandbox;
+mod service_env;
 pub mod status;
 pub mod view;
 mod worker;
@@ -58,6 +59,9 @@ pub struct Deps {
     pub host_ip: Option<String>,
     /// The cached ConfigMaps and Secrets that container environments read.
     pub objects: ObjectCache,
+    /// The cluster's Services, for containers' environments; `None` on a node with no
+    /// apiserver.
+    pub services: Option<crate::uplink::services::ServiceCache>,
     /// Pods' service-account tokens; `None` on a node with no apiserver.
     pub tokens: Option<crate::uplink::tokens::TokenManager>,
     /// The node's allocatable resources: what `resourceFieldRef` reports as the limit
@@ -117,6 +121,9 @@ pub struct SyncLoop {
     references: HashMap<String, References>,
     /// ConfigMaps and Secrets that changed in the cache.
     objects_changed: Option<mpsc::Receiver<ObjectKey>>,
+    /// Told when the cluster's Services have been read: containers waiting for them
+    /// can start.
+    services_read: Option<mpsc::Receiver<()>>,
     /// Pods admitted and not yet gone: their QoS class and requests, by UID.
     admitted: HashMap<String, (crate::resources::Qos, crate::pod::requests::Amounts)>,
     /// Pods the eviction manager chose.
@@ -141,6 +148,7 @@ impl SyncLoop {
             registered_rx,
             references: HashMap::new(),
             objects_changed: None,
+            services_read: None,
             admitted: HashMap::new(),
             evictions: None,
             notify: crate::systemd::Notify::default(),
@@ -165,6 +173,13 @@ impl SyncLoop {
     /// changed in the cache: a container waiting for it starts at once.
     pub fn with_object_changes(mut self, changed: mpsc::Receiver<ObjectKey>) -> Self {
         self.objects_changed = Some(changed);
+        self
+    }
+
+    /// Resyncs every pod when `read` says the cluster's Services have been read: a
+    /// container waiting for them starts at once.
+    pub fn with_services_read(mut self, read: mpsc::Receiver<()>) -> Self {
+        self.services_read = Some(read);
         self
     }
 
@@ -199,6 +214,7 @@ impl SyncLoop {
         }
         tokio::pin!(shutdown);
         let mut objects_changed = self.objects_changed.take();
+        let mut services_read = self.services_read.take();
         let mut evictions = self.evictions.take();
         let mut tick = tokio::time::interval(self.deps.sync_frequency);
         tick.tick().await;
@@ -223,6 +239,7 @@ impl SyncLoop {
                 }
                 Some(()) = resyncs.recv() => self.broadcast_resync().await,
                 Some(key) = next_change(&mut objects_changed) => self.resync_referencing(&key),
+                Some(()) = next_change(&mut services_read) => self.broadcast_resync().await,
                 Some(eviction) = next_change(&mut evictions) => {
                     if let Some(h) = self.workers.get(&eviction.uid).filter(|h| !h.terminating) {
                         let _ = h.tx.send(WorkerMsg::Evict(eviction)).await;

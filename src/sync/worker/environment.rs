@@ -5,9 +5,11 @@ use k8s_openapi::api::core::v1::Container;
 
 use super::super::env::{self, EnvInputs};
 use super::super::record::{ContainerRecord, Waiting};
+use super::super::service_env;
 use super::{blocking, Worker};
 use crate::pod::downward::DownwardInputs;
 use crate::uplink::report::EventType;
+use crate::uplink::services::ListState;
 
 impl Worker {
     /// The container's environment, or None with `rec` waiting in
@@ -25,6 +27,7 @@ impl Worker {
         let resolved = blocking(move || {
             let inputs = EnvInputs {
                 objects: &deps.objects,
+                services: deps.services.as_ref(),
                 downward: DownwardInputs {
                     node_name: &deps.node_name,
                     host_ip: deps.host_ip.as_deref(),
@@ -37,6 +40,14 @@ impl Worker {
         .await;
         match resolved {
             Ok(environment) => {
+                if let Some(list @ (ListState::Stored | ListState::Stale)) = environment.services {
+                    log::info!(
+                        "pod {}: container {}: Service variables from {}",
+                        self.name(),
+                        c.name,
+                        service_env::describe(list)
+                    );
+                }
                 for message in environment.invalid_names {
                     self.deps.reporter.event(
                         &self.pod,
