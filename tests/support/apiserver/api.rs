@@ -91,6 +91,7 @@ pub fn parse_route(path: &str) -> Option<Route> {
         ("", "nodes") => Res::Nodes,
         ("", "configmaps") => Res::ConfigMaps,
         ("", "secrets") => Res::Secrets,
+        ("", "services") => Res::Services,
         ("", "events") => Res::Events,
         ("coordination.k8s.io", "leases") => Res::Leases,
         ("events.k8s.io", "events") => Res::EventsV1,

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Event, Node, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Node, Pod, Secret, Service};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::{json, Value};
@@ -160,6 +160,18 @@ impl ApiServerDouble {
 
     pub fn delete_secret(&self, namespace: &str, name: &str) -> bool {
         let path = format!("/api/v1/namespaces/{namespace}/secrets/{name}");
+        self.admin("DELETE", &path, None).is_ok()
+    }
+
+    /// Creates or replaces a Service. The double allocates no cluster IP: the Service
+    /// has the one it is given. It runs no controller either, so there is no master
+    /// service `default/kubernetes` unless a test puts one.
+    pub fn put_service(&self, service: Service) -> Service {
+        typed(self.put(Res::Services, value(&service)))
+    }
+
+    pub fn delete_service(&self, namespace: &str, name: &str) -> bool {
+        let path = format!("/api/v1/namespaces/{namespace}/services/{name}");
         self.admin("DELETE", &path, None).is_ok()
     }
 

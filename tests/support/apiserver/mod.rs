@@ -1,7 +1,7 @@
 //! A kube-apiserver double for integration tests: a TLS (rustls, ring) HTTP/1.1 server
 //! on 127.0.0.1 that reproduces what the recorded kube-apiserver v1.36 answers
 //! (`tests/fixtures/kube-apiserver/`) for the requests holdfast makes: pods, nodes,
-//! leases, configmaps, secrets and events, with the Node authorizer and NodeRestriction
+//! leases, configmaps, secrets, services and events, with the Node authorizer and NodeRestriction
 //! in front, one global resourceVersion, chunked watches with bookmarks, and 410s after
 //! a compaction. It is a double, not a Kubernetes: it keeps objects in memory, runs no
 //! controllers, and validates only what the fixtures show.

@@ -15,6 +15,7 @@ pub enum Res {
     Leases,
     ConfigMaps,
     Secrets,
+    Services,
     Events,
     EventsV1,
 }
@@ -27,6 +28,7 @@ impl Res {
             Res::Leases => "leases",
             Res::ConfigMaps => "configmaps",
             Res::Secrets => "secrets",
+            Res::Services => "services",
             Res::Events | Res::EventsV1 => "events",
         }
     }
@@ -46,6 +48,7 @@ impl Res {
             Res::Leases => "Lease",
             Res::ConfigMaps => "ConfigMap",
             Res::Secrets => "Secret",
+            Res::Services => "Service",
             Res::Events | Res::EventsV1 => "Event",
         }
     }
