@@ -3,8 +3,8 @@
 //! Services made with kubectl, real containers that print their environment, as root.
 //! A pod sees its namespace's Services and the master service; with
 //! `enableServiceLinks: false` only the master service; its own variables win and
-//! `$(VAR)` can refer to a Service's; a Service made later is in a container started
-//! after it.
+//! `$(VAR)` can refer to a Service's; a static pod sees them too; a Service made later
+//! is in a container started after it.
 //!
 //! And offline (the kube-apiserver double behind a proxy standing for the uplink): an
 //! agent restarted while the link is down starts a crashed container again with the
@@ -175,6 +175,23 @@ fn containers_see_their_namespaces_services_and_the_master_service() {
     let web_ip = cluster_ip(&cp, "default", "web");
     assert_eq!(get(&env, "WEB_SERVICE_HOST"), Some(web_ip.as_str()));
     assert!(with_prefix(&env, "DB_").is_empty(), "{env:?}");
+
+    // A static pod of a node with an apiserver gets them too.
+    a.write_manifest("static.yaml", &env_pod("default", "static-env", "", ""));
+    let pod = a.wait_pod("static-env", "done", WAIT, |p| {
+        p["status"]["phase"] == "Succeeded"
+    });
+    let env: BTreeMap<String, String> = a
+        .container_log(&pod, "main", 0)
+        .lines()
+        .filter_map(|l| l.splitn(4, ' ').nth(3)?.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    assert_eq!(get(&env, "WEB_SERVICE_HOST"), Some(web_ip.as_str()));
+    assert_eq!(
+        get(&env, "KUBERNETES_SERVICE_HOST"),
+        Some(master_ip.as_str())
+    );
 
     // A Service made now is in the environment of a container started after the
     // agent has seen it (the kubelet's race between the two is the user's: the agent's
