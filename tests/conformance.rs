@@ -467,14 +467,14 @@ mod junit {
             let message = body
                 .split_once("<failure ")
                 .and_then(|(_, rest)| rest.split_once('>'))
-                .and_then(|(attrs, rest)| {
+                .map(|(attrs, rest)| {
                     let text = rest.split("</failure>").next().unwrap_or_default();
                     let attr = attrs
                         .split_once("message=\"")
                         .and_then(|(_, m)| m.split_once('"'))
                         .map(|(m, _)| m)
                         .unwrap_or_default();
-                    Some(unescape(if attr.is_empty() { text } else { attr }))
+                    unescape(if attr.is_empty() { text } else { attr })
                 })
                 .unwrap_or_default();
             out.push(Case {
