@@ -65,6 +65,35 @@ fn sysctl_allowed(name: &str, policy: &Policy) -> bool {
             })
 }
 
+/// The OS the pod is for, by its field and by its node selector, as the kubelet's
+/// predicate admit handler checks them before anything else of its own.
+fn os_matches(pod: &Pod) -> Result<(), Rejection> {
+    let spec = pod.spec.as_ref();
+    let reject = |reason: &str, message: &str| Rejection {
+        reason: reason.to_owned(),
+        message: message.to_owned(),
+    };
+    if spec
+        .and_then(|s| s.os.as_ref())
+        .is_some_and(|os| os.name != std::env::consts::OS)
+    {
+        return Err(reject(
+            "PodOSNotSupported",
+            "Failed to admit pod as the OS field doesn't match node OS",
+        ));
+    }
+    let selected_os = spec
+        .and_then(|s| s.node_selector.as_ref())
+        .and_then(|m| m.get("kubernetes.io/os"));
+    if selected_os.is_some_and(|os| os != std::env::consts::OS) {
+        return Err(reject(
+            "PodOSSelectorNodeLabelDoesNotMatch",
+            "Failed to admit pod as the `kubernetes.io/os` label doesn't match node label",
+        ));
+    }
+    Ok(())
+}
+
 /// Decides about `pod`, given the requests of the pods admitted before it that are
 /// still active (not Succeeded or Failed) and whether the node is under memory
 /// pressure.
@@ -81,25 +110,7 @@ pub fn admit(
         message,
     };
 
-    // The OS the pod is for, by its field and by its node selector, as the
-    // kubelet's predicate admit handler checks them before anything else of its own.
-    if let Some(os) = spec.and_then(|s| s.os.as_ref()) {
-        if os.name != std::env::consts::OS {
-            return Err(reject(
-                "PodOSNotSupported",
-                "Failed to admit pod as the OS field doesn't match node OS".into(),
-            ));
-        }
-    }
-    let selected_os = spec
-        .and_then(|s| s.node_selector.as_ref())
-        .and_then(|m| m.get("kubernetes.io/os"));
-    if selected_os.is_some_and(|os| os != std::env::consts::OS) {
-        return Err(reject(
-            "PodOSSelectorNodeLabelDoesNotMatch",
-            "Failed to admit pod as the `kubernetes.io/os` label doesn't match node label".into(),
-        ));
-    }
+    os_matches(pod)?;
 
     if memory_pressure && !critical && Qos::of(pod) == Qos::BestEffort {
         return Err(reject(

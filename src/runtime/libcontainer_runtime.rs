@@ -288,12 +288,7 @@ impl LibcontainerRuntime {
         if let Some(sb) = req.sandbox {
             sandbox::apply(&mut oci, sb, req.mounts)?;
         }
-        if let Some(m) = super::termination::prepare(req.container, disk)? {
-            let mut mounts = oci.mounts().clone().unwrap_or_default();
-            mounts.retain(|existing| existing.destination() != Path::new(&m.destination));
-            mounts.push(sandbox::bind_mount(&m)?);
-            oci.set_mounts(Some(mounts));
-        }
+        super::termination::mount(&mut oci, req.container, disk)?;
         oci.set_annotations(Some(super::adoption::annotations(req)));
         let config_path = bundle.join("config.json");
         // The environment in it may hold Secret values: created 0600, root alone reads it.

@@ -58,6 +58,22 @@ pub fn prepare(c: &Container, disk: &Path) -> Result<Option<BindMount>, RuntimeE
     }))
 }
 
+/// Makes the file and adds its mount to `spec`, last (over a volume at the same path).
+pub fn mount(
+    spec: &mut oci_spec::runtime::Spec,
+    c: &Container,
+    disk: &Path,
+) -> Result<(), RuntimeError> {
+    let Some(m) = prepare(c, disk)? else {
+        return Ok(());
+    };
+    let mut mounts = spec.mounts().clone().unwrap_or_default();
+    mounts.retain(|existing| existing.destination() != Path::new(&m.destination));
+    mounts.push(super::sandbox::bind_mount(&m)?);
+    spec.set_mounts(Some(mounts));
+    Ok(())
+}
+
 /// What the container left in the file in `disk`: its last [`MAX_MESSAGE`] bytes; None
 /// when there is no file or nothing in it.
 pub fn read(disk: &Path) -> Option<String> {
