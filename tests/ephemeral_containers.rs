@@ -13,7 +13,7 @@ use std::io::Write;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use control_plane::{ControlPlane, Options};
+use control_plane::ControlPlane;
 use serde_json::Value;
 use support::agent::{need_root, Agent};
 
@@ -136,13 +136,7 @@ fn ephemeral_containers_through_the_apiserver() {
     if !need_root() {
         return;
     }
-    let cp = ControlPlane::start(Options::bare());
-    // No controller makes the namespace's ServiceAccount in a bare cluster.
-    let _ = cp.kubectl(&["create", "serviceaccount", "default"]);
-    let mut a = Agent::new("ephemeral");
-    a.node_name = NODE.into();
-    cp.join(&mut a, "", "");
-    a.start();
+    let (cp, a) = control_plane::cluster::bare_node("ephemeral", NODE);
     cp.apply(&pod_yaml());
     let log = || format!("--- agent log ---\n{}", tail(&a.agent_log(), 40));
     let pod = cp.wait_for("main running", WAIT, log, |cp| {

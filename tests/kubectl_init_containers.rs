@@ -12,7 +12,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use control_plane::{ControlPlane, Options};
+use control_plane::ControlPlane;
 use serde_json::Value;
 use support::agent::{need_root, Agent};
 
@@ -156,13 +156,7 @@ fn init_containers_and_sidecars_through_the_apiserver() {
     if !need_root() {
         return;
     }
-    let cp = ControlPlane::start(Options::bare());
-    // No controller makes the namespace's ServiceAccount in a bare cluster.
-    let _ = cp.kubectl(&["create", "serviceaccount", "default"]);
-    let mut a = Agent::new("kubectl-inits");
-    a.node_name = NODE.into();
-    cp.join(&mut a, "", "");
-    a.start();
+    let (cp, a) = control_plane::cluster::bare_node("kubectl-inits", NODE);
     cp.apply(&pod_yaml());
     wait_started(&cp, &a);
 

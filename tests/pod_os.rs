@@ -3,12 +3,9 @@
 //! as the kubelet does: the pod ends Failed with the kubelet's reason, and nothing of
 //! it runs. A pod for Linux beside it runs.
 
-use support::control_plane;
-
 use std::time::Duration;
 
-use control_plane::{ControlPlane, Options};
-use support::agent::{need_root, Agent};
+use support::agent::need_root;
 
 const NODE: &str = "os-node-1";
 
@@ -26,12 +23,7 @@ fn a_pod_for_another_os_is_refused_with_the_kubelets_reason() {
     if !need_root() {
         return;
     }
-    let cp = ControlPlane::start(Options::bare());
-    let _ = cp.kubectl(&["create", "serviceaccount", "default"]);
-    let mut a = Agent::new("pod-os");
-    a.node_name = NODE.into();
-    cp.join(&mut a, "", "");
-    a.start();
+    let (cp, mut a) = support::control_plane::cluster::bare_node("pod-os", NODE);
     cp.apply(&pod("windows", "  os: {name: windows}\n"));
     cp.apply(&pod(
         "windows-selector",

@@ -3,13 +3,9 @@
 //! the umask: in an emptyDir with an `fsGroup`, 0777 and the group's, as the kubelet
 //! makes it.
 
-use support::control_plane;
-
 use std::time::Duration;
 
-use control_plane::{ControlPlane, Options};
 use support::agent::need_root;
-use support::agent::Agent;
 
 const NODE: &str = "subpath-node-1";
 
@@ -18,12 +14,7 @@ fn a_new_sub_path_takes_the_volume_roots_mode() {
     if !need_root() {
         return;
     }
-    let cp = ControlPlane::start(Options::bare());
-    let _ = cp.kubectl(&["create", "serviceaccount", "default"]);
-    let mut a = Agent::new("subpath-mode");
-    a.node_name = NODE.into();
-    cp.join(&mut a, "", "");
-    a.start();
+    let (cp, mut a) = support::control_plane::cluster::bare_node("subpath-mode", NODE);
     let script = "stat -c '%a %g' /test-volume /root-volume";
     cp.apply(&format!(
         "apiVersion: v1\nkind: Pod\nmetadata:\n  name: sub\nspec:\n  nodeName: {NODE}\n  \

@@ -8,7 +8,7 @@ use support::control_plane;
 
 use std::time::Duration;
 
-use control_plane::{ControlPlane, Options};
+use control_plane::ControlPlane;
 use serde_json::Value;
 use support::agent::{need_root, Agent};
 
@@ -49,12 +49,7 @@ fn the_message_a_container_leaves_or_its_log_when_it_failed() {
     if !need_root() {
         return;
     }
-    let cp = ControlPlane::start(Options::bare());
-    let _ = cp.kubectl(&["create", "serviceaccount", "default"]);
-    let mut a = Agent::new("termination-message");
-    a.node_name = NODE.into();
-    cp.join(&mut a, "", "");
-    a.start();
+    let (cp, mut a) = control_plane::cluster::bare_node("termination-message", NODE);
 
     cp.apply(&pod(
         "default-path",

@@ -3,13 +3,10 @@
 //! `v5`/`v4.channel.k8s.io` (the status as JSON), the older `v3`, `v2` and unversioned
 //! `channel.k8s.io` (only a failure's message, as text), and their `base64.` forms.
 
-use support::control_plane;
-
 use std::time::Duration;
 
-use control_plane::{ControlPlane, Options};
 use serde_json::Value;
-use support::agent::{need_root, Agent};
+use support::agent::need_root;
 use support::kubelet_api::PYTHON;
 
 const NODE: &str = "ws-node-1";
@@ -49,12 +46,7 @@ fn exec_over_each_websocket_protocol_through_the_apiserver() {
     if !need_root() {
         return;
     }
-    let cp = ControlPlane::start(Options::bare());
-    let _ = cp.kubectl(&["create", "serviceaccount", "default"]);
-    let mut a = Agent::new("websocket-exec");
-    a.node_name = NODE.into();
-    cp.join(&mut a, "", "");
-    a.start();
+    let (cp, mut a) = support::control_plane::cluster::bare_node("websocket-exec", NODE);
     cp.apply(&format!(
         "apiVersion: v1\nkind: Pod\nmetadata:\n  name: ws\nspec:\n  nodeName: {NODE}\n  \
          automountServiceAccountToken: false\n  terminationGracePeriodSeconds: 1\n  \

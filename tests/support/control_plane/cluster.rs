@@ -44,6 +44,19 @@ pub fn node_on_network(
     (net, a)
 }
 
+/// The cheapest cluster with a node: etcd and the apiserver (the namespace's `default`
+/// ServiceAccount made, which no controller makes here), and an agent named `name`
+/// joined to it as node `node` and started.
+pub fn bare_node(name: &str, node: &str) -> (ControlPlane, Agent) {
+    let cp = ControlPlane::start(super::Options::bare());
+    let _ = cp.kubectl(&["create", "serviceaccount", "default"]);
+    let mut a = Agent::new(name);
+    a.node_name = node.into();
+    cp.join(&mut a, "", "");
+    a.start();
+    (cp, a)
+}
+
 /// Waits until node `node` is Ready and, if `untainted`, carries no taint (the
 /// `not-ready` taint the apiserver puts on a new Node, which only the node lifecycle
 /// controller takes off, keeps the scheduler away); returns it.
