@@ -34,10 +34,15 @@ pub fn status_patch(uid: &str, status: &PodStatus, owns_all: bool) -> Value {
     let mut body = serde_json::to_value(&status).unwrap_or_else(|_| json!({}));
     if let Some(obj) = body.as_object_mut() {
         if let Some(Value::Array(conditions)) = obj.get_mut("conditions") {
-            // The kubelet sends `lastProbeTime: null` for every condition.
+            // The kubelet sends `lastProbeTime: null` for every condition; and as its
+            // two-way patch does, nulls a reason and message a condition no longer
+            // has, which the merge would keep otherwise (a Ready True still saying
+            // why it was not).
             for c in conditions.iter_mut() {
                 if let Some(c) = c.as_object_mut() {
-                    c.entry("lastProbeTime").or_insert(Value::Null);
+                    for field in ["lastProbeTime", "reason", "message"] {
+                        c.entry(field).or_insert(Value::Null);
+                    }
                 }
             }
             let order: Vec<Value> = conditions
@@ -289,10 +294,10 @@ mod tests {
             json!([{"type": "Initialized"}, {"type": "Ready"}])
         );
         assert_eq!(body["status"]["phase"], "Running");
-        assert!(body["status"]["conditions"][0]
-            .as_object()
-            .expect("object")
-            .contains_key("lastProbeTime"));
+        let first = body["status"]["conditions"][0].as_object().expect("object");
+        for field in ["lastProbeTime", "reason", "message"] {
+            assert_eq!(first.get(field), Some(&Value::Null), "{field}");
+        }
     }
 
     #[test]
