@@ -211,7 +211,8 @@ impl Mux {
 
 /// Whether the sync loop must hear about the change, as the kubelet's
 /// podsDifferSemantically decides: spec, labels, annotations (but for when the pod was
-/// seen) and deletion.
+/// seen) and deletion; and what its source keeps of the status (a terminal phase, the
+/// conditions of readiness gates), which the kubelet reconciles.
 fn differs(a: &Pod, b: &Pod) -> bool {
     let (ma, mb) = (&a.metadata, &b.metadata);
     let annotations = |pod: &Pod| {
@@ -224,6 +225,7 @@ fn differs(a: &Pod, b: &Pod) -> bool {
         || annotations(a) != annotations(b)
         || ma.deletion_timestamp != mb.deletion_timestamp
         || ma.deletion_grace_period_seconds != mb.deletion_grace_period_seconds
+        || a.status != b.status
 }
 
 /// What a source's new pod set changes of its old one, by UID.
@@ -447,6 +449,29 @@ mod tests {
                 }
             )
             .expect("put"));
+    }
+
+    #[test]
+    fn a_status_its_source_keeps_is_a_change() {
+        use k8s_openapi::api::core::v1::{PodCondition, PodStatus};
+        let dir = TempDir::new("gates");
+        let store = Store::open(&dir.0).expect("store");
+        let (mut mux, _) = Mux::open(&store).expect("open");
+        mux.apply(snap("api", vec![pod("a", "busybox:1", "t0")]))
+            .expect("apply");
+        // A readiness gate's condition set by a controller: the worker recomputes Ready.
+        let mut gated = pod("a", "busybox:1", "t0");
+        gated.status = Some(PodStatus {
+            conditions: Some(vec![PodCondition {
+                type_: "example.com/gate".into(),
+                status: "True".into(),
+                ..PodCondition::default()
+            }]),
+            ..PodStatus::default()
+        });
+        let changes = mux.apply(snap("api", vec![gated.clone()])).expect("apply");
+        assert_eq!(summary(&changes), ["update a"]);
+        assert_eq!(mux.get("a"), Some(&gated));
     }
 
     #[test]

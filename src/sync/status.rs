@@ -210,10 +210,15 @@ fn conditions(
     };
     let (initialized, init_reason, init_message) =
         initialized(inits, init_statuses, statuses, phase);
+    // Ready is ContainersReady while that is not True; then the readiness gates say.
+    let (pod_ready, pod_reason, pod_message) = match unready_gates(pod) {
+        Some(message) if ready == "True" => ("False", Some(GATES_NOT_READY), Some(message)),
+        _ => (ready, ready_reason, ready_message.clone()),
+    };
     let mut conditions = vec![
         condition(i, "PodReadyToStartContainers", sandbox, None, None),
         condition(i, "Initialized", initialized, init_reason, init_message),
-        condition(i, "Ready", ready, ready_reason, ready_message.clone()),
+        condition(i, "Ready", pod_ready, pod_reason, pod_message),
         condition(i, "ContainersReady", ready, ready_reason, ready_message),
         condition(i, "PodScheduled", "True", None, None),
     ];
@@ -251,6 +256,37 @@ fn readiness(
             )),
         )
     }
+}
+
+/// The reason of a Ready condition held back by the pod's readiness gates.
+const GATES_NOT_READY: &str = "ReadinessGatesNotReady";
+
+/// What holds the pod's readiness gates back, in the kubelet's words, from the
+/// conditions others set in its status; None when every gate's condition is True.
+fn unready_gates(pod: &Pod) -> Option<String> {
+    let gates = pod.spec.as_ref()?.readiness_gates.as_deref()?;
+    let conditions = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or_default();
+    let unready: Vec<String> = gates
+        .iter()
+        .filter_map(|g| {
+            let t = &g.condition_type;
+            match conditions.iter().find(|c| &c.type_ == t) {
+                None => Some(format!(
+                    "corresponding condition of pod readiness gate \"{t}\" does not exist."
+                )),
+                Some(c) if c.status != "True" => Some(format!(
+                    "the status of pod readiness gate \"{t}\" is not \"True\", but {}",
+                    c.status
+                )),
+                Some(_) => None,
+            }
+        })
+        .collect();
+    (!unready.is_empty()).then(|| unready.join(", "))
 }
 
 /// `podIP` and `podIPs`: a host-network pod shows the node's address; a pod with its

@@ -421,3 +421,100 @@ fn ephemeral_containers_have_statuses_of_their_own_and_never_restart() {
     let plain = pod_status(&pod("Always"), &records, &inputs);
     assert_eq!(plain.ephemeral_container_statuses, None);
 }
+
+/// The Ready condition of a running pod with readiness gates `a` and `b`, whose
+/// status holds `conditions` (type, status) set by others, and whose container is
+/// `container_ready`.
+fn gated_ready(conditions: &[(&str, &str)], container_ready: bool) -> PodCondition {
+    use k8s_openapi::api::core::v1::PodReadinessGate;
+    let mut p = pod("Always");
+    if let Some(spec) = p.spec.as_mut() {
+        spec.readiness_gates = Some(
+            ["example.com/a", "example.com/b"]
+                .map(|t| PodReadinessGate {
+                    condition_type: t.into(),
+                })
+                .to_vec(),
+        );
+    }
+    p.status = Some(PodStatus {
+        conditions: Some(
+            conditions
+                .iter()
+                .map(|(t, s)| PodCondition {
+                    type_: (*t).into(),
+                    status: (*s).into(),
+                    ..PodCondition::default()
+                })
+                .collect(),
+        ),
+        ..PodStatus::default()
+    });
+    let records = BTreeMap::from([("main".to_string(), record("main", running()))]);
+    let views = BTreeMap::from([(
+        "main".to_string(),
+        ProbeView {
+            started: true,
+            ready: container_ready,
+        },
+    )]);
+    let backoff = Backoff {
+        initial: Duration::from_secs(10),
+        max: Duration::from_secs(300),
+    };
+    let inputs = StatusInputs {
+        now: Timestamp::from_second(1_800_000_001).expect("ts"),
+        backoff: &backoff,
+        start_time: None,
+        host_ip: None,
+        previous: None,
+        terminal: false,
+        sandbox: None,
+        probes: Some(&views),
+    };
+    let s = pod_status(&p, &records, &inputs);
+    assert_eq!(
+        cond(&s, "ContainersReady").status,
+        if container_ready { "True" } else { "False" },
+        "the gates hold back Ready only"
+    );
+    cond(&s, "Ready").clone()
+}
+
+#[test]
+fn readiness_gates_hold_ready_back_in_the_kubelets_words() {
+    let r = gated_ready(&[], true);
+    assert_eq!(r.status, "False");
+    assert_eq!(r.reason.as_deref(), Some("ReadinessGatesNotReady"));
+    assert_eq!(
+        r.message.as_deref(),
+        Some(
+            "corresponding condition of pod readiness gate \"example.com/a\" does not exist., \
+             corresponding condition of pod readiness gate \"example.com/b\" does not exist."
+        )
+    );
+    let r = gated_ready(
+        &[("example.com/a", "True"), ("example.com/b", "False")],
+        true,
+    );
+    assert_eq!(r.status, "False");
+    assert_eq!(
+        r.message.as_deref(),
+        Some("the status of pod readiness gate \"example.com/b\" is not \"True\", but False")
+    );
+    let r = gated_ready(
+        &[("example.com/b", "True"), ("example.com/a", "True")],
+        true,
+    );
+    assert_eq!(
+        (r.status.as_str(), r.reason, r.message),
+        ("True", None, None)
+    );
+    // Unready containers say so first, gates or not.
+    let r = gated_ready(
+        &[("example.com/a", "True"), ("example.com/b", "True")],
+        false,
+    );
+    assert_eq!(r.status, "False");
+    assert_eq!(r.reason.as_deref(), Some("ContainersNotReady"));
+}

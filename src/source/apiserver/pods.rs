@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use k8s_openapi::api::core::v1::{Pod, PodStatus};
+use k8s_openapi::api::core::v1::{Pod, PodCondition, PodStatus};
 
 use crate::pod::annotations::{CONFIG_SOURCE, SOURCE_API};
 use crate::source::static_pod::set_seen;
@@ -130,10 +130,15 @@ impl PodSet {
 /// (`status`, `managedFields`, `resourceVersion`), and marked as coming from the
 /// apiserver, as the kubelet marks it. UID, generation, deletion, labels, annotations,
 /// owners and spec are kept, and of the status a terminal phase (Succeeded or Failed),
-/// which never changes again and tells the sync loop the pod is finished.
+/// which never changes again and tells the sync loop the pod is finished, and the
+/// conditions its readiness gates name, which others set and its Ready condition
+/// waits for (the kubelet reconciles a pod whose gates changed).
 pub fn normalise(mut pod: Pod) -> Pod {
-    pod.status = terminal_phase(&pod).map(|phase| PodStatus {
-        phase: Some(phase.to_owned()),
+    let phase = terminal_phase(&pod).map(str::to_owned);
+    let gates = gate_conditions(&pod);
+    pod.status = (phase.is_some() || !gates.is_empty()).then(|| PodStatus {
+        phase,
+        conditions: (!gates.is_empty()).then_some(gates),
         ..PodStatus::default()
     });
     let meta = &mut pod.metadata;
@@ -143,6 +148,22 @@ pub fn normalise(mut pod: Pod) -> Pod {
         .get_or_insert_with(BTreeMap::new)
         .insert(CONFIG_SOURCE.into(), SOURCE_API.into());
     pod
+}
+
+/// The conditions of the pod's status that its `spec.readinessGates` name.
+fn gate_conditions(pod: &Pod) -> Vec<PodCondition> {
+    let gates = pod.spec.as_ref().and_then(|s| s.readiness_gates.as_deref());
+    let Some(gates) = gates.filter(|g| !g.is_empty()) else {
+        return Vec::new();
+    };
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or_default()
+        .iter()
+        .filter(|c| gates.iter().any(|g| g.condition_type == c.type_))
+        .cloned()
+        .collect()
 }
 
 /// `Succeeded` or `Failed`, when the cluster records the pod as finished.

@@ -501,6 +501,37 @@ fn normalise_keeps_what_the_sync_loop_acts_on() {
 }
 
 #[test]
+fn normalise_keeps_the_conditions_readiness_gates_name() {
+    use k8s_openapi::api::core::v1::{PodCondition, PodReadinessGate};
+    let cond = |t: &str, s: &str| PodCondition {
+        type_: t.into(),
+        status: s.into(),
+        ..PodCondition::default()
+    };
+    let mut raw = with_phase(pod("a", 11, "app:1"), "Running");
+    if let Some(st) = raw.status.as_mut() {
+        st.conditions = Some(vec![
+            cond("Ready", "False"),
+            cond("example.com/gate", "True"),
+            cond("example.com/other", "True"),
+        ]);
+    }
+    // Without gates the status goes, as any status that changes on every update.
+    assert!(normalise(raw.clone()).status.is_none());
+    if let Some(spec) = raw.spec.as_mut() {
+        spec.readiness_gates = Some(vec![PodReadinessGate {
+            condition_type: "example.com/gate".into(),
+        }]);
+    }
+    let status = normalise(raw).status.expect("the gate's condition");
+    assert_eq!(status.phase, None, "only a terminal phase is kept");
+    assert_eq!(
+        status.conditions,
+        Some(vec![cond("example.com/gate", "True")])
+    );
+}
+
+#[test]
 fn held_back_changes_go_out_when_the_stream_ends() {
     let mut opts = options();
     opts.coalesce = Duration::from_secs(3600);
