@@ -30,6 +30,7 @@ mod probes;
 mod sandbox;
 mod start;
 mod stop;
+mod stopping;
 mod termination;
 
 pub use countdown::StopDeadline;

@@ -105,7 +105,7 @@ impl Worker {
             running.push((c, handler, task));
         }
         for (c, handler, task) in running {
-            let Ok((what, outcome)) = task.await else {
+            let Ok((what, outcome)) = self.serving_readiness(task).await else {
                 continue;
             };
             if let Outcome::Failure(e) = outcome {

@@ -2,6 +2,9 @@
 //! blocking thread, its result coming back as a message), and what a verdict does:
 //! readiness and startup feed the status, a liveness or startup failure restarts the
 //! container. Probes run only for running containers; startup gates the other two.
+//! A pod deleted in the cluster is probed for readiness until its containers stop,
+//! while its liveness and startup probes are over and count as passed (the kubelet's
+//! prober worker: a pod stopping must not be restarted, nor wait on its start).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -50,6 +53,8 @@ pub(super) struct Probes {
     pub(super) rx: mpsc::Receiver<ProbeDone>,
     /// When the next probe is due.
     pub(super) wake: Option<Instant>,
+    /// The pod is deleted and stopping: only readiness probes run.
+    deleting: bool,
 }
 
 impl Default for Probes {
@@ -60,6 +65,7 @@ impl Default for Probes {
             tx,
             rx,
             wake: None,
+            deleting: false,
         }
     }
 }
@@ -158,6 +164,7 @@ impl Worker {
                 .get(&(name.clone(), Kind::Startup))
                 .is_none_or(|p| p.state.verdict() == Verdict::Success);
             let gated = match kind {
+                _ if self.probes.deleting => kind != Kind::Readiness,
                 Kind::Startup => startup_done,
                 _ => !startup_done,
             };
@@ -233,15 +240,60 @@ impl Worker {
         })
     }
 
+    /// The pod was deleted in the cluster: its liveness and startup probes are over
+    /// and count as passed, its readiness probes go on (for an agent that restarted
+    /// into the stop, they begin now).
+    pub(super) fn probe_deleted(&mut self) {
+        self.probes.deleting = true;
+        self.refresh_probes();
+        for ((_, kind), probe) in self.probes.states.iter_mut() {
+            if *kind != Kind::Readiness {
+                probe.state.assume(Verdict::Success);
+            }
+        }
+    }
+
+    /// Whether the pod is being deleted and its readiness probes still run.
+    pub(super) fn probing_deleted(&self) -> bool {
+        self.probes.deleting
+    }
+
     /// A probe ended: says a failure, and restarts the container whose liveness or
     /// startup probe failed for good. Returns whether the status may have changed.
     pub(super) async fn probed(&mut self, done: ProbeDone) -> bool {
-        let key = (done.container.clone(), done.kind);
-        let Some(Probe { id, state, .. }) = self.probes.states.get_mut(&key) else {
+        let Some(verdict) = self.take_result(&done) else {
             return false;
         };
+        let kind = done.kind;
+        if verdict == Some(Verdict::Failure) && kind != Kind::Readiness {
+            let what = kind.name().to_lowercase();
+            let reason = format!(
+                "Container {} failed {what} probe, will be restarted",
+                done.container
+            );
+            log::info!("pod {}: {reason}", self.name());
+            let grace = self.probe_grace(&done.container, kind);
+            self.kill_one(&done.container, &done.id, grace, "Killing", reason)
+                .await;
+            return true;
+        }
+        verdict.is_some()
+    }
+
+    /// A probe of a pod that is being deleted ended: only a readiness probe counts.
+    /// Returns whether its verdict changed.
+    pub(super) fn probed_deleting(&mut self, done: ProbeDone) -> bool {
+        done.kind == Kind::Readiness && self.take_result(&done).is_some_and(|v| v.is_some())
+    }
+
+    /// Records a probe's result in the state of its instance and says a failure (or a
+    /// warning) as the kubelet's event. None: the result is an earlier instance's, or
+    /// of a probe no longer kept; else the verdict when it changed.
+    fn take_result(&mut self, done: &ProbeDone) -> Option<Option<Verdict>> {
+        let key = (done.container.clone(), done.kind);
+        let Probe { id, state, .. } = self.probes.states.get_mut(&key)?;
         if *id != done.id {
-            return false; // an earlier instance's probe
+            return None; // an earlier instance's probe
         }
         let (success, message) = match &done.outcome {
             Outcome::Success => (true, String::new()),
@@ -267,19 +319,7 @@ impl Worker {
             ),
             Outcome::Success => {}
         }
-        if verdict == Some(Verdict::Failure) && kind != Kind::Readiness {
-            let what = kind.name().to_lowercase();
-            let reason = format!(
-                "Container {} failed {what} probe, will be restarted",
-                done.container
-            );
-            log::info!("pod {}: {reason}", self.name());
-            let grace = self.probe_grace(&done.container, kind);
-            self.kill_one(&done.container, &done.id, grace, "Killing", reason)
-                .await;
-            return true;
-        }
-        verdict.is_some()
+        Some(verdict)
     }
 
     /// The grace period of a kill for a failed probe: the probe's own, else the pod's.

@@ -67,6 +67,7 @@ impl Worker {
             })
             .unwrap_or(30);
         self.refresh().await;
+        self.probe_deleted();
         let countdown = self.countdown(grace).await;
         self.stop_by(countdown).await;
         self.refresh().await;
@@ -336,13 +337,14 @@ impl Worker {
         left
     }
 
-    async fn wait_exited(&self, ids: &[ContainerId], within: Duration) {
+    async fn wait_exited(&mut self, ids: &[ContainerId], within: Duration) {
         let deadline = deadline_in(within);
         loop {
             if self.still_running(ids).await.is_empty() || Instant::now() >= deadline {
                 return;
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            let tick = tokio::time::sleep(Duration::from_millis(100));
+            self.serving_readiness(tick).await;
         }
     }
 }

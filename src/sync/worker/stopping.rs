@@ -1,0 +1,77 @@
+//! A pod deleted in the cluster while its containers stop: its readiness probes go on
+//! through the preStop hooks and the grace period, and what they change of its status
+//! is reported at once, as the kubelet's status manager does, so that a container
+//! that stops serving on SIGTERM leaves the pod's endpoints before it exits.
+
+use std::future::Future;
+
+use super::super::status::{self, StatusInputs};
+use super::{blocking, sleep_until, whole_seconds, Worker};
+use crate::time;
+
+impl Worker {
+    /// Awaits `work` (which holds nothing of the worker); for a pod being deleted,
+    /// meanwhile runs its readiness probes and reports the status their verdicts change.
+    pub(super) async fn serving_readiness<T>(&mut self, work: impl Future<Output = T>) -> T {
+        if !self.probing_deleted() {
+            return work.await;
+        }
+        tokio::pin!(work);
+        loop {
+            tokio::select! {
+                out = &mut work => return out,
+                _ = sleep_until(self.probes.wake) => self.start_due_probes(),
+                Some(done) = self.probes.rx.recv() => {
+                    if self.probed_deleting(done) {
+                        self.report_stopping().await;
+                    }
+                    self.start_due_probes();
+                }
+            }
+        }
+    }
+
+    /// The status of the pod while it stops, as its last pass left it but for what the
+    /// readiness probes say now: reported and kept (with the stop's deadline) when it
+    /// changed.
+    async fn report_stopping(&mut self) {
+        let sandbox = self.sandbox_status();
+        let views = self.probe_views();
+        let inputs = StatusInputs {
+            now: time::now(),
+            backoff: &self.deps.backoff,
+            start_time: Some(self.start_time),
+            host_ip: self.deps.host_ip.as_deref(),
+            previous: self.state.as_ref().map(|s| &s.status),
+            terminal: false,
+            sandbox: Some(&sandbox),
+            probes: Some(&views),
+        };
+        let computed = status::pod_status(&self.pod, &self.records, &inputs);
+        let status = whole_seconds(self.ended_status(computed));
+        let Some(state) = self.state.as_mut() else {
+            return;
+        };
+        if state.status == status {
+            return;
+        }
+        state.status = status;
+        self.deps.reporter.status(&self.pod, &state.status, false);
+        let (store, tree, uid) = (
+            self.deps.store.clone(),
+            self.deps.podstates.tree().clone(),
+            self.uid.clone(),
+        );
+        let kept = state.clone();
+        // Not flushed: a status is derived again from the records after a cut.
+        let written = blocking(move || {
+            let mut batch = crate::store::Batch::new();
+            batch.put(&tree, &uid, &kept)?;
+            store.apply(batch)
+        })
+        .await;
+        if let Err(e) = written {
+            log::error!("pod {}: save status: {e}", self.name());
+        }
+    }
+}
