@@ -253,6 +253,13 @@ impl Worker {
         }
     }
 
+    /// Forgets the probes of these container instances; whether there were any.
+    pub(super) fn forget_probes_of(&mut self, ids: &[ContainerId]) -> bool {
+        let before = self.probes.states.len();
+        self.probes.states.retain(|_, p| !ids.contains(&p.id));
+        self.probes.states.len() != before
+    }
+
     /// Whether the pod is being deleted and its readiness probes still run.
     pub(super) fn probing_deleted(&self) -> bool {
         self.probes.deleting

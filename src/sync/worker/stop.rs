@@ -340,7 +340,14 @@ impl Worker {
     async fn wait_exited(&mut self, ids: &[ContainerId], within: Duration) {
         let deadline = deadline_in(within);
         loop {
-            if self.still_running(ids).await.is_empty() || Instant::now() >= deadline {
+            let left = self.still_running(ids).await;
+            let gone: Vec<ContainerId> = ids
+                .iter()
+                .filter(|id| !left.contains(id))
+                .cloned()
+                .collect();
+            self.unprobe_stopped(&gone).await;
+            if left.is_empty() || Instant::now() >= deadline {
                 return;
             }
             let tick = tokio::time::sleep(Duration::from_millis(100));

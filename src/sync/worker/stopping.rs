@@ -7,6 +7,7 @@ use std::future::Future;
 
 use super::super::status::{self, StatusInputs};
 use super::{blocking, sleep_until, whole_seconds, Worker};
+use crate::runtime::ContainerId;
 use crate::time;
 
 impl Worker {
@@ -29,6 +30,15 @@ impl Worker {
                 }
             }
         }
+    }
+
+    /// Containers of a pod being deleted that exited: probed no more, and unready
+    /// (reported) if a readiness probe said they were ready.
+    pub(super) async fn unprobe_stopped(&mut self, gone: &[ContainerId]) {
+        if !self.probing_deleted() || !self.forget_probes_of(gone) {
+            return;
+        }
+        self.report_stopping().await;
     }
 
     /// The status of the pod while it stops, as its last pass left it but for what the
