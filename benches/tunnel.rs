@@ -9,9 +9,9 @@
 //! until `kubectl logs` comes through, and measures `kubectl port-forward` throughput
 //! both ways (32 MiB, best of 3), `kubectl exec -- true` round trips, and the memory
 //! (PSS) of holdfast and of the upstream agent: idle before the traffic, at its peak
-//! during it (sampled every 50 ms), and idle again `IDLE` after it. The tunnel's cost
-//! is holdfast's PSS with the tunnel less its PSS without, at the same point of the
-//! same turn order. The node's InternalIP is on a link of its own here, its kubelet API
+//! during each part of it (sampled every 50 ms), and idle again `IDLE` after it. The
+//! tunnel's cost is holdfast's PSS with the tunnel less its PSS without, at the same
+//! point of the same turn order. The node's InternalIP is on a link of its own here, its kubelet API
 //! listening there, where the upstream agent (which dials the address it is asked for)
 //! reaches it. Both agents dial the proxy server's agent port directly, as a node
 //! beside its control plane would.
@@ -115,11 +115,25 @@ struct Turn {
     go_before: Mem,
     go_peak: Mem,
     go_after: Mem,
+    /// holdfast's peak in each part of the traffic: download, upload, exec.
+    phases: [Mem; 3],
+}
+
+impl Turn {
+    /// Records the peaks of one part of the traffic (holdfast's first, then the
+    /// upstream agent's if it ran).
+    fn peaks(&mut self, phase: usize, peaks: Vec<Mem>) {
+        let high = |a: Mem, b: Mem| if b.pss > a.pss { b } else { a };
+        self.phases[phase] = peaks[0];
+        self.peak = high(self.peak, peaks[0]);
+        self.go_peak = high(self.go_peak, peaks.get(1).copied().unwrap_or_default());
+    }
 }
 
 /// Port-forward both ways and exec round trips through whatever carries the tunnel.
-fn traffic(c: &Cluster, blob_port: u16, sink_port: u16, t: &mut Turn) {
+fn traffic(c: &Cluster, (blob_port, sink_port): (u16, u16), pids: &[u32], t: &mut Turn) {
     let mb = BYTES as f64 / 1e6;
+    let peak = Peak::start(pids.to_vec());
     let (mut pf, local) = port_forward(&c.cp, "bench", blob_port);
     for _ in 0..3 {
         let t0 = Instant::now();
@@ -130,7 +144,9 @@ fn traffic(c: &Cluster, blob_port: u16, sink_port: u16, t: &mut Turn) {
     }
     let _ = pf.kill();
     let _ = pf.wait();
+    t.peaks(0, peak.end());
     let upload = vec![0x5au8; BYTES];
+    let peak = Peak::start(pids.to_vec());
     let (mut pf, local) = port_forward(&c.cp, "bench", sink_port);
     for _ in 0..3 {
         let t0 = Instant::now();
@@ -145,6 +161,8 @@ fn traffic(c: &Cluster, blob_port: u16, sink_port: u16, t: &mut Turn) {
     }
     let _ = pf.kill();
     let _ = pf.wait();
+    t.peaks(1, peak.end());
+    let peak = Peak::start(pids.to_vec());
     t.exec_ms = (0..EXECS)
         .map(|_| {
             let t0 = Instant::now();
@@ -152,6 +170,7 @@ fn traffic(c: &Cluster, blob_port: u16, sink_port: u16, t: &mut Turn) {
             t0.elapsed().as_secs_f64() * 1e3
         })
         .collect();
+    t.peaks(2, peak.end());
 }
 
 /// The upstream agent's process; killed and waited for when dropped.
@@ -219,11 +238,8 @@ fn turn(c: &mut Cluster, ours: bool, ports: (u16, u16), smaps: &Path) -> Turn {
     let mut t = Turn::default();
     std::thread::sleep(IDLE);
     mem(&mut t, |t| (&mut t.before, &mut t.go_before));
-    let peak = Peak::start(std::iter::once(pid).chain(go_pid).collect());
-    traffic(c, ports.0, ports.1, &mut t);
-    let peaks = peak.end();
-    t.peak = peaks[0];
-    t.go_peak = peaks.get(1).copied().unwrap_or_default();
+    let pids: Vec<u32> = std::iter::once(pid).chain(go_pid).collect();
+    traffic(c, ports, &pids, &mut t);
     std::thread::sleep(IDLE);
     mem(&mut t, |t| (&mut t.after, &mut t.go_after));
     let _ = std::fs::copy(format!("/proc/{pid}/smaps"), smaps);
@@ -259,6 +275,8 @@ struct Summary {
     before: Mem,
     peak: Mem,
     after: Mem,
+    /// holdfast's peak in the download, the upload and the execs.
+    phases: [Mem; 3],
 }
 
 fn summary(turns: &[Turn], go: bool) -> Summary {
@@ -276,6 +294,11 @@ fn summary(turns: &[Turn], go: bool) -> Summary {
         before: pick(|t| t.before, |t| t.go_before),
         peak: pick(|t| t.peak, |t| t.go_peak),
         after: pick(|t| t.after, |t| t.go_after),
+        phases: [
+            median_mem(turns, |t| t.phases[0]),
+            median_mem(turns, |t| t.phases[1]),
+            median_mem(turns, |t| t.phases[2]),
+        ],
     }
 }
 
@@ -316,7 +339,9 @@ fn report(ours: &[Turn], plain: &[Turn]) {
     println!("holdfast PSS in KiB (anon + file), medians of {ROUNDS} turns:");
     for (name, a, b) in [
         ("idle before", o.before, p.before),
-        ("peak", o.peak, p.peak),
+        ("peak, down", o.phases[0], p.phases[0]),
+        ("peak, up", o.phases[1], p.phases[1]),
+        ("peak, exec", o.phases[2], p.phases[2]),
         ("idle after", o.after, p.after),
     ] {
         println!(
@@ -343,7 +368,9 @@ fn report(ours: &[Turn], plain: &[Turn]) {
         serde_json::json!({"down_mbps": s.down_mbps, "up_mbps": s.up_mbps,
             "exec_median_ms": s.exec_median, "exec_p90_ms": s.exec_p90,
             "exec_ms": s.exec.iter().map(|v| (v * 10.0).round() / 10.0).collect::<Vec<_>>(),
-            "before": s.before.json(), "peak": s.peak.json(), "after": s.after.json()})
+            "before": s.before.json(), "peak": s.peak.json(), "after": s.after.json(),
+            "peak_down": s.phases[0].json(), "peak_up": s.phases[1].json(),
+            "peak_exec": s.phases[2].json()})
     };
     let json = serde_json::json!({
         "bytes": BYTES, "rounds": ROUNDS, "execs_per_round": EXECS, "idle_s": IDLE.as_secs(),
