@@ -234,7 +234,7 @@ async fn serve(
     ended: mpsc::Sender<String>,
 ) {
     let id = session.server_id.clone();
-    let (out_tx, mut out_rx) = mpsc::channel(256);
+    let (out_tx, mut out_rx) = mpsc::channel(splice::OUT_QUEUE);
     let mut conns = splice::Conns::new(agent.policy.clone(), out_tx, id.clone());
     metrics::TUNNEL_STREAMS.fetch_add(1, Ordering::Relaxed);
     let r = session
