@@ -81,25 +81,46 @@ impl Packet {
     /// Appends the packet as one gRPC message: the uncompressed flag, its length
     /// (big-endian u32), then the protobuf bytes.
     pub fn encode_grpc(&self, out: &mut Vec<u8>) {
-        let start = out.len();
-        out.extend_from_slice(&[0; 5]);
-        self.encode(out);
-        let len = u32::try_from(out.len() - start - 5).unwrap_or(u32::MAX);
-        out[start + 1..start + 5].copy_from_slice(&len.to_be_bytes());
+        let mut len = Count(0);
+        self.write(&mut len);
+        out.reserve(5 + len.0);
+        out.push(0);
+        out.extend_from_slice(&u32::try_from(len.0).unwrap_or(u32::MAX).to_be_bytes());
+        self.write(out);
     }
 
     /// Appends the protobuf encoding (proto3: fields at their default are left out).
     pub fn encode(&self, out: &mut Vec<u8>) {
-        let mut body = Vec::new();
-        let (kind, field) = match self {
+        self.write(out);
+    }
+
+    /// Writes the encoding to `out`: once to a [`Count`] for the length, once for the
+    /// bytes, so that the payload (a DATA packet's data) is copied once.
+    fn write(&self, out: &mut impl Sink) {
+        let mut body = Count(0);
+        let (kind, field) = self.body(&mut body);
+        if kind != 0 {
+            put_varint(out, 1 << 3);
+            put_varint(out, kind);
+        }
+        // The oneof's message is present even when empty (Drain).
+        put_key(out, field, 2);
+        put_varint(out, body.0 as u64);
+        self.body(out);
+    }
+
+    /// Writes the payload message's fields; returns the packet type and the payload's
+    /// field number.
+    fn body(&self, body: &mut impl Sink) -> (u64, u64) {
+        match self {
             Packet::DialReq {
                 protocol,
                 address,
                 random,
             } => {
-                put_str(&mut body, 1, protocol);
-                put_str(&mut body, 2, address);
-                put_int(&mut body, 3, *random);
+                put_str(body, 1, protocol);
+                put_str(body, 2, address);
+                put_int(body, 3, *random);
                 (DIAL_REQ, 2)
             }
             Packet::DialRsp {
@@ -107,9 +128,9 @@ impl Packet {
                 connect_id,
                 random,
             } => {
-                put_str(&mut body, 1, error);
-                put_int(&mut body, 2, *connect_id);
-                put_int(&mut body, 3, *random);
+                put_str(body, 1, error);
+                put_int(body, 2, *connect_id);
+                put_int(body, 3, *random);
                 (DIAL_RSP, 3)
             }
             Packet::Data {
@@ -117,34 +138,26 @@ impl Packet {
                 error,
                 data,
             } => {
-                put_int(&mut body, 1, *connect_id);
-                put_str(&mut body, 2, error);
-                put_bytes(&mut body, 3, data);
+                put_int(body, 1, *connect_id);
+                put_str(body, 2, error);
+                put_bytes(body, 3, data);
                 (DATA, 4)
             }
             Packet::CloseReq { connect_id } => {
-                put_int(&mut body, 1, *connect_id);
+                put_int(body, 1, *connect_id);
                 (CLOSE_REQ, 5)
             }
             Packet::CloseRsp { error, connect_id } => {
-                put_str(&mut body, 1, error);
-                put_int(&mut body, 2, *connect_id);
+                put_str(body, 1, error);
+                put_int(body, 2, *connect_id);
                 (CLOSE_RSP, 6)
             }
             Packet::DialCls { random } => {
-                put_int(&mut body, 1, *random);
+                put_int(body, 1, *random);
                 (DIAL_CLS, 7)
             }
             Packet::Drain => (DRAIN, 8),
-        };
-        if kind != 0 {
-            put_varint(out, 1 << 3);
-            put_varint(out, kind);
         }
-        // The oneof's message is present even when empty (Drain).
-        put_key(out, field, 2);
-        put_varint(out, body.len() as u64);
-        out.extend_from_slice(&body);
     }
 
     /// Decodes one packet; `data` is shared with `msg`, not copied.
@@ -193,35 +206,59 @@ impl Packet {
     }
 }
 
-fn put_varint(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push((v as u8) | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
+/// Where an encoding goes: bytes, or only their count.
+trait Sink {
+    fn put(&mut self, bytes: &[u8]);
 }
 
-fn put_key(out: &mut Vec<u8>, field: u64, wire: u64) {
+impl Sink for Vec<u8> {
+    fn put(&mut self, bytes: &[u8]) {
+        self.extend_from_slice(bytes);
+    }
+}
+
+/// The length an encoding would have.
+struct Count(usize);
+
+impl Sink for Count {
+    fn put(&mut self, bytes: &[u8]) {
+        self.0 += bytes.len();
+    }
+}
+
+fn put_varint(out: &mut impl Sink, mut v: u64) {
+    let mut b = [0u8; 10];
+    let mut n = 0;
+    while v >= 0x80 {
+        b[n] = (v as u8) | 0x80;
+        v >>= 7;
+        n += 1;
+    }
+    b[n] = v as u8;
+    out.put(&b[..=n]);
+}
+
+fn put_key(out: &mut impl Sink, field: u64, wire: u64) {
     put_varint(out, field << 3 | wire);
 }
 
 /// An int64 field: a negative value is its two's complement, ten bytes long.
-fn put_int(out: &mut Vec<u8>, field: u64, v: i64) {
+fn put_int(out: &mut impl Sink, field: u64, v: i64) {
     if v != 0 {
         put_key(out, field, 0);
         put_varint(out, v as u64);
     }
 }
 
-fn put_bytes(out: &mut Vec<u8>, field: u64, v: &[u8]) {
+fn put_bytes(out: &mut impl Sink, field: u64, v: &[u8]) {
     if !v.is_empty() {
         put_key(out, field, 2);
         put_varint(out, v.len() as u64);
-        out.extend_from_slice(v);
+        out.put(v);
     }
 }
 
-fn put_str(out: &mut Vec<u8>, field: u64, v: &str) {
+fn put_str(out: &mut impl Sink, field: u64, v: &str) {
     put_bytes(out, field, v.as_bytes());
 }
 

@@ -6,14 +6,13 @@
 //! server's keepalive policy (no more often than it allows) and find a dead stream. A
 //! stopping agent's stream says DRAIN, ends its side, and waits for the server's end.
 
-use std::collections::VecDeque;
 use std::time::Duration;
 
-use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, WriteHalf};
 use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
 
-use super::frames::{read_frames, Frame, Keepalive, PING_TIMEOUT};
+use super::frames::{read_frames, Frame, Keepalive, Messages, PING_TIMEOUT};
 use super::packet::Packet;
 use super::splice::{Conns, Out};
 use super::TunnelError;
@@ -29,8 +28,15 @@ const STREAM: u32 = 1;
 /// The window granted to the server, for the connection and the stream alike: what may
 /// wait on its way to the kubelet API.
 const WINDOW: u32 = 1 << 20;
-/// The largest gRPC message taken (gRPC's own default limit).
-const MAX_MESSAGE: usize = 4 << 20;
+/// The largest gRPC message taken: a message is acknowledged once whole, so one larger
+/// than the window could never arrive.
+const MAX_MESSAGE: usize = WINDOW as usize;
+/// Packets taken from the connections at once, while this much is not sent yet.
+const BATCH: usize = 64 << 10;
+/// After this many bytes carried, once `QUIET` has passed without a packet, the stream
+/// gives back what the burst left (see [`Session::release`]).
+const BURST: u64 = 256 << 10;
+const QUIET: Duration = Duration::from_secs(2);
 /// The most header bytes taken in one block.
 const MAX_HEADERS: usize = 16 << 10;
 
@@ -57,12 +63,18 @@ pub(super) struct Session<S> {
     stream_window: i64,
     /// The server's SETTINGS_INITIAL_WINDOW_SIZE.
     peer_initial: i64,
-    /// A gRPC message's bytes not sent yet (the windows were closed).
-    pending: VecDeque<u8>,
+    /// gRPC messages not sent yet (the windows were closed), encoded.
+    pending: Vec<u8>,
+    /// Frames on their way out, written together.
+    wbuf: Vec<u8>,
     /// Received bytes handled and not yet given back with WINDOW_UPDATE.
     unacked: u64,
-    /// Received bytes of messages not yet whole.
-    inbuf: Vec<u8>,
+    /// The gRPC messages in the received DATA.
+    messages: Messages,
+    /// Bytes of packets carried both ways since the last [`Session::release`], and when
+    /// the last one was.
+    carried: u64,
+    last: Instant,
     /// Header block fragments until END_HEADERS.
     block: Option<Vec<u8>>,
     /// This side of the stream is ended (END_STREAM sent, after DRAIN): nothing more
@@ -98,9 +110,12 @@ where
         conn_window: i64::from(DEFAULT_WINDOW),
         stream_window: i64::from(DEFAULT_WINDOW),
         peer_initial: i64::from(DEFAULT_WINDOW),
-        pending: VecDeque::new(),
+        pending: Vec::new(),
+        wbuf: Vec::new(),
         unacked: 0,
-        inbuf: Vec::new(),
+        messages: Messages::default(),
+        carried: 0,
+        last: Instant::now(),
         block: None,
         half_closed: false,
         ended: false,
@@ -149,7 +164,9 @@ where
     s.write(&out).await?;
     loop {
         let f = s.next_frame().await?;
-        if let Some(fields) = s.on_control(f, None).await? {
+        let fields = s.on_control(f, None)?;
+        s.flush().await?;
+        if let Some(fields) = fields {
             return s.response(&fields);
         }
     }
@@ -161,6 +178,18 @@ impl<S: AsyncRead + AsyncWrite + Send + 'static> Session<S> {
             addr: self.addr.clone(),
             reason,
         }
+    }
+
+    /// Writes what `wbuf` holds.
+    async fn send(&mut self) -> Result<(), TunnelError> {
+        if self.wbuf.is_empty() {
+            return Ok(());
+        }
+        let out = std::mem::take(&mut self.wbuf);
+        let r = self.write(&out).await;
+        self.wbuf = out;
+        self.wbuf.clear();
+        r
     }
 
     async fn write(&mut self, bytes: &[u8]) -> Result<(), TunnelError> {
@@ -214,9 +243,10 @@ impl<S: AsyncRead + AsyncWrite + Send + 'static> Session<S> {
         Ok(self)
     }
 
-    /// Handles a frame that is not the stream's data; returns a whole header block's
-    /// fields when one ends. `conns` is `None` before the response headers.
-    async fn on_control(
+    /// Handles a frame that is not the stream's data (answers go to `wbuf`); returns a
+    /// whole header block's fields when one ends. `ping` is `None` before the response
+    /// headers.
+    fn on_control(
         &mut self,
         f: Frame,
         ping: Option<&mut Keepalive>,
@@ -224,14 +254,10 @@ impl<S: AsyncRead + AsyncWrite + Send + 'static> Session<S> {
         match f.kind {
             SETTINGS if f.flags & ACK == 0 => {
                 self.settings(&f.payload)?;
-                let mut out = Vec::new();
-                frame::frame(&mut out, SETTINGS, ACK, 0, &[]);
-                self.write(&out).await?;
+                frame::frame(&mut self.wbuf, SETTINGS, ACK, 0, &[]);
             }
             PING if f.flags & ACK == 0 => {
-                let mut out = Vec::new();
-                frame::frame(&mut out, PING, ACK, 0, &f.payload);
-                self.write(&out).await?;
+                frame::frame(&mut self.wbuf, PING, ACK, 0, &f.payload);
             }
             PING => {
                 if let Some(k) = ping {
@@ -283,7 +309,7 @@ impl<S: AsyncRead + AsyncWrite + Send + 'static> Session<S> {
     }
 
     fn headers(&mut self, f: &Frame) -> Result<Option<Vec<hpack::Field>>, TunnelError> {
-        let mut payload = f.payload.as_slice();
+        let mut payload = &f.payload[..];
         if f.kind == HEADERS {
             let mut skip = 0usize;
             let mut pad = 0usize;
@@ -361,10 +387,12 @@ impl<S: AsyncRead + AsyncWrite + Send + 'static> Session<S> {
                     if ping.dead() {
                         return Err(TunnelError::Dead { addr: self.addr.clone(), after: PING_TIMEOUT });
                     }
-                    let mut out = Vec::new();
-                    frame::frame(&mut out, PING, 0, 0, &[0u8; 8]);
-                    self.write(&out).await?;
+                    frame::frame(&mut self.wbuf, PING, 0, 0, &[0u8; 8]);
+                    self.send().await?;
                     ping.sent();
+                }
+                () = tokio::time::sleep_until(self.last + QUIET), if self.carried >= BURST => {
+                    self.release();
                 }
                 r = stop.changed(), if !draining => {
                     draining = true;
@@ -385,7 +413,7 @@ impl<S: AsyncRead + AsyncWrite + Send + 'static> Session<S> {
                 Out::Packet(p) => self.queue(&p),
                 Out::Gone(id) => conns.gone(id),
             }
-            if self.pending.len() < 256 << 10 {
+            if self.pending.len() < BATCH {
                 next = out_rx.try_recv().ok();
             }
         }
@@ -396,41 +424,40 @@ impl<S: AsyncRead + AsyncWrite + Send + 'static> Session<S> {
             // The connections it carried end with the stream.
             return;
         }
-        let mut msg = Vec::new();
-        p.encode_grpc(&mut msg);
-        self.pending.extend(msg);
+        let before = self.pending.len();
+        p.encode_grpc(&mut self.pending);
+        self.carried += (self.pending.len() - before) as u64;
+        self.last = Instant::now();
     }
 
     /// Ends this side of the stream (an empty DATA frame with END_STREAM), DRAIN sent:
     /// the server reads all before the end, then ends its side.
     async fn half_close(&mut self) -> Result<(), TunnelError> {
-        let mut out = Vec::new();
-        frame::frame(&mut out, DATA, END_STREAM, STREAM, &[]);
+        frame::frame(&mut self.wbuf, DATA, END_STREAM, STREAM, &[]);
         self.half_closed = true;
-        self.write(&out).await
+        self.send().await
     }
 
-    /// Sends what is pending, as far as the windows allow.
+    /// Sends what is pending as far as the windows allow, with whatever else waits in
+    /// `wbuf`, in one write.
     async fn flush(&mut self) -> Result<(), TunnelError> {
-        let mut out = Vec::new();
-        while !self.pending.is_empty() {
+        let mut at = 0;
+        while at < self.pending.len() {
             let window = self.conn_window.min(self.stream_window);
             let n = usize::try_from(window)
                 .unwrap_or(0)
                 .min(MAX_FRAME)
-                .min(self.pending.len());
+                .min(self.pending.len() - at);
             if n == 0 {
                 break;
             }
-            let chunk: Vec<u8> = self.pending.drain(..n).collect();
-            frame::frame(&mut out, DATA, 0, STREAM, &chunk);
+            frame::frame(&mut self.wbuf, DATA, 0, STREAM, &self.pending[at..at + n]);
+            at += n;
             self.conn_window -= n as i64;
             self.stream_window -= n as i64;
         }
-        if !out.is_empty() {
-            self.write(&out).await?;
-        }
-        Ok(())
+        self.pending.drain(..at);
+        self.send().await
     }
 
     /// Gives received bytes back to the server's windows once enough have been handled.
@@ -441,10 +468,24 @@ impl<S: AsyncRead + AsyncWrite + Send + 'static> Session<S> {
         }
         let inc = u32::try_from(self.unacked).unwrap_or(WINDOW).min(WINDOW);
         self.unacked -= u64::from(inc);
-        let mut out = Vec::new();
-        frame::frame(&mut out, WINDOW_UPDATE, 0, 0, &inc.to_be_bytes());
-        frame::frame(&mut out, WINDOW_UPDATE, 0, STREAM, &inc.to_be_bytes());
-        self.write(&out).await
+        frame::frame(&mut self.wbuf, WINDOW_UPDATE, 0, 0, &inc.to_be_bytes());
+        frame::frame(&mut self.wbuf, WINDOW_UPDATE, 0, STREAM, &inc.to_be_bytes());
+        self.send().await
+    }
+
+    /// After a burst, once quiet: the buffers it grew are dropped, and the allocator
+    /// hands its free pages back (on a blocking thread: it walks every arena under its
+    /// lock). Without this, the heap a burst grew stays resident, its free pages held
+    /// between blocks that live on.
+    fn release(&mut self) {
+        self.carried = 0;
+        if self.pending.is_empty() {
+            self.pending = Vec::new();
+        }
+        self.wbuf = Vec::new();
+        drop(tokio::task::spawn_blocking(|| {
+            crate::malloc::trim_and_log("tunnel traffic")
+        }));
     }
 
     async fn on_frame(
@@ -454,36 +495,44 @@ impl<S: AsyncRead + AsyncWrite + Send + 'static> Session<S> {
         ping: &mut Keepalive,
     ) -> Result<(), TunnelError> {
         if f.kind != DATA || f.stream != STREAM {
-            if self.on_control(f, Some(ping)).await?.is_some() {
+            if self.on_control(f, Some(ping))?.is_some() {
                 // Trailers: the server ended the stream.
                 return self.server_ended();
             }
+            // Answers in `wbuf` go with the next flush, which follows at once.
             return Ok(());
         }
         let total = f.payload.len() as u64;
-        let data = if f.flags & PADDED != 0 {
-            let pad = usize::from(*f.payload.first().unwrap_or(&0));
-            f.payload
+        let mut data = f.payload;
+        if f.flags & PADDED != 0 {
+            let pad = usize::from(*data.first().unwrap_or(&0));
+            let end = data
                 .len()
                 .checked_sub(pad)
-                .and_then(|end| f.payload.get(1..end))
-                .ok_or_else(|| self.protocol("data padding longer than its frame".into()))?
-        } else {
-            &f.payload[..]
-        };
-        self.inbuf.extend_from_slice(data);
-        // Padding and prefixes are handled at once; a DATA packet's bytes once written.
-        let mut handled = total - data.len() as u64;
-        while let Some(msg) = self.message()? {
-            let len = 5 + msg.len() as u64;
-            let packet = Packet::decode(&msg).map_err(|e| self.protocol(e.to_string()))?;
-            let mut replies = Vec::new();
-            let deferred = conns.handle(packet, &mut replies) as u64;
-            for r in &replies {
-                self.queue(r);
-            }
-            handled += len - deferred;
+                .filter(|end| *end >= 1)
+                .ok_or_else(|| self.protocol("data padding longer than its frame".into()))?;
+            data = data.slice(1..end);
         }
+        self.carried += total;
+        self.last = Instant::now();
+        // Padding and packets are handled at once, but for a DATA packet's bytes (once
+        // written) and a message not yet whole.
+        let partial = self.messages.partial() as u64;
+        let mut deferred = 0u64;
+        let mut replies = Vec::new();
+        loop {
+            let msg = match self.messages.next(&mut data, MAX_MESSAGE) {
+                Ok(Some(msg)) => msg,
+                Ok(None) => break,
+                Err(e) => return Err(self.protocol(e)),
+            };
+            let packet = Packet::decode(&msg).map_err(|e| self.protocol(e.to_string()))?;
+            deferred += conns.handle(packet, &mut replies) as u64;
+        }
+        for r in &replies {
+            self.queue(r);
+        }
+        let handled = (total + partial).saturating_sub(self.messages.partial() as u64 + deferred);
         self.acknowledge(handled).await?;
         if f.flags & END_STREAM != 0 {
             return self.server_ended();
@@ -499,32 +548,13 @@ impl<S: AsyncRead + AsyncWrite + Send + 'static> Session<S> {
         self.ended = true;
         Ok(())
     }
-
-    /// The next whole gRPC message in `inbuf`, if one is there.
-    fn message(&mut self) -> Result<Option<Bytes>, TunnelError> {
-        let Some(len) = be_u32(&self.inbuf, 1) else {
-            return Ok(None);
-        };
-        if self.inbuf[0] != 0 {
-            return Err(self.protocol("compressed message, none was asked for".into()));
-        }
-        let len = usize::try_from(len).unwrap_or(usize::MAX);
-        if len > MAX_MESSAGE {
-            return Err(self.protocol(format!("message of {len} bytes, over {MAX_MESSAGE}")));
-        }
-        if self.inbuf.len() < 5 + len {
-            return Ok(None);
-        }
-        let rest = self.inbuf.split_off(5 + len);
-        let msg = std::mem::replace(&mut self.inbuf, rest);
-        Ok(Some(Bytes::from(msg).slice(5..)))
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
 
+    use bytes::Bytes;
     use tokio::io::{AsyncReadExt, DuplexStream};
 
     use super::*;
