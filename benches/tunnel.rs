@@ -400,9 +400,11 @@ fn main() {
     c.pod(
         "bench",
         &format!(
-            "echo ready; mkdir -p /www; head -c {BYTES} /dev/zero > /www/blob; \
-             httpd -p 127.0.0.1:{blob_port} -h /www; \
-             exec nc -ll -p {sink_port} -e wc -c"
+            "mkdir -p /www; head -c {BYTES} /dev/zero > /www/blob; \
+             httpd -p 127.0.0.1:{blob_port} -h /www; nc -ll -p {sink_port} -e wc -c & \
+             until netstat -ltn | grep -q ':{blob_port} ' && \
+             netstat -ltn | grep -q ':{sink_port} '; do usleep 20000; done; \
+             echo ready; wait"
         ),
     );
     c.logs_within("bench", "ready", Duration::from_secs(30));
