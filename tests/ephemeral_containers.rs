@@ -68,26 +68,6 @@ fn wait_ephemeral(cp: &ControlPlane, a: &Agent, name: &str, state: &str) -> Valu
     )
 }
 
-/// `kubectl logs POD -c container` until it shows `want`.
-fn logs_showing(cp: &ControlPlane, container: &str, want: &str) -> String {
-    let mut last = String::new();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while Instant::now() < deadline {
-        let out = cp.kubectl(&["logs", POD, "-c", container]);
-        let stdout = text(&out.stdout);
-        if out.status.success() && stdout.contains(want) {
-            return stdout;
-        }
-        last = format!(
-            "exit {:?}\n{stdout}{}",
-            out.status.code(),
-            text(&out.stderr)
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    panic!("kubectl logs {POD} -c {container}: no {want:?} in\n{last}");
-}
-
 /// `kubectl exec POD -c container -- args`: its stdout; panics if it fails.
 fn exec(cp: &ControlPlane, container: &str, args: &[&str]) -> String {
     let mut all = vec!["exec", POD, "-c", container, "--"];
@@ -159,7 +139,7 @@ fn ephemeral_containers_through_the_apiserver() {
     assert_eq!(debugger["restartCount"], 0, "{debugger}");
     assert!(debugger["containerID"].as_str().is_some(), "{debugger}");
     assert_eq!(main_instance(&pod), main, "main was not restarted");
-    logs_showing(&cp, "debugger", "polo");
+    cp.logs_showing(&[POD, "-c", "debugger"], "polo");
     assert_eq!(exec(&cp, "debugger", &["echo", "marco"]), "marco\n");
     let ps = exec(&cp, "debugger", &["ps", "-o", "pid,args"]);
     assert!(ps.contains(TARGET_CMD), "the target's processes:\n{ps}");

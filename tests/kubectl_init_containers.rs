@@ -10,7 +10,7 @@ use support::control_plane;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use control_plane::ControlPlane;
 use serde_json::Value;
@@ -100,29 +100,6 @@ fn kubelet_api(cp: &ControlPlane, a: &Agent, method: &str, path: &str) -> (u16, 
     (code.trim().parse().unwrap_or(0), body.to_owned())
 }
 
-/// `kubectl logs` of `POD` with `args` until its output contains `want`; panics with
-/// the last answer after a while.
-fn logs_showing(cp: &ControlPlane, args: &[&str], want: &str) -> String {
-    let mut all = vec!["logs", POD];
-    all.extend_from_slice(args);
-    let mut last = String::new();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while Instant::now() < deadline {
-        let out = cp.kubectl(&all);
-        let stdout = text(&out.stdout);
-        if out.status.success() && stdout.contains(want) {
-            return stdout;
-        }
-        last = format!(
-            "exit {:?}\n{stdout}{}",
-            out.status.code(),
-            text(&out.stderr)
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    panic!("kubectl {}: no {want:?} in\n{last}", all.join(" "));
-}
-
 /// `kubectl attach POD -c sidecar` until it shows a tick the sidecar printed after it
 /// attached; kubectl is killed once it has, or after a while.
 fn attach_shows_tick(cp: &ControlPlane) -> Result<(), String> {
@@ -162,13 +139,13 @@ fn init_containers_and_sidecars_through_the_apiserver() {
 
     // The init container that completed: its last run, and with --previous the one
     // that failed before it.
-    let out = logs_showing(&cp, &["-c", "setup"], "setup-second-run");
+    let out = cp.logs_showing(&[POD, "-c", "setup"], "setup-second-run");
     assert_eq!(out, "setup-second-run\n");
-    let out = logs_showing(&cp, &["-c", "setup", "--previous"], "setup-first-run");
+    let out = cp.logs_showing(&[POD, "-c", "setup", "--previous"], "setup-first-run");
     assert_eq!(out, "setup-first-run\n");
 
     // The sidecar: its log, a command in it, its output attached to.
-    let out = logs_showing(&cp, &["-c", "sidecar"], "sidecar-up");
+    let out = cp.logs_showing(&[POD, "-c", "sidecar"], "sidecar-up");
     assert!(out.starts_with("sidecar-up\n"), "{out}");
     let out = cp.kubectl(&[
         "exec",

@@ -57,6 +57,29 @@ impl ControlPlane {
         client_files(&self.admin_kubeconfig)
     }
 
+    /// `kubectl logs <args>` until it succeeds with `want` in its output (20 s); that
+    /// output.
+    pub fn logs_showing(&self, args: &[&str], want: &str) -> String {
+        let mut all = vec!["logs"];
+        all.extend_from_slice(args);
+        let mut last = String::new();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            let out = self.kubectl(&all);
+            let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+            if out.status.success() && stdout.contains(want) {
+                return stdout;
+            }
+            last = format!(
+                "exit {:?}\n{stdout}{}",
+                out.status.code(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        panic!("kubectl {}: no {want:?} in\n{last}", all.join(" "));
+    }
+
     /// `kubectl create -f - <extra>` (`-o json` to read what the server made of it).
     pub fn create_with(&self, doc: &str, extra: &[&str]) -> String {
         let mut args = vec!["create", "-f", "-"];
