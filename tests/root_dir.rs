@@ -54,27 +54,48 @@ fn restarts(p: &Value) -> u64 {
     container(p, "main")["restartCount"].as_u64().unwrap_or(0)
 }
 
-/// The fewest mounts under `root` while pod `crasher` waits to be restarted after its
-/// `n`th restart (none of its containers runs then), watched until it restarts again.
-fn mounts_while_backing_off(a: &Agent, root: &Path, n: u64) -> usize {
-    a.wait_pod("crasher", &format!("restarted {n} times"), WAIT, |p| {
-        restarts(p) >= n
-    });
+/// The containers whose mounts are under `root`, by the 64-hex ids in their paths.
+fn containers_mounted(root: &Path) -> Vec<String> {
+    let mut ids: Vec<String> = mounts_under(root)
+        .iter()
+        .filter_map(|m| {
+            m.split('/')
+                .find(|c| c.len() == 64 && c.bytes().all(|b| b.is_ascii_hexdigit()))
+                .map(str::to_owned)
+        })
+        .collect();
+    ids.sort();
+    ids.dedup();
+    ids
+}
+
+/// Waits for pod `crasher` to back off after its `n`th restart, and returns the id of
+/// the container that last exited (the one the kubelet keeps), checking meanwhile that
+/// no more than one of its containers has mounts: a restart removes the one kept
+/// before it starts the next.
+fn backing_off_after(a: &Agent, root: &Path, n: u64) -> String {
     let deadline = Instant::now() + WAIT;
-    let mut fewest = None;
     loop {
         let p = a.pod("crasher").expect("crasher");
-        if restarts(&p) > n {
-            break;
+        let mounted = containers_mounted(root);
+        assert!(
+            mounted.len() <= 1,
+            "containers of one crash-looping pod with mounts at once: {mounted:#?}\n{:#?}",
+            mounts_under(root)
+        );
+        let main = container(&p, "main");
+        if restarts(&p) >= n && main["state"]["waiting"].is_object() {
+            let id = main["lastState"]["terminated"]["containerID"]
+                .as_str()
+                .expect("the last exit's containerID");
+            return id.rsplit('/').next().unwrap_or(id).to_owned();
         }
-        if container(&p, "main")["state"]["waiting"].is_object() {
-            let now = mounts_under(root).len();
-            fewest = Some(fewest.map_or(now, |f: usize| f.min(now)));
-        }
-        assert!(Instant::now() < deadline, "crasher never restarted again");
+        assert!(
+            Instant::now() < deadline,
+            "crasher not seen backing off after restart {n}"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
-    fewest.unwrap_or_else(|| panic!("crasher never seen waiting after restart {n}"))
 }
 
 /// Runs a hostPath/subPath pod and a crash-looping pod on `a`, removes the first, then
@@ -118,12 +139,16 @@ fn pods_come_and_go(a: &mut Agent, root: &Path) {
 
     // Each exit's container goes with all of its mounts.
     let early_at = restarts(&a.pod("crasher").expect("crasher")) + 1;
-    let early = mounts_while_backing_off(a, root, early_at);
-    let later = mounts_while_backing_off(a, root, early_at + 3);
+    let early = backing_off_after(a, root, early_at);
+    let later = backing_off_after(a, root, early_at + 2);
+    assert_ne!(early, later, "the same container exited twice");
+    let left: Vec<String> = mounts_under(root)
+        .into_iter()
+        .filter(|m| m.contains(&early))
+        .collect();
     assert!(
-        later <= early,
-        "mounts under the root grew from {early} to {later} over 3 restarts: {:#?}",
-        mounts_under(root)
+        left.is_empty(),
+        "mounts of container {early}, two restarts ago, left: {left:#?}"
     );
 
     // The crash-looping pod is still there: reset stops it and removes everything.
