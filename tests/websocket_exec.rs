@@ -2,6 +2,7 @@
 //! kube-apiserver v1.36 to real containers, as root, with Python's websocket-client:
 //! `v5`/`v4.channel.k8s.io` (the status as JSON), the older `v3`, `v2` and unversioned
 //! `channel.k8s.io` (only a failure's message, as text), and their `base64.` forms.
+//! And a container's log read over a WebSocket (`binary.k8s.io`, `base64.binary.k8s.io`).
 
 use std::time::Duration;
 
@@ -41,12 +42,8 @@ fn escape(s: &str) -> String {
         .collect()
 }
 
-#[test]
-fn exec_over_each_websocket_protocol_through_the_apiserver() {
-    if !need_root() {
-        return;
-    }
-    let (cp, mut a) = support::control_plane::cluster::bare_node("websocket-exec", NODE);
+/// Pod `ws`, whose container says `container is alive` and sleeps, running.
+fn start_pod(cp: &support::control_plane::ControlPlane, a: &support::agent::Agent) {
     cp.apply(&format!(
         "apiVersion: v1\nkind: Pod\nmetadata:\n  name: ws\nspec:\n  nodeName: {NODE}\n  \
          automountServiceAccountToken: false\n  terminationGracePeriodSeconds: 1\n  \
@@ -58,6 +55,16 @@ fn exec_over_each_websocket_protocol_through_the_apiserver() {
         cp.get("pod/ws", None)
             .filter(|p| p["status"]["containerStatuses"][0]["state"]["running"].is_object())
     });
+    cp.logs_showing(&["ws"], "container is alive");
+}
+
+#[test]
+fn exec_over_each_websocket_protocol_through_the_apiserver() {
+    if !need_root() {
+        return;
+    }
+    let (cp, mut a) = support::control_plane::cluster::bare_node("websocket-exec", NODE);
+    start_pod(&cp, &a);
     let (cert, key) = cp.admin_cert();
     let exec = |protocol: &str, script: &str| -> Value {
         let url = format!(
@@ -110,6 +117,60 @@ fn exec_over_each_websocket_protocol_through_the_apiserver() {
                 "{protocol}: {failed}"
             );
             assert!(error.contains('3'), "{protocol}: {failed}");
+        }
+    }
+    let _ = cp.kubectl(&["delete", "pod", "ws", "--wait=false"]);
+    a.stop();
+}
+
+const LOG_CLIENT: &str = r#"
+import base64, json, ssl, sys, websocket
+url, cert, key, ca, protocol = sys.argv[1:6]
+ws = websocket.create_connection(url, sslopt={"ca_certs": ca, "certfile": cert, "keyfile": key},
+                                 subprotocols=[protocol], timeout=30)
+out = b""
+while True:
+    op, data = ws.recv_data(control_frame=False)
+    if op == websocket.ABNF.OPCODE_CLOSE:
+        break
+    out += base64.b64decode(data) if op == websocket.ABNF.OPCODE_TEXT else data
+print(json.dumps({"protocol": ws.getsubprotocol(), "log": out.decode()}))
+"#;
+
+/// `GET .../log` upgraded to a WebSocket, as the conformance suite and web consoles
+/// read logs: the apiserver copies the kubelet's response into messages, and drops
+/// the last data if it comes in one read with the response's end. Read again and
+/// again, each time whole.
+#[test]
+fn logs_over_a_websocket_through_the_apiserver() {
+    if !need_root() {
+        return;
+    }
+    let (cp, mut a) = support::control_plane::cluster::bare_node("websocket-logs", NODE);
+    start_pod(&cp, &a);
+    let (cert, key) = cp.admin_cert();
+    let url = format!(
+        "{}/api/v1/namespaces/default/pods/ws/log?container=main",
+        cp.url.replace("https://", "wss://")
+    );
+    for protocol in ["binary.k8s.io", "base64.binary.k8s.io"] {
+        for _ in 0..10 {
+            let out = std::process::Command::new(PYTHON)
+                .args(["-c", LOG_CLIENT, &url])
+                .arg(&cert)
+                .arg(&key)
+                .arg(cp.ca())
+                .arg(protocol)
+                .output()
+                .expect("python3");
+            assert!(
+                out.status.success(),
+                "{protocol}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let got: Value = serde_json::from_slice(&out.stdout).expect("client output");
+            assert_eq!(got["protocol"], protocol, "{got}");
+            assert_eq!(got["log"], "container is alive\n", "{protocol}: {got}");
         }
     }
     let _ = cp.kubectl(&["delete", "pod", "ws", "--wait=false"]);

@@ -15,7 +15,28 @@ use tokio::sync::mpsc;
 /// growing a buffer.
 pub enum Body {
     Full(Option<Bytes>),
-    Stream(mpsc::Receiver<Bytes>),
+    Stream(Chunks),
+}
+
+/// The chunks of a streamed body, and whether its end has been held back once.
+///
+/// The end of a chunked body goes out after what came before it has been written
+/// (a TLS record of its own): a Go client that finds the last chunk and the end in
+/// one read returns the data together with `io.EOF`, and the kube-apiserver's
+/// WebSocket copier (`wsstream`, behind `GET .../log` over a WebSocket) drops data
+/// that comes with `io.EOF`, so the log would arrive empty.
+pub struct Chunks {
+    rx: mpsc::Receiver<Bytes>,
+    end_held: bool,
+}
+
+impl Body {
+    pub fn stream(rx: mpsc::Receiver<Bytes>) -> Body {
+        Body::Stream(Chunks {
+            rx,
+            end_held: false,
+        })
+    }
 }
 
 impl http_body::Body for Body {
@@ -28,7 +49,18 @@ impl http_body::Body for Body {
     ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         match self.get_mut() {
             Body::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
-            Body::Stream(rx) => rx.poll_recv(cx).map(|o| o.map(|b| Ok(Frame::data(b)))),
+            Body::Stream(c) => match c.rx.poll_recv(cx) {
+                Poll::Ready(Some(b)) => Poll::Ready(Some(Ok(Frame::data(b)))),
+                // Pending once, woken at once: the connection writes out and flushes
+                // what it holds before it asks again and writes the end.
+                Poll::Ready(None) if !c.end_held => {
+                    c.end_held = true;
+                    cx.waker().wake_by_ref();
+                    Poll::Pending
+                }
+                Poll::Ready(None) => Poll::Ready(None),
+                Poll::Pending => Poll::Pending,
+            },
         }
     }
 

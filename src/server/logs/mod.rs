@@ -153,7 +153,7 @@ pub async fn container_logs(deps: &Arc<ApiDeps>, path: &str, q: &Query) -> Resp 
             &format!("start log reader: {e}"),
         );
     }
-    let mut r = hyper::Response::new(Body::Stream(rx));
+    let mut r = hyper::Response::new(Body::stream(rx));
     r.headers_mut().insert(
         hyper::header::CONTENT_TYPE,
         hyper::header::HeaderValue::from_static("text/plain"),
