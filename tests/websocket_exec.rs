@@ -58,6 +58,31 @@ fn start_pod(cp: &support::control_plane::ControlPlane, a: &support::agent::Agen
     cp.logs_showing(&["ws"], "container is alive");
 }
 
+/// Runs the Python `client` on `url` with the admin's certificate, asking for
+/// `protocol`; what it prints, as JSON.
+fn run_client(
+    client: &str,
+    cp: &support::control_plane::ControlPlane,
+    url: &str,
+    protocol: &str,
+) -> Value {
+    let (cert, key) = cp.admin_cert();
+    let out = std::process::Command::new(PYTHON)
+        .args(["-c", client, url])
+        .arg(&cert)
+        .arg(&key)
+        .arg(cp.ca())
+        .arg(protocol)
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "{protocol}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("client output")
+}
+
 #[test]
 fn exec_over_each_websocket_protocol_through_the_apiserver() {
     if !need_root() {
@@ -65,7 +90,6 @@ fn exec_over_each_websocket_protocol_through_the_apiserver() {
     }
     let (cp, mut a) = support::control_plane::cluster::bare_node("websocket-exec", NODE);
     start_pod(&cp, &a);
-    let (cert, key) = cp.admin_cert();
     let exec = |protocol: &str, script: &str| -> Value {
         let url = format!(
             "{}/api/v1/namespaces/default/pods/ws/exec?command=sh&command=-c&command={}\
@@ -73,20 +97,7 @@ fn exec_over_each_websocket_protocol_through_the_apiserver() {
             cp.url.replace("https://", "wss://"),
             escape(script)
         );
-        let out = std::process::Command::new(PYTHON)
-            .args(["-c", CLIENT, &url])
-            .arg(&cert)
-            .arg(&key)
-            .arg(cp.ca())
-            .arg(protocol)
-            .output()
-            .expect("python3");
-        assert!(
-            out.status.success(),
-            "{protocol}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).expect("client output")
+        run_client(CLIENT, &cp, &url, protocol)
     };
     for protocol in [
         "v5.channel.k8s.io",
@@ -148,27 +159,13 @@ fn logs_over_a_websocket_through_the_apiserver() {
     }
     let (cp, mut a) = support::control_plane::cluster::bare_node("websocket-logs", NODE);
     start_pod(&cp, &a);
-    let (cert, key) = cp.admin_cert();
     let url = format!(
         "{}/api/v1/namespaces/default/pods/ws/log?container=main",
         cp.url.replace("https://", "wss://")
     );
     for protocol in ["binary.k8s.io", "base64.binary.k8s.io"] {
         for _ in 0..10 {
-            let out = std::process::Command::new(PYTHON)
-                .args(["-c", LOG_CLIENT, &url])
-                .arg(&cert)
-                .arg(&key)
-                .arg(cp.ca())
-                .arg(protocol)
-                .output()
-                .expect("python3");
-            assert!(
-                out.status.success(),
-                "{protocol}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            let got: Value = serde_json::from_slice(&out.stdout).expect("client output");
+            let got = run_client(LOG_CLIENT, &cp, &url, protocol);
             assert_eq!(got["protocol"], protocol, "{got}");
             assert_eq!(got["log"], "container is alive\n", "{protocol}: {got}");
         }
