@@ -17,6 +17,7 @@ pub mod csr;
 pub mod error;
 pub mod kubeconfig;
 pub mod link;
+pub mod reflect;
 pub mod rotation;
 pub mod site;
 pub mod tls;

@@ -8,17 +8,17 @@
 //! link down and the loop waits for the link to come back and the outbox to drain
 //! (`Drained`) before it lists or watches again: the node controller alone probes.
 
-use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError};
+use std::sync::mpsc::RecvTimeoutError;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::WatchEvent;
 use tokio::sync::mpsc::Sender;
 
-use super::lister::{PodLister, PodWatch};
+use super::lister::PodLister;
 use super::pods::PodSet;
 use super::{ApiSourceError, ApiSourceOptions, ApiSourceResume, Clock};
-use crate::kube::{ApiError, Link, Stage};
+use crate::kube::reflect::{self, Change, Ended, Failures, ListError};
+use crate::kube::{Link, Stage};
 use crate::pod::annotations::SOURCE_API;
 use crate::source::SourceSnapshot;
 
@@ -30,8 +30,6 @@ const MIN_WATCH_TIMEOUT_SECS: u64 = 300;
 const MIN_HEALTHY_WATCH: Duration = Duration::from_secs(1);
 /// How often a waiting loop looks up to see whether anyone still listens.
 const MAX_WAIT: Duration = Duration::from_secs(1);
-/// Events read ahead of the loop; the reader waits when it is full.
-const EVENT_QUEUE: usize = 64;
 /// A LIST longer than this is not a node's pods (500 each); give up and retry.
 const MAX_PAGES: usize = 64;
 
@@ -61,17 +59,10 @@ pub(super) struct Reflector<L, C> {
     /// The highest resourceVersion seen, from lists, events and bookmarks; a LIST
     /// below it comes from a stale cache.
     highest_rv: u64,
-    /// Consecutive failures, for the back-off.
-    failures: u32,
-    /// Set when a 410 sent the source back to LIST and cleared once a watch proves
-    /// healthy: a second 410 before then waits out a back-off instead of relisting at
-    /// once, so a server that expires every watch does not cause a LIST storm.
-    relisted_for_gone: bool,
+    failures: Failures,
     sent_at: Option<Instant>,
     /// An empty LIST came while pods ran; the next LIST decides.
     confirm_empty: bool,
-    /// The trouble last logged, so a repeating failure is logged once.
-    reported: Option<String>,
     /// The resourceVersion the set is at, sent with each snapshot.
     rv: Option<String>,
     link: Option<Link>,
@@ -106,11 +97,9 @@ impl<L: PodLister, C: Clock> Reflector<L, C> {
             tx,
             pods,
             highest_rv,
-            failures: 0,
-            relisted_for_gone: false,
+            failures: Failures::new("api pod source"),
             sent_at: None,
             confirm_empty: false,
-            reported: None,
             rv: resume_from.clone(),
             link: resume.link,
             resume_from,
@@ -143,8 +132,8 @@ impl<L: PodLister, C: Clock> Reflector<L, C> {
             state = match state {
                 State::Listing => match self.list() {
                     Ok(resource_version) => {
-                        if !self.relisted_for_gone {
-                            self.succeeded();
+                        if !self.failures.relisted_for_gone {
+                            self.failures.succeeded();
                         }
                         if !self.send() {
                             return;
@@ -166,10 +155,10 @@ impl<L: PodLister, C: Clock> Reflector<L, C> {
                     }
                     End::Gone(e) => {
                         log::info!("api pod source: {e}; listing again");
-                        if self.relisted_for_gone {
+                        if self.failures.relisted_for_gone {
                             self.failed(&e);
                         }
-                        self.relisted_for_gone = true;
+                        self.failures.relisted_for_gone = true;
                         State::Listing
                     }
                     End::Stopped => return,
@@ -178,63 +167,50 @@ impl<L: PodLister, C: Clock> Reflector<L, C> {
         }
     }
 
-    /// Every page of the node's pods. A 410 on a continue page (the token outlived
-    /// etcd's compaction) starts the list again from the first page, once.
+    /// Every page of the node's pods (a 410 on a continue page starts the list
+    /// again, once); refused when it is older than what was seen, or empty while
+    /// pods run until a second LIST says so too.
     fn list(&mut self) -> Result<String, ApiSourceError> {
-        let mut restarted = false;
-        'list: loop {
-            let mut items: Vec<Pod> = Vec::new();
-            let mut resource_version: Option<String> = None;
-            let mut token: Option<String> = None;
-            for _ in 0..MAX_PAGES {
-                let page = match self.lister.list(&self.node_name, token.as_deref()) {
-                    Ok(page) => page,
-                    Err(e) if e.is_gone() && token.is_some() && !restarted => {
-                        log::info!("api pod source: {e}; listing again from the start");
-                        restarted = true;
-                        continue 'list;
-                    }
-                    Err(e) => return Err(e.into()),
-                };
-                if resource_version.is_none() {
-                    resource_version = page.metadata.resource_version.clone();
-                }
-                items.extend(page.items);
-                token = page.metadata.continue_.filter(|t| !t.is_empty());
-                if token.is_some() {
-                    continue;
-                }
-                let rv = resource_version
-                    .filter(|rv| !rv.is_empty())
-                    .ok_or(ApiSourceError::NoResourceVersion)?;
-                if let Ok(listed) = rv.parse::<u64>() {
-                    if listed < self.highest_rv {
-                        return Err(ApiSourceError::StaleList {
-                            listed,
-                            seen: self.highest_rv,
-                        });
-                    }
-                    self.highest_rv = listed;
-                }
-                let running = if self.pods.is_listed() {
-                    self.pods.len()
-                } else {
-                    self.options.known_pods
-                };
-                if items.is_empty() && running > 0 && !self.confirm_empty {
-                    // A transient fault (a cache not yet filled, a proxy answering for
-                    // the apiserver) must not stop a site's pods: ask again first.
-                    self.confirm_empty = true;
-                    return Err(ApiSourceError::EmptyList(running));
-                }
-                self.confirm_empty = false;
-                self.pods.replace(items);
-                self.rv = Some(rv.clone());
-                self.synced();
-                return Ok(rv);
+        let (lister, node) = (&self.lister, self.node_name.as_str());
+        let listed = reflect::list_pages(
+            "api pod source",
+            MAX_PAGES,
+            |token| lister.list(node, token),
+            Some,
+        )
+        .map_err(|e| match e {
+            ListError::Api(e) => e.into(),
+            ListError::TooManyPages(n) => ApiSourceError::TooManyPages(n),
+        })?;
+        let items = listed.items;
+        let rv = listed
+            .resource_version
+            .ok_or(ApiSourceError::NoResourceVersion)?;
+        if let Ok(listed) = rv.parse::<u64>() {
+            if listed < self.highest_rv {
+                return Err(ApiSourceError::StaleList {
+                    listed,
+                    seen: self.highest_rv,
+                });
             }
-            return Err(ApiSourceError::TooManyPages(MAX_PAGES));
+            self.highest_rv = listed;
         }
+        let running = if self.pods.is_listed() {
+            self.pods.len()
+        } else {
+            self.options.known_pods
+        };
+        if items.is_empty() && running > 0 && !self.confirm_empty {
+            // A transient fault (a cache not yet filled, a proxy answering for the
+            // apiserver) must not stop a site's pods: ask again first.
+            self.confirm_empty = true;
+            return Err(ApiSourceError::EmptyList(running));
+        }
+        self.confirm_empty = false;
+        self.pods.replace(items);
+        self.rv = Some(rv.clone());
+        self.synced();
+        Ok(rv)
     }
 
     /// One watch from `rv`, which follows the stream's events and bookmarks.
@@ -245,9 +221,9 @@ impl<L: PodLister, C: Clock> Reflector<L, C> {
             Err(e) if e.is_gone() => return End::Gone(e.into()),
             Err(e) => return End::Broken(e.into()),
         };
-        let events = match read_ahead(stream) {
+        let events = match reflect::read_ahead(stream, "source-api-watch") {
             Ok(events) => events,
-            Err(e) => return End::Broken(e),
+            Err(e) => return End::Broken(ApiSourceError::Spawn(e)),
         };
         let opened = Instant::now();
         let mut seen = 0u64;
@@ -281,7 +257,7 @@ impl<L: PodLister, C: Clock> Reflector<L, C> {
                     if seen == 0 && opened.elapsed() < MIN_HEALTHY_WATCH {
                         return End::Broken(ApiSourceError::ShortWatch(opened.elapsed()));
                     }
-                    self.healthy();
+                    self.failures.healthy();
                     return End::Ended;
                 }
             };
@@ -293,7 +269,7 @@ impl<L: PodLister, C: Clock> Reflector<L, C> {
                 }
                 seen += 1;
                 if seen == 1 {
-                    self.healthy();
+                    self.failures.healthy();
                 }
                 next = events.try_recv().ok();
             }
@@ -304,41 +280,34 @@ impl<L: PodLister, C: Clock> Reflector<L, C> {
     }
 
     /// Applies one watch item; an ERROR event or a broken stream ends the watch.
-    fn take(
-        &mut self,
-        item: Result<WatchEvent<Pod>, ApiError>,
-        rv: &mut String,
-    ) -> Result<(), End> {
-        match item {
-            Ok(WatchEvent::Added(pod)) | Ok(WatchEvent::Modified(pod)) => {
+    fn take(&mut self, item: reflect::Item<Pod>, rv: &mut String) -> Result<(), End> {
+        match reflect::sort(item) {
+            Ok(Change::Upsert(pod)) => {
                 self.advance(rv, pod.metadata.resource_version.as_deref());
                 self.pods.upsert(pod);
             }
-            Ok(WatchEvent::Deleted(pod)) => {
+            Ok(Change::Delete(pod)) => {
                 self.advance(rv, pod.metadata.resource_version.as_deref());
                 self.pods.remove(&pod);
             }
-            Ok(WatchEvent::Bookmark {
-                resource_version, ..
-            }) => self.advance(rv, Some(&resource_version)),
-            Ok(WatchEvent::ErrorStatus(status)) => {
-                let e = ApiSourceError::WatchStatus {
-                    code: status.code.and_then(|c| u16::try_from(c).ok()).unwrap_or(0),
-                    reason: status.reason.unwrap_or_default(),
-                    message: status.message.unwrap_or_default(),
+            Ok(Change::Bookmark(to)) => self.advance(rv, Some(&to)),
+            Err(ended) => {
+                let gone = ended.is_gone();
+                let e = match ended {
+                    Ended::Status {
+                        code,
+                        reason,
+                        message,
+                    } => ApiSourceError::WatchStatus {
+                        code,
+                        reason,
+                        message,
+                    },
+                    Ended::Other(raw) => ApiSourceError::WatchOther(raw),
+                    Ended::Broken(e) => e.into(),
                 };
-                return Err(if e.is_gone() {
-                    End::Gone(e)
-                } else {
-                    End::Broken(e)
-                });
+                return Err(if gone { End::Gone(e) } else { End::Broken(e) });
             }
-            Ok(WatchEvent::ErrorOther(raw)) => {
-                let e = ApiSourceError::WatchOther(raw.0.to_string());
-                return Err(End::Broken(e));
-            }
-            Err(e) if e.is_gone() => return Err(End::Gone(e.into())),
-            Err(e) => return Err(End::Broken(e.into())),
         }
         Ok(())
     }
@@ -400,71 +369,23 @@ impl<L: PodLister, C: Clock> Reflector<L, C> {
         self.tx.blocking_send(snapshot).is_ok()
     }
 
-    /// A watch delivered an event or ran its course: the link works.
-    fn healthy(&mut self) {
-        self.relisted_for_gone = false;
-        self.succeeded();
-    }
-
-    fn succeeded(&mut self) {
-        if self.failures > 0 {
-            log::info!(
-                "api pod source: the apiserver answers again after {} failure(s)",
-                self.failures
-            );
-        }
-        self.failures = 0;
-        self.reported = None;
-    }
-
     /// Logs the trouble (once while it repeats) and waits out the back-off.
     fn failed(&mut self, e: &ApiSourceError) {
-        self.failures = self.failures.saturating_add(1);
-        let key = e.key();
-        if self.reported.as_ref() != Some(&key) {
-            if e.is_auth() {
-                log::error!(
-                    "api pod source: the apiserver refuses node {}: {e}; check its credentials and that they name this node; retrying with back-off",
-                    self.node_name
-                );
-            } else {
-                log::warn!("api pod source: {e}; retrying with back-off");
-            }
-            self.reported = Some(key);
-        } else {
-            log::debug!("api pod source: {e} (failure {})", self.failures);
-        }
+        let refused = e.is_auth().then(|| {
+            format!(
+                "the apiserver refuses node {}: check its credentials and that they name \
+                 this node; retrying with back-off",
+                self.node_name
+            )
+        });
+        let failures = self.failures.failed(e.key(), e, refused);
         if let (Some(link), true) = (&self.link, e.is_transient()) {
             // The node controller probes a dead link; the loop waits on the link.
             link.report_down(crate::time::now());
             return;
         }
-        let delay = self
-            .options
-            .backoff
-            .jittered(self.failures, self.clock.random());
+        let delay = self.options.backoff.jittered(failures, self.clock.random());
         let tx = &self.tx;
         self.clock.sleep(delay, &|| tx.is_closed());
     }
-}
-
-/// Drains `stream` on a thread of its own into a bounded queue, so the loop can wait
-/// for events with a timeout (to send held-back changes and to notice it should stop).
-/// The queue disconnects when the stream ends; the thread ends with the stream or
-/// when the loop drops the queue.
-fn read_ahead(
-    stream: PodWatch,
-) -> Result<Receiver<Result<WatchEvent<Pod>, ApiError>>, ApiSourceError> {
-    let (tx, rx) = sync_channel(EVENT_QUEUE);
-    std::thread::Builder::new()
-        .name("source-api-watch".into())
-        .spawn(move || {
-            for item in stream {
-                if tx.send(item).is_err() {
-                    return;
-                }
-            }
-        })
-        .map_err(ApiSourceError::Spawn)?;
-    Ok(rx)
 }

@@ -10,18 +10,18 @@
 
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError};
+use std::sync::mpsc::RecvTimeoutError;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Service;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::WatchEvent;
 use tokio::sync::mpsc;
 
 use super::cache::{kept, ServiceCache};
-use super::lister::{watch_path, ServiceLister, ServiceWatch};
+use super::lister::{watch_path, ServiceLister};
 use crate::backoff::Backoff;
+use crate::kube::reflect::{self, Change, Ended, Failures, ListError};
 use crate::kube::{ApiError, Link, Stage};
 use crate::store::StoreError;
 
@@ -30,8 +30,6 @@ use crate::store::StoreError;
 const MIN_HEALTHY_WATCH: Duration = Duration::from_secs(1);
 /// How often a waiting loop looks up to see whether it should stop or the link fell.
 const MAX_WAIT: Duration = Duration::from_secs(1);
-/// Events read ahead of the loop; the reader waits when it is full.
-const EVENT_QUEUE: usize = 64;
 /// A LIST longer than this (500 each) is not a cluster this agent can keep: give up
 /// and retry.
 const MAX_PAGES: usize = 128;
@@ -133,9 +131,7 @@ impl<L: ServiceLister> ServiceReflector<L> {
     pub fn run(self) {
         Loop {
             r: self,
-            failures: 0,
-            reported: None,
-            relisted_for_gone: false,
+            failures: Failures::new("services"),
         }
         .run()
     }
@@ -143,13 +139,7 @@ impl<L: ServiceLister> ServiceReflector<L> {
 
 struct Loop<L> {
     r: ServiceReflector<L>,
-    /// Consecutive failures, for the back-off.
-    failures: u32,
-    /// The trouble last logged, so a repeating failure is logged once.
-    reported: Option<String>,
-    /// Set when a 410 sent the loop back to LIST, cleared once a watch proves healthy:
-    /// a second 410 before then waits out a back-off instead of relisting at once.
-    relisted_for_gone: bool,
+    failures: Failures,
 }
 
 impl<L: ServiceLister> Loop<L> {
@@ -170,8 +160,8 @@ impl<L: ServiceLister> Loop<L> {
             state = match state {
                 State::Listing => match self.list() {
                     Ok(rv) => {
-                        if !self.relisted_for_gone {
-                            self.succeeded();
+                        if !self.failures.relisted_for_gone {
+                            self.failures.succeeded();
                         }
                         State::Watching(rv)
                     }
@@ -188,10 +178,10 @@ impl<L: ServiceLister> Loop<L> {
                     }
                     End::Gone(e) => {
                         log::info!("services: {e}; listing again");
-                        if self.relisted_for_gone {
+                        if self.failures.relisted_for_gone {
                             self.failed(&e.into());
                         }
-                        self.relisted_for_gone = true;
+                        self.failures.relisted_for_gone = true;
                         State::Listing
                     }
                     End::Stopped => return,
@@ -200,40 +190,25 @@ impl<L: ServiceLister> Loop<L> {
         }
     }
 
-    /// Every page of the cluster's Services, stored as one list. A 410 on a continue
-    /// page (the token outlived etcd's compaction) starts again from the first, once.
+    /// Every page of the cluster's Services, stored as one list.
     fn list(&mut self) -> Result<String, Trouble> {
-        let mut restarted = false;
-        'list: loop {
-            let mut services: Vec<Service> = Vec::new();
-            let mut resource_version: Option<String> = None;
-            let mut token: Option<String> = None;
-            for _ in 0..MAX_PAGES {
-                let page = match self.r.lister.list(token.as_deref()) {
-                    Ok(page) => page,
-                    Err(e) if e.is_gone() && token.is_some() && !restarted => {
-                        log::info!("services: {e}; listing again from the start");
-                        restarted = true;
-                        continue 'list;
-                    }
-                    Err(e) => return Err(e.into()),
-                };
-                if resource_version.is_none() {
-                    resource_version = page.metadata.resource_version.clone();
-                }
-                // Only what is kept is held while the pages come.
-                services.extend(page.items.iter().filter_map(kept));
-                token = page.metadata.continue_.filter(|t| !t.is_empty());
-                if token.is_none() {
-                    let rv = resource_version
-                        .filter(|rv| !rv.is_empty())
-                        .ok_or_else(|| decode("list without metadata.resourceVersion"))?;
-                    self.store_list(services, &rv)?;
-                    return Ok(rv);
-                }
-            }
-            return Err(decode(&format!("list not complete after {MAX_PAGES} pages")).into());
-        }
+        let lister = &self.r.lister;
+        let listed = reflect::list_pages(
+            "services",
+            MAX_PAGES,
+            |token| lister.list(token),
+            // Only what is kept is held while the pages come.
+            |s| kept(&s),
+        )
+        .map_err(|e| match e {
+            ListError::Api(e) => e,
+            ListError::TooManyPages(n) => decode(&format!("list not complete after {n} pages")),
+        })?;
+        let rv = listed
+            .resource_version
+            .ok_or_else(|| decode("list without metadata.resourceVersion"))?;
+        self.store_list(listed.items, &rv)?;
+        Ok(rv)
     }
 
     fn store_list(&mut self, services: Vec<Service>, rv: &str) -> Result<(), Trouble> {
@@ -264,7 +239,7 @@ impl<L: ServiceLister> Loop<L> {
             Err(e) if e.is_gone() => return End::Gone(e),
             Err(e) => return End::Broken(e),
         };
-        let events = match read_ahead(stream) {
+        let events = match reflect::read_ahead(stream, "uplink-services-watch") {
             Ok(events) => events,
             Err(e) => return End::Broken(transport(&format!("start the watch reader: {e}"))),
         };
@@ -278,7 +253,7 @@ impl<L: ServiceLister> Loop<L> {
                     }
                     seen += 1;
                     if seen == 1 {
-                        self.healthy();
+                        self.failures.healthy();
                     }
                 }
                 Err(RecvTimeoutError::Timeout) if self.stopped() => return End::Stopped,
@@ -296,7 +271,7 @@ impl<L: ServiceLister> Loop<L> {
                             format!("watch ended after {:?} without an event", opened.elapsed());
                         return End::Broken(transport(&message));
                     }
-                    self.healthy();
+                    self.failures.healthy();
                     return End::Ended;
                 }
             }
@@ -304,42 +279,36 @@ impl<L: ServiceLister> Loop<L> {
     }
 
     /// Applies one watch item; an ERROR event or a broken stream ends the watch.
-    fn take(
-        &mut self,
-        item: Result<WatchEvent<Service>, ApiError>,
-        rv: &mut String,
-    ) -> Result<(), End> {
-        match item {
-            Ok(WatchEvent::Added(s)) | Ok(WatchEvent::Modified(s)) => {
+    fn take(&mut self, item: reflect::Item<Service>, rv: &mut String) -> Result<(), End> {
+        match reflect::sort(item) {
+            Ok(Change::Upsert(s)) => {
                 self.advance(rv, s.metadata.resource_version.as_deref());
                 self.stored(&s, self.r.cache.upsert(&s));
             }
-            Ok(WatchEvent::Deleted(s)) => {
+            Ok(Change::Delete(s)) => {
                 self.advance(rv, s.metadata.resource_version.as_deref());
                 self.stored(&s, self.r.cache.remove(&s));
             }
-            Ok(WatchEvent::Bookmark {
-                resource_version, ..
-            }) => self.advance(rv, Some(&resource_version)),
-            Ok(WatchEvent::ErrorStatus(status)) => {
-                let e = ApiError::Status {
-                    method: "GET",
-                    path: watch_path(rv, 0),
-                    code: status.code.and_then(|c| u16::try_from(c).ok()).unwrap_or(0),
-                    reason: status.reason.unwrap_or_default(),
-                    message: status.message.unwrap_or_default(),
+            Ok(Change::Bookmark(to)) => self.advance(rv, Some(&to)),
+            Err(ended) => {
+                let gone = ended.is_gone();
+                let e = match ended {
+                    Ended::Status {
+                        code,
+                        reason,
+                        message,
+                    } => ApiError::Status {
+                        method: "GET",
+                        path: watch_path(rv, 0),
+                        code,
+                        reason,
+                        message,
+                    },
+                    Ended::Other(_) => decode("ERROR watch event without a Status"),
+                    Ended::Broken(e) => e,
                 };
-                return Err(if e.is_gone() {
-                    End::Gone(e)
-                } else {
-                    End::Broken(e)
-                });
+                return Err(if gone { End::Gone(e) } else { End::Broken(e) });
             }
-            Ok(WatchEvent::ErrorOther(_)) => {
-                return Err(End::Broken(decode("ERROR watch event without a Status")))
-            }
-            Err(e) if e.is_gone() => return Err(End::Gone(e)),
-            Err(e) => return Err(End::Broken(e)),
         }
         Ok(())
     }
@@ -370,42 +339,15 @@ impl<L: ServiceLister> Loop<L> {
         }
     }
 
-    /// A watch delivered an event or ran its course: the link works.
-    fn healthy(&mut self) {
-        self.relisted_for_gone = false;
-        self.succeeded();
-    }
-
-    fn succeeded(&mut self) {
-        if self.failures > 0 {
-            log::info!(
-                "services: the apiserver answers again after {} failure(s)",
-                self.failures
-            );
-        }
-        self.failures = 0;
-        self.reported = None;
-    }
-
     /// Logs the trouble (once while it repeats) and waits: on the link when it is the
     /// link's, else out the back-off.
     fn failed(&mut self, e: &Trouble) {
-        self.failures = self.failures.saturating_add(1);
-        let key = e.key();
-        if self.reported.as_ref() != Some(&key) {
-            if e.is_auth() {
-                log::error!(
-                    "services: the apiserver refuses to list them: {e}; containers of cluster \
-                     pods wait until it allows the node to list and watch Services (the \
-                     ClusterRole system:node does); retrying with back-off"
-                );
-            } else {
-                log::warn!("services: {e}; retrying with back-off");
-            }
-            self.reported = Some(key);
-        } else {
-            log::debug!("services: {e} (failure {})", self.failures);
-        }
+        let refused = e.is_auth().then(|| {
+            "containers of cluster pods wait until the apiserver allows the node to list \
+             and watch Services (the ClusterRole system:node does); retrying with back-off"
+                .to_owned()
+        });
+        let failures = self.failures.failed(e.key(), e, refused);
         if let (Some(link), true) = (&self.r.link, e.is_transient()) {
             link.report_down(crate::time::now());
             return;
@@ -414,7 +356,7 @@ impl<L: ServiceLister> Loop<L> {
             .r
             .options
             .backoff
-            .jittered(self.failures, crate::backoff::random());
+            .jittered(failures, crate::backoff::random());
         let until = Instant::now() + delay;
         while !self.stopped() {
             let left = until.saturating_duration_since(Instant::now());
@@ -440,24 +382,6 @@ fn transport(message: &str) -> ApiError {
         path: "/api/v1/services".into(),
         message: message.to_string(),
     }
-}
-
-/// Drains `stream` on a thread of its own into a bounded queue, so the loop can wait
-/// for events with a timeout (to notice it should stop, or that the link fell). The
-/// queue disconnects when the stream ends; the thread ends with the stream or when the
-/// loop drops the queue.
-fn read_ahead(stream: ServiceWatch) -> io::Result<Receiver<Result<WatchEvent<Service>, ApiError>>> {
-    let (tx, rx) = sync_channel(EVENT_QUEUE);
-    std::thread::Builder::new()
-        .name("uplink-services-watch".into())
-        .spawn(move || {
-            for item in stream {
-                if tx.send(item).is_err() {
-                    return;
-                }
-            }
-        })?;
-    Ok(rx)
 }
 
 #[cfg(test)]

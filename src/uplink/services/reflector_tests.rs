@@ -1,8 +1,9 @@
 use std::collections::VecDeque;
 use std::sync::Mutex;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ListMeta, Status};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ListMeta, Status, WatchEvent};
 
+use super::super::lister::ServiceWatch;
 use super::super::{ListState, ServiceList};
 use super::*;
 use crate::store::Store;
