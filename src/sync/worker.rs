@@ -517,6 +517,49 @@ impl Worker {
         )
     }
 
+    /// The pod's status as its records give it now: as an ended pod's (`terminal`),
+    /// with what the readiness probes say when `probed`.
+    fn status_now(&self, terminal: bool, probed: bool) -> k8s_openapi::api::core::v1::PodStatus {
+        let sandbox = self.sandbox_status();
+        let views = probed.then(|| self.probe_views());
+        let inputs = StatusInputs {
+            now: time::now(),
+            backoff: &self.deps.backoff,
+            start_time: Some(self.start_time),
+            host_ip: self.deps.host_ip.as_deref(),
+            previous: self.state.as_ref().map(|s| &s.status),
+            terminal,
+            sandbox: Some(&sandbox),
+            probes: views.as_ref(),
+        };
+        status::pod_status(&self.pod, &self.records, &inputs)
+    }
+
+    /// Puts `state` in the store in a transaction of its own, written out to the
+    /// kernel with `write_out`.
+    async fn save_state(
+        &self,
+        state: &PodState,
+        write_out: bool,
+    ) -> Result<(), crate::store::StoreError> {
+        let (store, tree, uid) = (
+            self.deps.store.clone(),
+            self.deps.podstates.tree().clone(),
+            self.uid.clone(),
+        );
+        let kept = state.clone();
+        blocking(move || {
+            let mut batch = crate::store::Batch::new();
+            batch.put(&tree, &uid, &kept)?;
+            store.apply(batch)?;
+            if write_out {
+                store.write_out()?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
     /// Writes records and status that changed, as one transaction. It is flushed (a
     /// journal commit on the flash) when it holds what a power cut must not take: a
     /// container record of a pod that does not restart its containers whatever happens
@@ -542,22 +585,9 @@ impl Worker {
                 log::error!("pod {}: save container record: {e}", self.name());
             }
         }
-        let host_ip = self.deps.host_ip.as_deref();
-        let sandbox = self.sandbox_status();
-        let views = self.probe_views();
-        let inputs = StatusInputs {
-            now: time::now(),
-            backoff: &self.deps.backoff,
-            start_time: Some(self.start_time),
-            host_ip,
-            previous: self.state.as_ref().map(|s| &s.status),
-            // An ended pod restarts nothing: its containers show how they ended.
-            terminal: self.ended.is_some() || self.finished,
-            sandbox: Some(&sandbox),
-            probes: Some(&views),
-        };
-        let status =
-            whole_seconds(self.ended_status(status::pod_status(&self.pod, &self.records, &inputs)));
+        // An ended pod restarts nothing: its containers show how they ended.
+        let terminal = self.ended.is_some() || self.finished;
+        let status = whole_seconds(self.ended_status(self.status_now(terminal, true)));
         // A pod synced is wanted: a stop an earlier agent began (its manifest put back
         // while the agent was down) is over.
         let changed = match &self.state {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use super::{blocking, Worker};
+use super::Worker;
 
 /// The longest grace period waited out: a year. The API takes any non-negative i64
 /// (the largest is 292 billion years, which no clock can add to now: it overflowed
@@ -104,22 +104,9 @@ impl Worker {
             return countdown;
         };
         state.stop_deadline = Some(StopDeadline::after(&boot, now, wait));
-        let (store, tree, uid) = (
-            self.deps.store.clone(),
-            self.deps.podstates.tree().clone(),
-            self.uid.clone(),
-        );
-        let kept = state.clone();
         // Handed to the kernel at once (an agent killed now loses none of it); the
         // stopping agent's last flush makes it durable.
-        let written = blocking(move || {
-            let mut batch = crate::store::Batch::new();
-            batch.put(&tree, &uid, &kept)?;
-            store.apply(batch)?;
-            store.write_out()
-        })
-        .await;
-        if let Err(e) = written {
+        if let Err(e) = self.save_state(&state, true).await {
             log::warn!(
                 "pod {}: save its stop deadline: {e}; a restarted agent starts the grace period again",
                 self.name()

@@ -6,11 +6,10 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::super::record::{ContainerRecord, InstanceState};
-use super::super::status::{self, StatusInputs};
+use super::super::status;
 use super::countdown::{deadline_in, grace_wait, Countdown};
 use super::{blocking, Worker};
 use crate::runtime::{ContainerId, ContainerState};
-use crate::time;
 use crate::uplink::report::EventType;
 
 /// How a stop signals the containers before SIGKILL.
@@ -71,18 +70,7 @@ impl Worker {
         let countdown = self.countdown(grace).await;
         self.stop_by(countdown).await;
         self.refresh().await;
-        let sandbox = self.sandbox_status();
-        let inputs = StatusInputs {
-            now: time::now(),
-            backoff: &self.deps.backoff,
-            start_time: Some(self.start_time),
-            host_ip: self.deps.host_ip.as_deref(),
-            previous: self.state.as_ref().map(|s| &s.status),
-            terminal: true,
-            sandbox: Some(&sandbox),
-            probes: None,
-        };
-        let status = self.ended_status(status::pod_status(&self.pod, &self.records, &inputs));
+        let status = self.ended_status(self.status_now(true, false));
         self.deps.reporter.status(&self.pod, &status, true);
         self.forget().await;
     }

@@ -5,10 +5,8 @@
 
 use std::future::Future;
 
-use super::super::status::{self, StatusInputs};
-use super::{blocking, sleep_until, whole_seconds, Worker};
+use super::{sleep_until, whole_seconds, Worker};
 use crate::runtime::ContainerId;
-use crate::time;
 
 impl Worker {
     /// Awaits `work` (which holds nothing of the worker); for a pod being deleted,
@@ -45,20 +43,7 @@ impl Worker {
     /// readiness probes say now: reported and kept (with the stop's deadline) when it
     /// changed.
     async fn report_stopping(&mut self) {
-        let sandbox = self.sandbox_status();
-        let views = self.probe_views();
-        let inputs = StatusInputs {
-            now: time::now(),
-            backoff: &self.deps.backoff,
-            start_time: Some(self.start_time),
-            host_ip: self.deps.host_ip.as_deref(),
-            previous: self.state.as_ref().map(|s| &s.status),
-            terminal: false,
-            sandbox: Some(&sandbox),
-            probes: Some(&views),
-        };
-        let computed = status::pod_status(&self.pod, &self.records, &inputs);
-        let status = whole_seconds(self.ended_status(computed));
+        let status = whole_seconds(self.ended_status(self.status_now(false, true)));
         let Some(state) = self.state.as_mut() else {
             return;
         };
@@ -67,20 +52,9 @@ impl Worker {
         }
         state.status = status;
         self.deps.reporter.status(&self.pod, &state.status, false);
-        let (store, tree, uid) = (
-            self.deps.store.clone(),
-            self.deps.podstates.tree().clone(),
-            self.uid.clone(),
-        );
         let kept = state.clone();
-        // Not flushed: a status is derived again from the records after a cut.
-        let written = blocking(move || {
-            let mut batch = crate::store::Batch::new();
-            batch.put(&tree, &uid, &kept)?;
-            store.apply(batch)
-        })
-        .await;
-        if let Err(e) = written {
+        // Not written out: a status is derived again from the records after a cut.
+        if let Err(e) = self.save_state(&kept, false).await {
             log::error!("pod {}: save status: {e}", self.name());
         }
     }
