@@ -4,6 +4,26 @@ use crate::sync::record::Instance;
 use k8s_openapi::api::core::v1::PodSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
+/// What the kubelet's back-off and the tests' clock are here.
+const BACKOFF: Backoff = Backoff {
+    initial: Duration::from_secs(10),
+    max: Duration::from_secs(300),
+};
+
+/// Inputs with nothing but the clock, the back-off and `terminal`.
+fn inputs(terminal: bool) -> StatusInputs<'static> {
+    StatusInputs {
+        now: Timestamp::from_second(1_800_000_001).expect("ts"),
+        backoff: &BACKOFF,
+        start_time: None,
+        host_ip: None,
+        previous: None,
+        terminal,
+        sandbox: None,
+        probes: None,
+    }
+}
+
 fn pod(policy: &str) -> Pod {
     Pod {
         metadata: ObjectMeta {
@@ -45,20 +65,7 @@ fn ended(code: i32) -> BTreeMap<String, ContainerRecord> {
 }
 
 fn status_of(policy: &str, code: i32, terminal: bool) -> PodStatus {
-    let backoff = Backoff {
-        initial: Duration::from_secs(10),
-        max: Duration::from_secs(300),
-    };
-    let inputs = StatusInputs {
-        now: Timestamp::from_second(1_800_000_001).expect("ts"),
-        backoff: &backoff,
-        start_time: None,
-        host_ip: None,
-        previous: None,
-        terminal,
-        sandbox: None,
-        probes: None,
-    };
+    let inputs = inputs(terminal);
     pod_status(&pod(policy), &ended(code), &inputs)
 }
 
@@ -142,20 +149,7 @@ fn with_inits(policy: &str, inits: Vec<Container>, recs: Vec<ContainerRecord>) -
     }
     let records: BTreeMap<String, ContainerRecord> =
         recs.into_iter().map(|r| (r.name.clone(), r)).collect();
-    let backoff = Backoff {
-        initial: Duration::from_secs(10),
-        max: Duration::from_secs(300),
-    };
-    let inputs = StatusInputs {
-        now: Timestamp::from_second(1_800_000_001).expect("ts"),
-        backoff: &backoff,
-        start_time: None,
-        host_ip: None,
-        previous: None,
-        terminal: false,
-        sandbox: None,
-        probes: None,
-    };
+    let inputs = inputs(false);
     pod_status(&p, &records, &inputs)
 }
 
@@ -261,10 +255,6 @@ fn addresses(host_network: bool, sandbox: Option<&SandboxStatus>, terminal: bool
     if let Some(spec) = p.spec.as_mut() {
         spec.host_network = Some(host_network);
     }
-    let backoff = Backoff {
-        initial: Duration::from_secs(10),
-        max: Duration::from_secs(300),
-    };
     let previous = PodStatus {
         pod_ip: Some("10.77.0.9".into()),
         pod_ips: Some(vec![PodIP {
@@ -273,14 +263,10 @@ fn addresses(host_network: bool, sandbox: Option<&SandboxStatus>, terminal: bool
         ..PodStatus::default()
     };
     let inputs = StatusInputs {
-        now: Timestamp::from_second(1_800_000_001).expect("ts"),
-        backoff: &backoff,
-        start_time: None,
         host_ip: Some("192.0.2.2"),
         previous: Some(&previous),
-        terminal,
         sandbox,
-        probes: None,
+        ..inputs(terminal)
     };
     pod_status(&p, &BTreeMap::new(), &inputs)
 }
@@ -326,10 +312,6 @@ fn an_ended_pod_keeps_its_addresses_when_its_sandbox_is_gone() {
 fn the_status_names_the_generation_it_describes_and_no_signal() {
     let mut p = pod("Never");
     p.metadata.generation = Some(3);
-    let backoff = Backoff {
-        initial: Duration::from_secs(10),
-        max: Duration::from_secs(300),
-    };
     let mut records = ended(137);
     if let Some(InstanceState::Terminated(t)) = records
         .get_mut("main")
@@ -338,16 +320,7 @@ fn the_status_names_the_generation_it_describes_and_no_signal() {
     {
         t.signal = Some(9);
     }
-    let inputs = StatusInputs {
-        now: Timestamp::from_second(1_800_000_001).expect("ts"),
-        backoff: &backoff,
-        start_time: None,
-        host_ip: None,
-        previous: None,
-        terminal: false,
-        sandbox: None,
-        probes: None,
-    };
+    let inputs = inputs(false);
     let s = pod_status(&p, &records, &inputs);
     assert_eq!(s.observed_generation, Some(3));
     assert!(s
@@ -387,20 +360,7 @@ fn ephemeral_containers_have_statuses_of_their_own_and_never_restart() {
     .into_iter()
     .map(|r| (r.name.clone(), r))
     .collect();
-    let backoff = Backoff {
-        initial: Duration::from_secs(10),
-        max: Duration::from_secs(300),
-    };
-    let inputs = StatusInputs {
-        now: Timestamp::from_second(1_800_000_001).expect("ts"),
-        backoff: &backoff,
-        start_time: None,
-        host_ip: None,
-        previous: None,
-        terminal: false,
-        sandbox: None,
-        probes: None,
-    };
+    let inputs = inputs(false);
     let s = pod_status(&p, &records, &inputs);
     let eph = s.ephemeral_container_statuses.clone().expect("ephemeral");
     let names: Vec<&str> = eph.iter().map(|c| c.name.as_str()).collect();
@@ -458,19 +418,9 @@ fn gated_ready(conditions: &[(&str, &str)], container_ready: bool) -> PodConditi
             ready: container_ready,
         },
     )]);
-    let backoff = Backoff {
-        initial: Duration::from_secs(10),
-        max: Duration::from_secs(300),
-    };
     let inputs = StatusInputs {
-        now: Timestamp::from_second(1_800_000_001).expect("ts"),
-        backoff: &backoff,
-        start_time: None,
-        host_ip: None,
-        previous: None,
-        terminal: false,
-        sandbox: None,
         probes: Some(&views),
+        ..inputs(false)
     };
     let s = pod_status(&p, &records, &inputs);
     assert_eq!(
