@@ -370,33 +370,79 @@ fn shipped_config_is_accepted_and_matches_the_installed_dirs() {
     assert!(code.contains("${D}${localstatedir}/lib/holdfast"));
 }
 
+/// The recipe turns Cargo's default features off and each back on through a
+/// PACKAGECONFIG: `seccomp` follows the distro feature of that name, with libseccomp
+/// as its only build dependency, linked from the sysroot (never fetched by build.rs).
+/// What `bitbake -e` makes of it, with and without the distro feature, is checked by
+/// yocto/check-bitbake.sh.
 #[test]
-fn recipe_builds_the_default_seccomp_feature_against_libseccomp() {
+fn seccomp_follows_the_distro_feature() {
     let manifest = read(&repo().join("Cargo.toml"));
-    let default_features = manifest
+    let default_features: Vec<&str> = manifest
         .lines()
         .find_map(|l| l.strip_prefix("default = "))
-        .unwrap_or("[]");
-    assert!(
-        default_features.contains("\"seccomp\""),
-        "seccomp is no longer a default feature ({default_features}): update the recipe"
-    );
+        .unwrap_or("[]")
+        .trim_matches(|c| c == '[' || c == ']')
+        .split(',')
+        .map(|f| f.trim().trim_matches('"'))
+        .filter(|f| !f.is_empty())
+        .collect();
     let (path, _) = recipe();
     let code = recipe_code(&path);
-    let depends: Vec<&str> = code
-        .lines()
-        .filter_map(|l| l.strip_prefix("DEPENDS += "))
-        .flat_map(|v| v.trim_matches('"').split_whitespace())
-        .collect();
     assert!(
-        depends.contains(&"libseccomp"),
-        "the recipe does not DEPEND on libseccomp: {depends:?}"
+        assigned(&code, "CARGO_BUILD_FLAGS:append").contains("--no-default-features"),
+        "the recipe keeps Cargo's default features"
     );
-    // The sysroot has the shared library only (Yocto builds no static ones by default).
-    assert_eq!(assigned(&code, "export LIBSECCOMP_LINK_TYPE"), "dylib");
+    for feature in &default_features {
+        let flags = assigned(&code, &format!("PACKAGECONFIG[{feature}]"));
+        let fields: Vec<&str> = flags.split(',').collect();
+        assert_eq!(
+            fields.first().copied(),
+            Some(format!("--features {feature}").as_str()),
+            "PACKAGECONFIG[{feature}] = {flags:?} does not turn the feature on"
+        );
+    }
     assert!(
-        !code.contains("--features seccomp"),
-        "the feature is on by default: no PACKAGECONFIG turns it on"
+        default_features.contains(&"seccomp"),
+        "seccomp is no longer a default feature ({default_features:?}): update the recipe"
+    );
+    let seccomp = assigned(&code, "PACKAGECONFIG[seccomp]");
+    assert_eq!(seccomp.split(',').nth(2), Some("libseccomp"), "{seccomp}");
+    assert!(
+        !code
+            .lines()
+            .any(|l| l.starts_with("DEPENDS") && l.contains("libseccomp")),
+        "libseccomp is a dependency whatever the distro has"
+    );
+    assert!(
+        assigned(&code, "PACKAGECONFIG ??")
+            .contains("bb.utils.filter('DISTRO_FEATURES', 'seccomp', d)"),
+        "PACKAGECONFIG does not follow DISTRO_FEATURES"
+    );
+    // The sysroot has the shared library only (Yocto builds no static ones by default),
+    // and build.rs looks nowhere else.
+    assert_eq!(assigned(&code, "export LIBSECCOMP_LINK_TYPE"), "dylib");
+    assert_eq!(
+        assigned(&code, "export LIBSECCOMP_LIB_PATH"),
+        "${STAGING_LIBDIR}"
+    );
+}
+
+/// The executable is PIE as the distro builds them, non-PIE only when a product asks
+/// for it with HOLDFAST_PIE = "0".
+#[test]
+fn pie_unless_a_product_asks_for_non_pie() {
+    let (path, _) = recipe();
+    let code = recipe_code(&path);
+    assert_eq!(assigned(&code, "HOLDFAST_PIE ?"), "1");
+    let rustflags = assigned(&code, "RUSTFLAGS:append");
+    let (always, rest) = rustflags
+        .split_once("${@")
+        .unwrap_or_else(|| panic!("RUSTFLAGS = {rustflags:?} has no HOLDFAST_PIE choice"));
+    assert!(!always.contains("relocation-model"), "{rustflags}");
+    assert!(
+        rest.contains("relocation-model=static") && rest.contains("${HOLDFAST_PIE}"),
+        "{rustflags}"
     );
 }
 
@@ -661,4 +707,39 @@ fn packagegroup_installs_holdfast() {
     let packages: Vec<&str> = rdepends.split_whitespace().filter(|w| *w != "\\").collect();
     assert!(packages.contains(&"holdfast"), "{packages:?}");
     assert!(code.contains("inherit packagegroup"));
+}
+
+/// `holdfast check` on a kernel config as linux-yocto makes it from a 6.18 defconfig
+/// (the legacy iptables switches off, as they default) with the layer's fragment on
+/// top: pod NAT and hostPort have their iptables tables, and br_netfilter is there.
+#[test]
+fn the_kernel_fragment_gives_what_holdfast_check_asks_on_6_18() {
+    let base = read(&repo().join("tests/fixtures/kernel/complete.config"));
+    let fragment =
+        read(&repo().join("yocto/meta-holdfast/recipes-kernel/linux/linux-yocto/holdfast.cfg"));
+    let dir = support::tempdir::TempDir::new("yocto-kconfig");
+    let config = dir.0.join("config");
+    // The last setting of an option wins, as in a merged config.
+    std::fs::write(
+        &config,
+        format!(
+            "{base}# CONFIG_NETFILTER_XTABLES_LEGACY is not set\n\
+             # CONFIG_IP_NF_IPTABLES_LEGACY is not set\n{fragment}"
+        ),
+    )
+    .expect("config");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_holdfast"))
+        .args(["check", "--kernel-config"])
+        .arg(&config)
+        .output()
+        .expect("holdfast check");
+    let report = String::from_utf8_lossy(&out.stdout);
+    for item in ["iptables (legacy or nf_tables): ", "br_netfilter: "] {
+        assert!(
+            report
+                .lines()
+                .any(|l| l.starts_with("  [ok]") && l.contains(item)),
+            "{item} not ok:\n{report}"
+        );
+    }
 }

@@ -10,7 +10,9 @@
 #   - `bitbake -e holdfast` (the release recipe) and `bitbake -e -b holdfast_git.bb`
 #     (the development recipe) give the generated LICENSE (every name a licence
 #     oe-core knows), every crate of the recipe's crates .inc in SRC_URI (and the git
-#     source for the release), no cni recommendation, qemuarm64's board profile;
+#     source for the release), no cni recommendation, qemuarm64's board profile, the
+#     `seccomp` feature and libseccomp (nodistro has the `seccomp` distro feature) and
+#     a PIE executable;
 #   - `bitbake -e -b holdfast-image.bb` installs packagegroup-holdfast;
 #     `bitbake -g holdfast packagegroup-holdfast holdfast-image` resolves their
 #     dependencies (what fails with `Nothing RPROVIDES`);
@@ -24,7 +26,8 @@
 # run with `bitbake -b`, without the dependency resolution build-arm64 did):
 #   - both recipes' variables (recipe-env.py, as `bitbake -e` gives them): the
 #     dynamic-layers bbappend adds the cni recommendation and the CNI network;
-#     qemuarm has no board profile;
+#     qemuarm has no board profile; a distro without `seccomp` builds holdfast without
+#     the feature and libseccomp; HOLDFAST_PIE = "0" makes it non-PIE;
 #   - the release's `-c patch` and the development recipe's `-c unpack` apply the
 #     armv7 patches of holdfast_patch_crates to libcontainer and libcgroups, read from
 #     the task logs.
@@ -322,6 +325,40 @@ check_env() {
   fi
 }
 
+# check_flags <env file> <label> <seccomp: yes|no> <non-PIE: yes|no>: how the recipe
+# builds holdfast, from `bitbake -e`: the `seccomp` feature and libseccomp only with the
+# distro's `seccomp`, Cargo's default features off, libseccomp from the sysroot only,
+# and a PIE executable unless HOLDFAST_PIE = "0".
+check_flags() {
+  local env=$1 label=$2 seccomp=$3 nonpie=$4
+  local config depends confargs buildflags libpath rustflags
+  config=$(value "$env" PACKAGECONFIG)
+  depends=$(value "$env" DEPENDS)
+  confargs=$(value "$env" PACKAGECONFIG_CONFARGS)
+  buildflags=$(value "$env" CARGO_BUILD_FLAGS)
+  libpath=$(value "$env" LIBSECCOMP_LIB_PATH)
+  rustflags=$(value "$env" RUSTFLAGS)
+  if ! echo " $buildflags " | grep -q ' --no-default-features '; then
+    fail "$label: CARGO_BUILD_FLAGS keep Cargo's default features: $buildflags"
+  elif [ "$seccomp" = yes ] && echo " $config " | grep -q ' seccomp ' &&
+    echo " $depends " | grep -q ' libseccomp ' && echo "$confargs" | grep -q -- '--features seccomp' &&
+    [ -n "$libpath" ]; then
+    ok "$label: seccomp: PACKAGECONFIG \"$config\", --features seccomp, libseccomp from $libpath"
+  elif [ "$seccomp" = no ] && ! echo " $config " | grep -q ' seccomp ' &&
+    ! echo " $depends " | grep -q ' libseccomp ' && ! echo "$confargs" | grep -q seccomp; then
+    ok "$label: no seccomp in DISTRO_FEATURES: no seccomp feature, no libseccomp"
+  else
+    fail "$label: seccomp $seccomp, but PACKAGECONFIG \"$config\", DEPENDS \"$depends\", PACKAGECONFIG_CONFARGS \"$confargs\", LIBSECCOMP_LIB_PATH \"$libpath\""
+  fi
+  if [ "$nonpie" = yes ] && echo "$rustflags" | grep -q 'relocation-model=static'; then
+    ok "$label: HOLDFAST_PIE = 0: non-PIE"
+  elif [ "$nonpie" = no ] && ! echo "$rustflags" | grep -q 'relocation-model'; then
+    ok "$label: PIE, as the distro builds executables"
+  else
+    fail "$label: non-PIE $nonpie, but RUSTFLAGS \"$rustflags\""
+  fi
+}
+
 # run <log> <command>...: runs a command, its output in <log>, and says how it went.
 run() {
   local log=$1
@@ -372,9 +409,11 @@ if run env-release-arm64.log in_build build-arm64 bitbake -e holdfast; then
   [ "$pv" = "$(basename "$release_bb" .bb | cut -d_ -f2)" ] && ok "bitbake -e holdfast: PV $pv (the release)" ||
     fail "bitbake -e holdfast gives PV $pv, not the release's"
   check_env env-release-arm64.log "qemuarm64 release" "$recipes/holdfast-$pv-crates.inc" arm64-vm no yes
+  check_flags env-release-arm64.log "qemuarm64 release" yes no
 fi
 if run env-git-arm64.log in_build build-arm64 bitbake -e -b "$git_bb"; then
   check_env env-git-arm64.log "qemuarm64 git" "$recipes/holdfast-crates.inc" arm64-vm no no
+  check_flags env-git-arm64.log "qemuarm64 git" yes no
   [ "$(value env-git-arm64.log EXTERNALSRC)" = "$work/src" ] && ok "qemuarm64 git: EXTERNALSRC = $work/src" ||
     fail "qemuarm64 git: EXTERNALSRC is \"$(value env-git-arm64.log EXTERNALSRC)\", not the checkout $work/src"
 fi
@@ -419,14 +458,20 @@ stop_servers
 # tinfoil, bbappends applied. (The layer's linux-yocto bbappend is masked too: it
 # would append to nothing.)
 step "build-arm (MACHINE qemuarm, with virtualization-layer, oe-core's recipes masked): both recipes' variables"
-new_build build-arm qemuarm "BBMASK += \"$work/oe-core/meta/recipes- $layer/recipes-kernel/\"" \
+# A distro without seccomp, and a product that takes the non-PIE executable.
+new_build build-arm qemuarm "BBMASK += \"$work/oe-core/meta/recipes- $layer/recipes-kernel/\"
+DISTRO_FEATURES:remove = \"seccomp\"
+HOLDFAST_PIE = \"0\"" \
   "$work/fake-virt" "$layer"
-env_vars=(LICENSE SRC_URI RRECOMMENDS:holdfast HOLDFAST_BOARD PACKAGE_ARCH MACHINE_ARCH PV EXTERNALSRC)
+env_vars=(LICENSE SRC_URI RRECOMMENDS:holdfast HOLDFAST_BOARD PACKAGE_ARCH MACHINE_ARCH PV EXTERNALSRC
+  PACKAGECONFIG DEPENDS PACKAGECONFIG_CONFARGS CARGO_BUILD_FLAGS LIBSECCOMP_LIB_PATH RUSTFLAGS)
 if run env-release-arm.log in_build build-arm python3 "$work/src/yocto/recipe-env.py" "$work/bitbake" "$release_bb" "${env_vars[@]}"; then
   check_env env-release-arm.log "qemuarm release" "$recipes/holdfast-$pv-crates.inc" "" yes yes
+  check_flags env-release-arm.log "qemuarm release" no yes
 fi
 if run env-git-arm.log in_build build-arm python3 "$work/src/yocto/recipe-env.py" "$work/bitbake" "$git_bb" "${env_vars[@]}"; then
   check_env env-git-arm.log "qemuarm git" "$recipes/holdfast-crates.inc" "" yes no
+  check_flags env-git-arm.log "qemuarm git" no yes
 fi
 
 step "build-arm: bitbake -b holdfast_$pv.bb -c patch, bitbake -b holdfast_git.bb -c unpack"

@@ -49,6 +49,11 @@ pub struct Facts {
     pub modules_available: BTreeSet<String>,
     /// `/proc/self/status`.
     pub proc_status: Option<String>,
+    /// `/proc/net/ip_tables_names`: the legacy iptables tables in use (the file exists
+    /// once `ip_tables` is loaded).
+    pub ip_tables_names: Option<String>,
+    /// `/proc/sys/net/bridge` exists: `br_netfilter` is loaded.
+    pub bridge_nf_sysctls: bool,
     /// `/proc/sys/user/max_user_namespaces`.
     pub max_user_namespaces: Option<u64>,
     pub disk: Option<Result<Disk, String>>,
@@ -122,6 +127,8 @@ impl Facts {
             modules_present,
             modules_available,
             proc_status: read("/proc/self/status"),
+            ip_tables_names: read("/proc/net/ip_tables_names"),
+            bridge_nf_sysctls: Path::new("/proc/sys/net/bridge/bridge-nf-call-iptables").exists(),
             max_user_namespaces: read("/proc/sys/user/max_user_namespaces")
                 .and_then(|s| s.trim().parse().ok()),
             disk: Some(disk(&root_dir)),

@@ -15,6 +15,7 @@ mod cgroup;
 mod facts;
 mod kconfig;
 mod kernel;
+mod netfilter;
 mod system;
 
 use std::path::PathBuf;
@@ -114,6 +115,7 @@ pub fn evaluate(facts: &Facts) -> Report {
     cgroup::checks(facts, &mut required, &mut optional);
     kernel::filesystems_and_network(facts, &mut required, &mut optional);
     kernel::seccomp(facts, &mut optional);
+    netfilter::checks(facts, &mut optional);
     system::checks(facts, &mut required);
     Report {
         header: facts.header(),

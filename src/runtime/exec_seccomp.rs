@@ -18,6 +18,8 @@ use oci_spec::runtime::{Capability, LinuxCapabilities, LinuxSeccomp, Process, Sp
 /// The executor of a command in a filtered container.
 #[derive(Clone)]
 pub struct Filtered {
+    // Never built without the `seccomp` feature (see [`lend`]).
+    #[cfg_attr(not(feature = "seccomp"), allow(dead_code))]
     seccomp: LinuxSeccomp,
     /// The container's own capabilities, which the command ends with.
     caps: LinuxCapabilities,
