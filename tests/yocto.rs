@@ -743,3 +743,38 @@ fn the_kernel_fragment_gives_what_holdfast_check_asks_on_6_18() {
         );
     }
 }
+
+/// The modules loaded at boot: br_netfilter (never loaded on demand) among them, each
+/// also recommended as its kernel-module package, and the file installed where
+/// systemd-modules-load reads it.
+#[test]
+fn br_netfilter_is_loaded_at_boot() {
+    let listed: Vec<String> = read(&repo().join(RECIPE_DIR).join("files/holdfast-modules.conf"))
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(str::to_owned)
+        .collect();
+    for m in ["br_netfilter", "overlay", "veth", "bridge"] {
+        assert!(
+            listed.iter().any(|l| l == m),
+            "{m} not loaded at boot: {listed:?}"
+        );
+    }
+    let (path, _) = recipe();
+    let code = recipe_code(&path);
+    let recommended = assigned_block(&code, "RRECOMMENDS:${PN} +");
+    for m in &listed {
+        let package = format!("kernel-module-{}", m.replace('_', "-"));
+        assert!(
+            recommended.split_whitespace().any(|p| p == package),
+            "{package} is not recommended: {recommended}"
+        );
+    }
+    assert!(
+        code.contains(
+            "${UNPACKDIR}/holdfast-modules.conf ${D}${nonarch_libdir}/modules-load.d/holdfast.conf"
+        ),
+        "holdfast-modules.conf is not installed into modules-load.d"
+    );
+}

@@ -14,6 +14,7 @@ HOLDFAST_GIT_PARAMS ?= "protocol=https;branch=main"
 SRC_URI = "git://${HOLDFAST_GIT_REPO};${HOLDFAST_GIT_PARAMS} \
            file://holdfast.service \
            file://config.yaml \
+           file://holdfast-modules.conf \
            "
 SRCREV = "88abc5e1f73451f42777626d4e9c0e0b62911bd9"
 

@@ -11,6 +11,7 @@ DEFAULT_PREFERENCE = "-1"
 require holdfast-crates.inc
 SRC_URI += "file://holdfast.service \
             file://config.yaml \
+            file://holdfast-modules.conf \
             "
 require holdfast.inc
 
