@@ -21,6 +21,8 @@
 #     from Cargo's download cache, each checked against the .inc's sha256sum by the
 #     fetcher; no 32-bit patch on aarch64;
 #   - yocto-check-layer's tests that need no world build (check-layer-subset.py).
+# Before either: the layer's oeqa runtime case loads with oe-core's oeqa (testimage
+# runs it in a booted image on a build machine: lib/oeqa/runtime/cases/holdfast.py).
 # Build dir build-arm (oe-core, a stand-in meta-virtualization and meta-holdfast,
 # MACHINE qemuarm), oe-core's recipes masked (no second parse of every recipe; tasks
 # run with `bitbake -b`, without the dependency resolution build-arm64 did):
@@ -177,6 +179,25 @@ mkdir oe-core bitbake
 tar -xf "$oe_tarball" -C oe-core --strip-components=1
 tar -xf "$bb_tarball" -C bitbake --strip-components=1
 common_licenses=$work/oe-core/meta/files/common-licenses
+
+# The layer's runtime test (lib/oeqa/runtime/cases/holdfast.py), which testimage runs in
+# a booted image: it loads with oe-core's oeqa as testimage loads a layer's cases.
+if PYTHONPATH="$work/oe-core/meta/lib:$work/bitbake/lib" python3 - \
+  "$layer/lib/oeqa/runtime/cases" >oeqa.log 2>&1 <<'EOF'
+import importlib, sys, unittest
+import oeqa.runtime.cases
+oeqa.runtime.cases.__path__.append(sys.argv[1])
+case = importlib.import_module("oeqa.runtime.cases.holdfast").HoldfastTest
+names = unittest.TestLoader().getTestCaseNames(case)
+want = {"test_holdfast_check", "test_br_netfilter_loaded_at_boot", "test_agent_runs_and_answers"}
+assert want <= set(names), names
+print(" ".join(names))
+EOF
+then
+  ok "oeqa runtime case holdfast: $(tail -n 1 oeqa.log)"
+else
+  fail "oeqa runtime case holdfast does not load with oe-core's oeqa: $(cat oeqa.log)"
+fi
 
 # A stand-in for meta-virtualization: its collection name and a cni recipe.
 mkdir -p fake-virt/conf fake-virt/recipes-networking/cni
