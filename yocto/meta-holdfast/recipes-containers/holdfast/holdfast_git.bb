@@ -3,9 +3,9 @@
 # crate fetcher still fetches and unpacks the crates, so holdfast-crates.inc is
 # generated from the working tree's Cargo.lock (`python3 yocto/gen-crates-inc.py`).
 # The release recipe is preferred; pick this one with
-#   PREFERRED_VERSION_holdfast = "0.1.0+git"
+#   PREFERRED_VERSION_holdfast = "0.2.0+git"
 # and, for a checkout elsewhere, EXTERNALSRC:pn-holdfast = "/path/to/holdfast".
-PV = "0.1.0+git"
+PV = "0.2.0+git"
 DEFAULT_PREFERENCE = "-1"
 
 require holdfast-crates.inc
