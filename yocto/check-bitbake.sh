@@ -87,6 +87,14 @@ if [ -z "${HOLDFAST_CHECK_DIR:-}" ]; then
   fi
   git clone --quiet --bare --no-hardlinks "$repo" "$work/holdfast.git"
   git -C "$work/holdfast.git" update-ref refs/heads/main "$(git -C "$repo" rev-parse HEAD)"
+  # The release recipe fetches tag v<PV> and the fetcher checks that it names SRCREV.
+  # The mirror stands in for the project's repository, where the release is tagged: a
+  # clone without tags gets the tag here (gen-crates-inc.py --check-release has checked
+  # that SRCREV is the commit that made that version).
+  release_pv=$(basename "$recipes"/holdfast_[0-9]*.bb .bb | cut -d_ -f2)
+  if ! git -C "$work/holdfast.git" rev-parse --verify --quiet "refs/tags/v$release_pv" >/dev/null; then
+    git -C "$work/holdfast.git" tag "v$release_pv" "$srcrev"
+  fi
   # The crates of both recipes' .inc files, from Cargo's download cache, named as the
   # crate fetcher names them (<name>-<version>.crate). The .done stamp is empty: the
   # fetcher then computes the file's sha256 and compares it with the recipe's

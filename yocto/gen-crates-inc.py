@@ -301,6 +301,15 @@ def version_at(commit: str) -> str:
     return manifest["package"]["version"]
 
 
+def version_before(commit: str) -> str | None:
+    """The version of `commit`'s first parent (None for a root commit)."""
+    parent = subprocess.run(
+        ["git", "rev-parse", "--verify", "--quiet", f"{commit}^"],
+        cwd=REPO, capture_output=True, text=True,
+    )
+    return version_at(parent.stdout.strip()) if parent.returncode == 0 else None
+
+
 def render_at(commit: str) -> str:
     """What the .inc of `commit` holds: its Cargo.lock and the licences of its crates,
     from its own tree (unpacked from git into a temporary folder)."""
@@ -356,14 +365,17 @@ def move_release(rev: str) -> int:
 
 def check_release() -> int:
     """The release recipe's PV is the version of its SRCREV, SRCREV is in this branch's
-    history, and its .inc is what this script writes for SRCREV."""
+    history and is the commit that made that version (the one tagged v<PV>; where the
+    clone has the tag, it names SRCREV), SRC_URI asks the fetcher to check the tag, and
+    the .inc is what this script writes for SRCREV."""
     recipes = release_recipes()
     if len(recipes) != 1:
         raise SystemExit(f"expected one holdfast_<version>.bb in {os.path.relpath(RECIPE_DIR, REPO)}, found {recipes}")
     recipe, pv = recipes[0]
     rel = os.path.relpath(recipe, REPO)
     with open(recipe, encoding="utf-8") as f:
-        m = SRCREV_LINE.search(f.read())
+        recipe_text = f.read()
+    m = SRCREV_LINE.search(recipe_text)
     if not m or len(m.group(1)) != 40:
         raise SystemExit(f"{rel} has no `SRCREV = \"<40-character commit>\"` line")
     commit = commit_of(m.group(1))
@@ -374,6 +386,22 @@ def check_release() -> int:
     version = version_at(commit)
     if version != pv:
         print(f"{rel}: PV is {pv}, Cargo.toml at SRCREV {commit[:12]} says {version}", file=sys.stderr)
+        failed = True
+    elif version_before(commit) == pv:
+        print(f"{rel}: SRCREV {commit[:12]} is not the commit that made version {pv} (its parent "
+              f"is {pv} already): a release is the commit tagged v{pv}", file=sys.stderr)
+        failed = True
+    if f";tag=v${{PV}}" not in recipe_text:
+        print(f"{rel}: SRC_URI names no `;tag=v${{PV}}`: the fetcher cannot check the tag", file=sys.stderr)
+        failed = True
+    tagged = subprocess.run(
+        ["git", "rev-parse", "--verify", "--quiet", f"refs/tags/v{pv}^{{commit}}"],
+        cwd=REPO, capture_output=True, text=True,
+    )
+    # A clone without tags cannot tell; one with the tag must agree with SRCREV.
+    if tagged.returncode == 0 and tagged.stdout.strip() != commit:
+        print(f"{rel}: SRCREV {commit[:12]} is not v{pv}, which is {tagged.stdout.strip()[:12]}",
+              file=sys.stderr)
         failed = True
     inc = release_inc(pv)
     try:

@@ -1,7 +1,9 @@
-# holdfast at a released commit, fetched with git. PV is the `version` in Cargo.toml at
-# SRCREV, and holdfast-${PV}-crates.inc is generated from SRCREV's Cargo.lock:
-# `python3 yocto/gen-crates-inc.py --rev <commit>` moves both, `--check-release`
-# checks them. holdfast_git.bb builds the checkout the layer lives in instead.
+# holdfast at a release: the commit tagged v${PV}, fetched with git (the fetcher
+# checks that the tag names SRCREV). PV is the `version` in Cargo.toml at SRCREV, and
+# holdfast-${PV}-crates.inc is generated from SRCREV's Cargo.lock:
+# `python3 yocto/gen-crates-inc.py --rev v<version>` moves both, `--check-release`
+# checks them (see "Releasing" in the layer's README). holdfast_git.bb builds the
+# checkout the layer lives in instead, as ${PV}+git.
 
 # Where holdfast's sources are fetched from: the repository (host and path, as in
 # a git:// URL) and the fetcher's parameters. Point them at your mirror or fork in
@@ -11,12 +13,12 @@
 HOLDFAST_GIT_REPO ?= "github.com/holdfast-agent/holdfast.git"
 HOLDFAST_GIT_PARAMS ?= "protocol=https;branch=main"
 
-SRC_URI = "git://${HOLDFAST_GIT_REPO};${HOLDFAST_GIT_PARAMS} \
+SRC_URI = "git://${HOLDFAST_GIT_REPO};${HOLDFAST_GIT_PARAMS};tag=v${PV} \
            file://holdfast.service \
            file://config.yaml \
            file://holdfast-modules.conf \
            "
-SRCREV = "88abc5e1f73451f42777626d4e9c0e0b62911bd9"
+SRCREV = "6a26f7a05269df655f119c1aca64a2e2f5d615ab"
 
 require holdfast-${PV}-crates.inc
 require holdfast.inc
