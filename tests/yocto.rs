@@ -778,3 +778,49 @@ fn br_netfilter_is_loaded_at_boot() {
         "holdfast-modules.conf is not installed into modules-load.d"
     );
 }
+
+/// The development recipe's package version carries the checkout's commit, so no two
+/// snapshots share one: its `holdfast_checkout_rev` run on this checkout, as bitbake
+/// runs it.
+#[test]
+fn each_snapshot_has_a_package_version_of_its_own() {
+    let path = repo().join(RECIPE_DIR).join("holdfast_git.bb");
+    let code = read(&path);
+    assert_eq!(assigned(&code, "PKGV"), "${PV}${@holdfast_checkout_rev(d)}");
+    let start = code
+        .find("def holdfast_checkout_rev(d):")
+        .expect("holdfast_checkout_rev");
+    let body: String = code[start..]
+        .lines()
+        .take_while(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join("\n");
+    let script = format!(
+        "{body}\nclass D:\n    def getVar(self, name):\n        return {:?} if name == 'EXTERNALSRC' else None\nprint(holdfast_checkout_rev(D()))\n",
+        repo().display().to_string()
+    );
+    let out = Command::new("python3")
+        .args(["-c", &script])
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let git = |args: &[&str]| {
+        let o = Command::new("git")
+            .arg("-C")
+            .arg(repo())
+            .args(args)
+            .output()
+            .expect("git");
+        String::from_utf8_lossy(&o.stdout).trim().to_owned()
+    };
+    let want = format!(
+        "{}+{}",
+        git(&["rev-list", "--count", "HEAD"]),
+        git(&["rev-parse", "--short=10", "HEAD"])
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), want);
+}

@@ -289,9 +289,10 @@ in_build() {
   )
 }
 
-# value <env file> <variable>: a variable's final value from `bitbake -e` output.
+# value <env file> <variable>: a variable's final value from `bitbake -e` output (an
+# exported one is printed `export NAME="..."`).
 value() {
-  sed -n "s/^$2=\"\(.*\)\"\$/\1/p" "$1"
+  sed -n "s/^\(export \)\{0,1\}$2=\"\(.*\)\"\$/\2/p" "$1"
 }
 
 # check_env <env file> <label> <crates .inc> <board> <with cni> <git source>: what

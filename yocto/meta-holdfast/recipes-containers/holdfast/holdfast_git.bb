@@ -7,6 +7,20 @@
 # and, for a checkout elsewhere, EXTERNALSRC:pn-holdfast = "/path/to/holdfast".
 PV = "0.2.0+git"
 DEFAULT_PREFERENCE = "-1"
+# Each snapshot a package version of its own, as oe-core gives a recipe fetched with
+# git: <version>+git<commits>+<commit> of the checkout's HEAD (with no git, or no
+# checkout, plain ${PV}).
+PKGV = "${PV}${@holdfast_checkout_rev(d)}"
+
+def holdfast_checkout_rev(d):
+    import subprocess
+    src = d.getVar('EXTERNALSRC')
+    try:
+        git = lambda *args: subprocess.check_output(
+            ['git', '-C', src] + list(args), stderr=subprocess.DEVNULL, text=True).strip()
+        return '%s+%s' % (git('rev-list', '--count', 'HEAD'), git('rev-parse', '--short=10', 'HEAD'))
+    except (OSError, subprocess.CalledProcessError):
+        return ''
 
 require holdfast-crates.inc
 SRC_URI += "file://holdfast.service \
