@@ -195,3 +195,48 @@ fn usage_errors_exit_2() {
         assert!(err.contains(known), "{err}");
     }
 }
+
+/// A root dir on a filesystem in memory (a read-only rootfs binds /var/lib to a tmpfs)
+/// is said to lose every pod's state at the next power cut; one on disk is said to keep
+/// it. The tmpfs is mounted here, so the verdict does not depend on this machine.
+#[test]
+fn a_root_dir_in_memory_is_said_to_lose_its_state() {
+    if !support::agent::need_root() {
+        return;
+    }
+    let dir = support::tempdir::TempDir::new("check-tmpfs");
+    let mnt = dir.0.join("tmpfs");
+    std::fs::create_dir_all(&mnt).expect("mount point");
+    nix::mount::mount(
+        Some("tmpfs"),
+        &mnt,
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        Some("size=8m"),
+    )
+    .expect("mount a tmpfs");
+    let root = mnt.join("holdfast");
+    let o = check(&["--root-dir", &root.display().to_string()]);
+    let _ = nix::mount::umount2(&mnt, nix::mount::MntFlags::MNT_DETACH);
+    let out = stdout(&o);
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("  [warn] state kept across power cuts: ")
+                && l.contains("is in memory (tmpfs)")),
+        "{out}"
+    );
+    // The build's own folder is on the disk the tests run from.
+    let target = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target");
+    let on_disk = nix::sys::statfs::statfs(&target)
+        .is_ok_and(|fs| fs.filesystem_type() != nix::sys::statfs::TMPFS_MAGIC);
+    if on_disk {
+        let out = stdout(&check(&[
+            "--root-dir",
+            &target.join("no-such-root").display().to_string(),
+        ]));
+        assert!(
+            out.contains("  [ok]   state kept across power cuts: "),
+            "{out}"
+        );
+    }
+}

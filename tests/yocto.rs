@@ -824,3 +824,38 @@ fn each_snapshot_has_a_package_version_of_its_own() {
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), want);
 }
+
+/// With HOLDFAST_DATA_DEVICE, the recipe writes a mount unit for the state dir: named
+/// as systemd names the unit of that path, mounting it nosuid,nodev (not noexec), and
+/// enabled with the agent, whose unit waits for it.
+#[test]
+fn a_data_partition_is_mounted_where_the_agent_keeps_its_state() {
+    let (path, _) = recipe();
+    let code = recipe_code(&path);
+    let unit_name = Command::new("systemd-escape")
+        .args(["--path", "--suffix=mount", "/var/lib/holdfast"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_else(|_| "var-lib-holdfast.mount".to_owned());
+    assert_eq!(
+        assigned(&code, "HOLDFAST_DATA_MOUNT"),
+        format!("${{@'{unit_name}' if d.getVar('HOLDFAST_DATA_DEVICE') else ''}}")
+    );
+    for line in [
+        "'What=${HOLDFAST_DATA_DEVICE}'",
+        "'Where=${localstatedir}/lib/holdfast'",
+        "'Options=nosuid,nodev'",
+        "'WantedBy=local-fs.target'",
+    ] {
+        assert!(code.contains(line), "the mount unit has no {line}");
+    }
+    assert_eq!(
+        assigned(&code, "SYSTEMD_SERVICE:${PN}"),
+        "holdfast.service ${HOLDFAST_DATA_MOUNT}"
+    );
+    let service = read(&repo().join(RECIPE_DIR).join("files/holdfast.service"));
+    assert!(
+        service.contains("RequiresMountsFor=/var/lib/holdfast"),
+        "{service}"
+    );
+}

@@ -30,6 +30,7 @@
 #     dynamic-layers bbappend adds the cni recommendation and the CNI network;
 #     qemuarm has no board profile; a distro without `seccomp` builds holdfast without
 #     the feature and libseccomp; HOLDFAST_PIE = "0" makes it non-PIE;
+#     HOLDFAST_DATA_DEVICE enables the state partition's mount unit;
 #   - the release's `-c patch` and the development recipe's `-c unpack` apply the
 #     armv7 patches of holdfast_patch_crates to libcontainer and libcgroups, read from
 #     the task logs.
@@ -491,10 +492,12 @@ step "build-arm (MACHINE qemuarm, with virtualization-layer, oe-core's recipes m
 # A distro without seccomp, and a product that takes the non-PIE executable.
 new_build build-arm qemuarm "BBMASK += \"$work/oe-core/meta/recipes- $layer/recipes-kernel/\"
 DISTRO_FEATURES:remove = \"seccomp\"
-HOLDFAST_PIE = \"0\"" \
+HOLDFAST_PIE = \"0\"
+HOLDFAST_DATA_DEVICE = \"/dev/disk/by-label/holdfast-data\"" \
   "$work/fake-virt" "$layer"
 env_vars=(LICENSE SRC_URI RRECOMMENDS:holdfast HOLDFAST_BOARD PACKAGE_ARCH MACHINE_ARCH PV EXTERNALSRC
-  PACKAGECONFIG DEPENDS PACKAGECONFIG_CONFARGS CARGO_BUILD_FLAGS LIBSECCOMP_LIB_PATH RUSTFLAGS)
+  PACKAGECONFIG DEPENDS PACKAGECONFIG_CONFARGS CARGO_BUILD_FLAGS LIBSECCOMP_LIB_PATH RUSTFLAGS
+  SYSTEMD_SERVICE:holdfast)
 if run env-release-arm.log in_build build-arm python3 "$work/src/yocto/recipe-env.py" "$work/bitbake" "$release_bb" "${env_vars[@]}"; then
   check_env env-release-arm.log "qemuarm release" "$recipes/holdfast-$pv-crates.inc" "" yes yes
   check_flags env-release-arm.log "qemuarm release" no yes
@@ -502,6 +505,12 @@ fi
 if run env-git-arm.log in_build build-arm python3 "$work/src/yocto/recipe-env.py" "$work/bitbake" "$git_bb" "${env_vars[@]}"; then
   check_env env-git-arm.log "qemuarm git" "$recipes/holdfast-crates.inc" "" yes no
   check_flags env-git-arm.log "qemuarm git" no yes
+  units=$(value env-git-arm.log SYSTEMD_SERVICE:holdfast)
+  if echo " $units " | grep -q ' var-lib-holdfast.mount '; then
+    ok "qemuarm git: HOLDFAST_DATA_DEVICE set: SYSTEMD_SERVICE:holdfast = $units"
+  else
+    fail "qemuarm git: HOLDFAST_DATA_DEVICE set, but SYSTEMD_SERVICE:holdfast is \"$units\""
+  fi
 fi
 
 step "build-arm: bitbake -b holdfast_$pv.bb -c patch, bitbake -b holdfast_git.bb -c unpack"

@@ -22,6 +22,9 @@ pub struct Disk {
     pub free_inodes: u64,
     /// 0 on filesystems that have no fixed inode table (btrfs).
     pub total_inodes: u64,
+    /// The filesystem lives in memory (tmpfs, ramfs): what is kept there is lost with
+    /// the next power cut or reboot.
+    pub in_memory: bool,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -262,11 +265,18 @@ fn disk(root_dir: &Path) -> Result<Disk, String> {
         st.files() as u64,
         st.files_available() as u64,
     );
+    // ramfs's magic (linux/magic.h), which nix does not name.
+    const RAMFS_MAGIC: u32 = 0x8584_58f6;
+    let in_memory = nix::sys::statfs::statfs(&path).is_ok_and(|fs| {
+        let t = fs.filesystem_type();
+        t == nix::sys::statfs::TMPFS_MAGIC || t.0 as u32 == RAMFS_MAGIC
+    });
     Ok(Disk {
         path,
         free_bytes: avail.saturating_mul(frag),
         free_inodes: ffree,
         total_inodes: files,
+        in_memory,
     })
 }
 

@@ -27,11 +27,33 @@ pub fn checks(f: &Facts, required: &mut Vec<Item>) {
             }
             required.push(Item::new("disk space", status, detail));
             required.push(inodes(d.free_inodes, d.total_inodes, &path.to_string()));
+            required.push(kept(d.in_memory, &path.to_string()));
         }
         Some(Err(e)) => required.push(Item::new("disk space", Status::Warn, e.clone())),
         None => required.push(Item::new("disk space", Status::Warn, "not measured")),
     }
     required.push(clock(f));
+}
+
+/// Whether the store outlives a power cut: not on a filesystem in memory (a read-only
+/// rootfs binds /var/lib to a tmpfs unless a partition is mounted there).
+fn kept(in_memory: bool, path: &str) -> Item {
+    if in_memory {
+        Item::new(
+            "state kept across power cuts",
+            Status::Warn,
+            format!(
+                "{path} is in memory (tmpfs): a reboot or power cut loses every pod's state; \
+                 mount a persistent partition there (docs/boards.md, read-only root filesystems)"
+            ),
+        )
+    } else {
+        Item::new(
+            "state kept across power cuts",
+            Status::Ok,
+            format!("{path} is on a persistent filesystem"),
+        )
+    }
 }
 
 fn inodes(free: u64, total: u64, path: &str) -> Item {
