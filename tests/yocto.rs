@@ -327,13 +327,19 @@ fn unit_starts_the_agent_with_the_installed_config() {
             .trim()
             .to_string()
     };
-    let exec: Vec<String> = value("ExecStart")
+    let mut exec: Vec<String> = value("ExecStart")
         .split_whitespace()
         .map(String::from)
         .collect();
     assert_eq!(
         exec[..2],
         ["/usr/bin/holdfast", "run"],
+        "ExecStart={exec:?}"
+    );
+    // A drop-in's more flags (holdfast-board's), as systemd splits an unquoted $VAR.
+    assert_eq!(
+        exec.pop().as_deref(),
+        Some("$HOLDFAST_ARGS"),
         "ExecStart={exec:?}"
     );
     let flags = parse_flags(&exec[2..]).expect("holdfast run accepts the unit's flags");
@@ -487,8 +493,7 @@ fn defaulted(text: &str, name: &str) -> String {
 /// from its `yoctoMachine`.
 #[test]
 fn board_mapping_names_the_profiles_in_board() {
-    let (path, _) = recipe();
-    let code = recipe_code(&path);
+    let code = read(&repo().join(RECIPE_DIR).join(BOARD_RECIPE));
     let mapping = defaulted(&code, "HOLDFAST_BOARD_MACHINES");
     let pairs: Vec<(&str, &str)> = mapping
         .split_whitespace()
@@ -539,35 +544,42 @@ fn board_mapping_names_the_profiles_in_board() {
     );
 }
 
-/// The recipe's own `sed` that names the chosen board profile, run as do_install runs
-/// it: holdfast reads `holdfast.board` from the result, and the profile is installed
-/// where holdfast looks for profiles by default.
+const BOARD_RECIPE: &str = "holdfast-board_1.0.bb";
+
+/// The board profile is holdfast-board's choice, per MACHINE, in a drop-in of the unit
+/// (`--board NAME` through HOLDFAST_ARGS), which `holdfast run` accepts; holdfast itself
+/// names no profile and is built per architecture.
 #[test]
-fn an_installed_board_profile_is_named_in_the_config() {
+fn the_board_package_names_the_profile_to_the_agent() {
+    let board = read(&repo().join(RECIPE_DIR).join(BOARD_RECIPE));
+    assert_eq!(assigned(&board, "PACKAGE_ARCH"), "${MACHINE_ARCH}");
+    assert!(
+        board.contains("'Environment=HOLDFAST_ARGS=--board ${HOLDFAST_BOARD}'")
+            && board.contains("${D}${systemd_system_unitdir}/holdfast.service.d/board.conf"),
+        "holdfast-board no longer writes the drop-in"
+    );
+    let unit = read(&repo().join(RECIPE_DIR).join("files/holdfast.service"));
+    let exec = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("ExecStart="))
+        .expect("ExecStart");
+    let args: Vec<String> = exec
+        .replace("$HOLDFAST_ARGS", "--board rpi4")
+        .split_whitespace()
+        .skip(2)
+        .map(String::from)
+        .collect();
+    let flags = parse_flags(&args).expect("holdfast run accepts --board");
+    assert_eq!(flags.board.as_deref(), Some("rpi4"));
     let (path, _) = recipe();
     let code = recipe_code(&path);
-    assert_eq!(
-        holdfast::config::DEFAULT_BOARD_DIR,
-        "/usr/share/holdfast/boards"
-    );
     assert!(
-        code.contains(
-            "install -m 0644 ${S}/board/${HOLDFAST_BOARD}.yaml ${D}${datadir}/holdfast/boards/"
-        ),
-        "the recipe no longer installs the profile in ${{datadir}}/holdfast/boards"
+        !code.contains("PACKAGE_ARCH") && !code.contains("HOLDFAST_BOARD"),
+        "holdfast itself is machine-specific again"
     );
-    let file = config_after_recipe_sed(
-        &code,
-        "board: ${HOLDFAST_BOARD}",
-        &[("${HOLDFAST_BOARD}", "rpi4")],
-    );
-    assert_eq!(file.board.as_deref(), Some("rpi4"));
     let (shipped, _) = read_config_file(&repo().join(RECIPE_DIR).join("files/config.yaml"))
         .expect("the shipped config");
-    assert_eq!(
-        shipped.board, None,
-        "without a profile the config names none"
-    );
+    assert_eq!(shipped.board, None, "the shipped config names no profile");
 }
 
 /// The recipe's LICENSE is the generated one, and that is what gen-crates-inc.py

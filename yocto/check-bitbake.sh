@@ -10,7 +10,8 @@
 #   - `bitbake -e holdfast` (the release recipe) and `bitbake -e -b holdfast_git.bb`
 #     (the development recipe) give the generated LICENSE (every name a licence
 #     oe-core knows), every crate of the recipe's crates .inc in SRC_URI (and the git
-#     source for the release), no cni recommendation, qemuarm64's board profile, the
+#     source for the release), no cni recommendation, holdfast built per architecture and
+#     holdfast-board with qemuarm64's board profile, the
 #     `seccomp` feature and libseccomp (nodistro has the `seccomp` distro feature) and
 #     a PIE executable;
 #   - `bitbake -e -b holdfast-image.bb` installs packagegroup-holdfast;
@@ -161,6 +162,7 @@ recipes=$layer/recipes-containers/holdfast
 release_bb=$(ls "$recipes"/holdfast_[0-9]*.bb)
 git_bb=$recipes/holdfast_git.bb
 image_bb=$layer/recipes-core/images/holdfast-image.bb
+board_bb=$recipes/holdfast-board_1.0.bb
 failures=0
 timings=""
 step_name=""
@@ -296,7 +298,7 @@ value() {
   sed -n "s/^\(export \)\{0,1\}$2=\"\(.*\)\"\$/\2/p" "$1"
 }
 
-# check_env <env file> <label> <crates .inc> <board> <with cni> <git source>: what
+# check_env <env file> <label> <crates .inc> <unused> <with cni> <git source>: what
 # `bitbake -e` says of a holdfast recipe.
 check_env() {
   local env=$1 label=$2 inc=$3 board=$4 with_cni=$5 with_git=$6
@@ -337,22 +339,28 @@ check_env() {
       ok "$label: RRECOMMENDS:holdfast = $rrecommends"
     fi
   fi
-  got_board=$(value "$env" HOLDFAST_BOARD)
-  if [ "$got_board" = "$board" ]; then
-    ok "$label: HOLDFAST_BOARD = \"$got_board\""
-  else
-    fail "$label: HOLDFAST_BOARD is \"$got_board\", want \"$board\""
-  fi
-  # A package that ships a machine's profile is built for that machine only.
+  # holdfast is built per architecture: the MACHINE's board profile is holdfast-board's.
   local arch machine_arch
   arch=$(value "$env" PACKAGE_ARCH)
   machine_arch=$(value "$env" MACHINE_ARCH)
-  if [ -n "$board" ] && [ "$arch" = "$machine_arch" ]; then
-    ok "$label: PACKAGE_ARCH = $arch (with a board profile)"
-  elif [ -z "$board" ] && [ -n "$arch" ] && [ "$arch" != "$machine_arch" ]; then
-    ok "$label: PACKAGE_ARCH = $arch (no board profile)"
+  if [ -n "$arch" ] && [ "$arch" != "$machine_arch" ] && [ -z "$(value "$env" HOLDFAST_BOARD)" ]; then
+    ok "$label: PACKAGE_ARCH = $arch, not the MACHINE's $machine_arch"
   else
-    fail "$label: PACKAGE_ARCH is \"$arch\" (MACHINE_ARCH $machine_arch, board \"$board\")"
+    fail "$label: PACKAGE_ARCH is \"$arch\" (MACHINE_ARCH $machine_arch, HOLDFAST_BOARD \"$(value "$env" HOLDFAST_BOARD)\")"
+  fi
+}
+
+# check_board <env file> <label> <board>: what `bitbake -e` says of holdfast-board: the
+# MACHINE's profile (or none), built for that MACHINE.
+check_board() {
+  local env=$1 label=$2 board=$3 got arch machine_arch
+  got=$(value "$env" HOLDFAST_BOARD)
+  arch=$(value "$env" PACKAGE_ARCH)
+  machine_arch=$(value "$env" MACHINE_ARCH)
+  if [ "$got" = "$board" ] && [ "$arch" = "$machine_arch" ]; then
+    ok "$label: holdfast-board: HOLDFAST_BOARD = \"$got\", PACKAGE_ARCH = $arch"
+  else
+    fail "$label: holdfast-board: HOLDFAST_BOARD is \"$got\" (want \"$board\"), PACKAGE_ARCH \"$arch\" (MACHINE_ARCH $machine_arch)"
   fi
 }
 
@@ -448,6 +456,9 @@ if run env-git-arm64.log in_build build-arm64 bitbake -e -b "$git_bb"; then
   [ "$(value env-git-arm64.log EXTERNALSRC)" = "$work/src" ] && ok "qemuarm64 git: EXTERNALSRC = $work/src" ||
     fail "qemuarm64 git: EXTERNALSRC is \"$(value env-git-arm64.log EXTERNALSRC)\", not the checkout $work/src"
 fi
+if run env-board-arm64.log in_build build-arm64 bitbake -e -b "$board_bb"; then
+  check_board env-board-arm64.log qemuarm64 arm64-vm
+fi
 if run env-image.log in_build build-arm64 bitbake -e -b "$image_bb"; then
   if echo " $(value env-image.log IMAGE_INSTALL) " | grep -q ' packagegroup-holdfast '; then
     ok "holdfast-image: IMAGE_INSTALL has packagegroup-holdfast"
@@ -505,6 +516,9 @@ fi
 if run env-git-arm.log in_build build-arm python3 "$work/src/yocto/recipe-env.py" "$work/bitbake" "$git_bb" "${env_vars[@]}"; then
   check_env env-git-arm.log "qemuarm git" "$recipes/holdfast-crates.inc" "" yes no
   check_flags env-git-arm.log "qemuarm git" no yes
+  if run env-board-arm.log in_build build-arm python3 "$work/src/yocto/recipe-env.py" "$work/bitbake" "$board_bb" HOLDFAST_BOARD PACKAGE_ARCH MACHINE_ARCH; then
+    check_board env-board-arm.log qemuarm ""
+  fi
   units=$(value env-git-arm.log SYSTEMD_SERVICE:holdfast)
   if echo " $units " | grep -q ' var-lib-holdfast.mount '; then
     ok "qemuarm git: HOLDFAST_DATA_DEVICE set: SYSTEMD_SERVICE:holdfast = $units"

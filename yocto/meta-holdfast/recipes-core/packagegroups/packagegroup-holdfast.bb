@@ -1,5 +1,6 @@
 SUMMARY = "holdfast and what a gateway running it needs"
-DESCRIPTION = "The holdfast node agent, iptables for the pod network's NAT and \
+DESCRIPTION = "The holdfast node agent and its board profile for the MACHINE, \
+               iptables for the pod network's NAT and \
                hostPort rules, CA certificates for pulling images and reaching the \
                kube-apiserver over TLS, and the overlay module where the kernel \
                builds overlayfs as a module. Add it to an image with \
@@ -17,6 +18,7 @@ inherit packagegroup features_check
 RDEPENDS:${PN} = " \
     ca-certificates \
     holdfast \
+    holdfast-board \
     iptables \
 "
 
