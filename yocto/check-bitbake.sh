@@ -465,6 +465,14 @@ if run env-image.log in_build build-arm64 bitbake -e -b "$image_bb"; then
   else
     fail "holdfast-image: IMAGE_INSTALL is \"$(value env-image.log IMAGE_INSTALL)\""
   fi
+  # Room for a real pod's image and RAM for runqemu.
+  extra=$(value env-image.log IMAGE_ROOTFS_EXTRA_SPACE)
+  qb_mem=$(value env-image.log QB_MEM)
+  if [ "${extra:-0}" -ge 1048576 ] 2>/dev/null && [ "$qb_mem" = "-m 1024" ]; then
+    ok "holdfast-image: IMAGE_ROOTFS_EXTRA_SPACE = $extra KiB, QB_MEM = $qb_mem"
+  else
+    fail "holdfast-image: IMAGE_ROOTFS_EXTRA_SPACE is \"$extra\", QB_MEM \"$qb_mem\""
+  fi
 fi
 
 step "build-arm64: bitbake -g holdfast packagegroup-holdfast holdfast-image"
