@@ -14,7 +14,9 @@
 #     holdfast-board with qemuarm64's board profile, the
 #     `seccomp` feature and libseccomp (nodistro has the `seccomp` distro feature) and
 #     a PIE executable;
-#   - `bitbake -e -b holdfast-image.bb` installs packagegroup-holdfast;
+#   - `bitbake -e -b holdfast-image.bb` installs packagegroup-holdfast, with room for a
+#     pod (DISTRO_FEATURES has "holdfast" here, which the image requires);
+#     `bitbake -e virtual/kernel`: linux-yocto takes the layer's kernel fragment;
 #     `bitbake -g holdfast packagegroup-holdfast holdfast-image` resolves their
 #     dependencies (what fails with `Nothing RPROVIDES`);
 #   - `bitbake holdfast -c patch`: the release's git source from a local clone of this
@@ -439,7 +441,7 @@ patched() {
 }
 
 step "build-arm64 (MACHINE qemuarm64): bitbake -p"
-new_build build-arm64 qemuarm64 "" "$layer"
+new_build build-arm64 qemuarm64 'DISTRO_FEATURES:append = " holdfast"' "$layer"
 run parse.log in_build build-arm64 bitbake -p && grep -h '^Parsing of' parse.log || true
 
 step "build-arm64: bitbake -e holdfast (release), -e -b holdfast_git.bb, -e -b holdfast-image.bb"
@@ -455,6 +457,14 @@ if run env-git-arm64.log in_build build-arm64 bitbake -e -b "$git_bb"; then
   check_flags env-git-arm64.log "qemuarm64 git" yes no
   [ "$(value env-git-arm64.log EXTERNALSRC)" = "$work/src" ] && ok "qemuarm64 git: EXTERNALSRC = $work/src" ||
     fail "qemuarm64 git: EXTERNALSRC is \"$(value env-git-arm64.log EXTERNALSRC)\", not the checkout $work/src"
+fi
+# With DISTRO_FEATURES "holdfast" (build-arm64 has it), linux-yocto takes the fragment.
+if run env-kernel-arm64.log in_build build-arm64 bitbake -e virtual/kernel; then
+  if value env-kernel-arm64.log SRC_URI | grep -q 'file://holdfast.cfg'; then
+    ok "linux-yocto: SRC_URI has holdfast.cfg"
+  else
+    fail "linux-yocto: DISTRO_FEATURES has holdfast, but SRC_URI has no holdfast.cfg"
+  fi
 fi
 if run env-board-arm64.log in_build build-arm64 bitbake -e -b "$board_bb"; then
   check_board env-board-arm64.log qemuarm64 arm64-vm

@@ -9,8 +9,9 @@ LICENSE = "MIT"
 # An image: its packages are checked for CVEs, not the image itself.
 CVE_PRODUCT = ""
 
-# holdfast runs as a systemd unit.
-REQUIRED_DISTRO_FEATURES = "systemd"
+# holdfast runs as a systemd unit, and the image's kernel needs the options of the
+# layer's fragment (DISTRO_FEATURES "holdfast" applies it to linux-yocto).
+REQUIRED_DISTRO_FEATURES = "systemd holdfast"
 
 inherit core-image features_check
 
