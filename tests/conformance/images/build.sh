@@ -12,9 +12,13 @@ ARCH=${ARCH:-amd64}
 gcc -static -O2 -o "$W/pause" "$here/pause.c"; gcc -static -O2 -o "$W/nnp" "$here/nnp.c"
 # busybox's nc has no UDP mode (-u), which the node-to-pod UDP specs run: nc.c adds it.
 gcc -static -O2 -o "$W/nc" "$here/nc.c" 2>/dev/null
-# Busybox 1.35's sh drops variables whose names are no shell names (data-1) before it runs
-# a command, and runs its own applets (nc) before anything on PATH; the real images' shells
-# do neither. The stand-ins that run the specs' shell commands get the host's bash as sh.
+# Busybox's sh drops variables whose names are no shell names (data-1) before it runs a
+# command, and runs its own applets (nc) before anything on PATH; the real images' shells
+# do neither. agnhost's stand-in, whose specs' commands look up nc, gets the host's bash
+# as sh; busybox's keeps ash (the specs compare its messages) behind sh.c, which runs a
+# one-command script directly with the whole environment.
+gcc -static -O2 -o "$W/sh" "$here/sh.c"
+f_busybox_sh() { rm -f $1/bin/sh; cp "$W/sh" $1/bin/sh; chmod 755 $1/bin/sh; }
 f_bash_sh() { cp /bin/bash $1/bin/bash; ln -sf bash $1/bin/sh
   for lib in $(ldd /bin/bash | grep -o '/[^ ]*'); do mkdir -p "$1$(dirname "$lib")"; cp -L "$lib" "$1$lib"; done; }
 base=$W/base; mkdir -p $base/{bin,etc,tmp,root,home,var/www,usr/bin,usr/sbin,sbin,usr/local/bin}
@@ -43,7 +47,7 @@ f_pause() { cp $W/pause $1/pause; }
 f_nginx() { mkdir -p $1/usr/share/nginx/html; echo '<html><body>nginx stand-in (busybox httpd)</body></html>' > $1/usr/share/nginx/html/index.html; }
 f_nnp() { cp $W/nnp $1/usr/local/bin/nnp; chmod 4755 $1/usr/local/bin/nnp; }
 for t in 2.63.0 2.55; do mk e2e-test-images/agnhost:$t f_agnhost --config.entrypoint=/agnhost --config.cmd=pause; done
-for t in 1.37.0-1 1.36.1-1; do mk e2e-test-images/busybox:$t f_bash_sh --config.cmd=sh; done
+for t in 1.37.0-1 1.36.1-1; do mk e2e-test-images/busybox:$t f_busybox_sh --config.cmd=sh; done
 mk pause:3.10.2 f_pause --config.entrypoint=/pause
 for t in 1.27-0 1.15-4; do mk e2e-test-images/nginx:$t f_nginx --config.entrypoint=/bin/httpd --config.entrypoint=-f \
   --config.entrypoint=-p --config.entrypoint=80 --config.entrypoint=-h --config.entrypoint=/usr/share/nginx/html; done
