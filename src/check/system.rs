@@ -131,13 +131,14 @@ mod tests {
     }
 
     #[test]
-    fn low_disk_and_old_clock_warn() {
+    fn low_disk_state_in_memory_and_old_clock_warn() {
         let f = Facts {
             disk: Some(Ok(Disk {
                 path: "/var/lib".into(),
                 free_bytes: 100 * 1024 * 1024,
                 free_inodes: 10,
                 total_inodes: 1000,
+                in_memory: true,
             })),
             now: Timestamp::from_second(1_704_067_200).ok(),
             ..Facts::default()
@@ -146,7 +147,8 @@ mod tests {
         assert!(v.iter().all(|i| i.status == Status::Warn), "{v:?}");
         assert!(v[0].detail.contains("100.0 MiB"), "{}", v[0].detail);
         assert!(v[1].detail.contains("1%"), "{}", v[1].detail);
-        assert!(v[2].detail.contains("2024-01-01"), "{}", v[2].detail);
+        assert!(v[2].detail.contains("in memory (tmpfs)"), "{}", v[2].detail);
+        assert!(v[3].detail.contains("2024-01-01"), "{}", v[3].detail);
     }
 
     #[test]
@@ -157,6 +159,7 @@ mod tests {
                 free_bytes: 8 * 1024 * 1024 * 1024,
                 free_inodes: 500,
                 total_inodes: 1000,
+                in_memory: false,
             })),
             now: Timestamp::from_second(CLOCK_FLOOR_UNIX + 86_400).ok(),
             ..Facts::default()
