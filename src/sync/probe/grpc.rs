@@ -217,17 +217,7 @@ fn read_response(conn: &mut Conn) -> Result<Response, GrpcError> {
             }
             DATA if f.stream == 0 => return Err(protocol("DATA on stream 0".to_string())),
             HEADERS => {
-                if f.stream != STREAM {
-                    return Err(protocol(format!("HEADERS on stream {}", f.stream)));
-                }
-                let fragment = unpad(&f)?;
-                let fragment = if f.flags & PRIORITY != 0 {
-                    fragment
-                        .get(5..)
-                        .ok_or_else(|| protocol("short HEADERS frame".to_string()))?
-                } else {
-                    fragment
-                };
+                let fragment = header_fragment(&f)?;
                 let end_stream = f.flags & END_STREAM != 0;
                 if f.flags & END_HEADERS == 0 {
                     pending = Some((fragment.to_vec(), end_stream));
@@ -239,59 +229,84 @@ fn read_response(conn: &mut Conn) -> Result<Response, GrpcError> {
                     return Ok(response);
                 }
             }
-            RST_STREAM if f.stream == STREAM => {
-                let code = be_u32(&f.payload, 0)
-                    .ok_or_else(|| protocol("short RST_STREAM frame".to_string()))?;
-                return Err(GrpcError::Rpc {
-                    code: rst_code(code),
-                    message: format!(
-                        "stream terminated by RST_STREAM with error code: {}",
-                        h2_error_name(code)
-                    ),
-                });
-            }
-            SETTINGS if f.flags & ACK == 0 => {
-                if f.stream != 0 || f.payload.len() % 6 != 0 {
-                    return Err(protocol("malformed SETTINGS frame".to_string()));
-                }
-                // Nothing the server asks for changes what this client sends.
-                let mut ack = Vec::new();
-                frame(&mut ack, SETTINGS, ACK, 0, &[]);
-                conn.send(&ack)?;
-            }
-            PUSH_PROMISE => {
-                return Err(protocol("PUSH_PROMISE though push is off".to_string()));
-            }
-            PING if f.flags & ACK == 0 => {
-                if f.payload.len() != 8 {
-                    return Err(protocol("malformed PING frame".to_string()));
-                }
-                let mut pong = Vec::new();
-                frame(&mut pong, PING, ACK, 0, &f.payload);
-                conn.send(&pong)?;
-            }
-            GOAWAY => {
-                let (Some(last), Some(code)) = (be_u32(&f.payload, 0), be_u32(&f.payload, 4))
-                else {
-                    return Err(protocol("short GOAWAY frame".to_string()));
-                };
-                // A graceful GOAWAY (a server shutting down) that covers stream 1 still
-                // lets it finish.
-                if code != 0 || last & 0x7fff_ffff < STREAM {
-                    return Err(GrpcError::Rpc {
-                        code: UNAVAILABLE,
-                        message: format!(
-                            "the server sent GOAWAY with error code {}",
-                            h2_error_name(code)
-                        ),
-                    });
-                }
-            }
+            RST_STREAM | SETTINGS | PUSH_PROMISE | PING | GOAWAY => control(conn, &f)?,
             CONTINUATION => return Err(protocol("CONTINUATION out of place".to_string())),
             // PRIORITY, WINDOW_UPDATE, acknowledgements, other streams and frame types
             // this client does not know: nothing to do (RFC 9113 section 4.1).
             _ => {}
         }
+    }
+}
+
+/// A frame about the connection or the stream's end, not its content: answered (a
+/// SETTINGS or PING acknowledged), or the error that ends the call.
+fn control(conn: &mut Conn, f: &h2::Frame) -> Result<(), GrpcError> {
+    match f.kind {
+        RST_STREAM if f.stream == STREAM => {
+            let code = be_u32(&f.payload, 0)
+                .ok_or_else(|| protocol("short RST_STREAM frame".to_string()))?;
+            return Err(GrpcError::Rpc {
+                code: rst_code(code),
+                message: format!(
+                    "stream terminated by RST_STREAM with error code: {}",
+                    h2_error_name(code)
+                ),
+            });
+        }
+        SETTINGS if f.flags & ACK == 0 => {
+            if f.stream != 0 || !f.payload.len().is_multiple_of(6) {
+                return Err(protocol("malformed SETTINGS frame".to_string()));
+            }
+            // Nothing the server asks for changes what this client sends.
+            let mut ack = Vec::new();
+            frame(&mut ack, SETTINGS, ACK, 0, &[]);
+            conn.send(&ack)?;
+        }
+        PUSH_PROMISE => {
+            return Err(protocol("PUSH_PROMISE though push is off".to_string()));
+        }
+        PING if f.flags & ACK == 0 => {
+            if f.payload.len() != 8 {
+                return Err(protocol("malformed PING frame".to_string()));
+            }
+            let mut pong = Vec::new();
+            frame(&mut pong, PING, ACK, 0, &f.payload);
+            conn.send(&pong)?;
+        }
+        GOAWAY => {
+            let (Some(last), Some(code)) = (be_u32(&f.payload, 0), be_u32(&f.payload, 4)) else {
+                return Err(protocol("short GOAWAY frame".to_string()));
+            };
+            // A graceful GOAWAY (a server shutting down) that covers stream 1 still
+            // lets it finish.
+            if code != 0 || last & 0x7fff_ffff < STREAM {
+                return Err(GrpcError::Rpc {
+                    code: UNAVAILABLE,
+                    message: format!(
+                        "the server sent GOAWAY with error code {}",
+                        h2_error_name(code)
+                    ),
+                });
+            }
+        }
+        // An acknowledgement, or a reset of another stream: nothing to do.
+        _ => {}
+    }
+    Ok(())
+}
+
+/// A HEADERS frame's part of its header block: padding and priority stripped.
+fn header_fragment(f: &h2::Frame) -> Result<&[u8], GrpcError> {
+    if f.stream != STREAM {
+        return Err(protocol(format!("HEADERS on stream {}", f.stream)));
+    }
+    let fragment = unpad(f)?;
+    if f.flags & PRIORITY != 0 {
+        fragment
+            .get(5..)
+            .ok_or_else(|| protocol("short HEADERS frame".to_string()))
+    } else {
+        Ok(fragment)
     }
 }
 
