@@ -52,6 +52,8 @@
 //! - [`http2`]: HTTP/2 frames and HPACK, shared by the gRPC probe and the tunnel.
 //! - [`metrics`]: holdfast's own Prometheus series, recorded by any module.
 //! - [`systemd`]: `Type=notify` readiness, status and a watchdog fed by the sync loop.
+//! - [`redirect`]: where an HTTP redirect leads and the origin credentials are bound to,
+//!   for the clients that follow redirects themselves.
 //! - [`wire`]: what the apiserver and registry clients both put on the wire: the
 //!   User-Agent, percent-encoding, base64.
 //! - [`yaml`]: the bounded read and the look at nesting and aliases every YAML file
@@ -73,6 +75,7 @@ pub mod network;
 pub mod node;
 pub mod pod;
 pub mod quantity;
+pub mod redirect;
 pub mod resources;
 pub mod runtime;
 pub mod server;

@@ -1,5 +1,6 @@
 //! agent::sources: the pod sources and the mux that merges them. The file source starts
-//! at once and decides the first desired state; the api source starts with the cluster
+//! at once and decides the first desired state; the URL source starts beside it and
+//! leaves the pods the store holds from it standing until the URL answers; the api source starts with the cluster
 //! link's client, resumes from what the store kept of it, and sends straight to the mux
 //! (its pods pass the uplink's tap on the way). The mux runs on a blocking thread per
 //! snapshot and hands the sync loop its changes.
@@ -15,6 +16,7 @@ use super::cluster::Cluster;
 use crate::config::Config;
 use crate::kube::connect::SharedClient;
 use crate::kube::Link;
+use crate::pod::annotations::SOURCE_HTTP;
 use crate::source::{self, Mux, PodChange, PodTap, SourceSnapshot};
 use crate::store::Store;
 use crate::Error;
@@ -50,10 +52,13 @@ pub fn open(config: &Config, store: &Store) -> Result<Sources, Error> {
     })?;
     // The manifest folder is here and now: the pods to start are what it holds, not what
     // the store held (a manifest removed while the agent was down, or one whose rename a
-    // power cut undid, is not started once before it is stopped). The api source's
-    // pods stay as stored until the apiserver speaks.
+    // power cut undid, is not started once before it is stopped). The URL's and the api
+    // source's pods stay as stored until their servers speak.
     if let Some(first) = first_files {
         mux.apply(first)?;
+        initial = mux.desired();
+    }
+    if start_url(config, &mut mux, &tx)? {
         initial = mux.desired();
     }
     Ok(Sources {
@@ -62,6 +67,27 @@ pub fn open(config: &Config, store: &Store) -> Result<Sources, Error> {
         tx,
         rx,
     })
+}
+
+/// Starts the URL source when a URL is set. With none, the pods the store holds from
+/// one set before have no source left to remove them: they go now. True when that
+/// changed the desired pods.
+fn start_url(
+    config: &Config,
+    mux: &mut Mux,
+    tx: &mpsc::Sender<SourceSnapshot>,
+) -> Result<bool, Error> {
+    let Some(url) = config.static_pod_url.clone() else {
+        let gone = mux.apply(SourceSnapshot {
+            source: SOURCE_HTTP,
+            pods: Vec::new(),
+            resource_version: None,
+        })?;
+        return Ok(!gone.is_empty());
+    };
+    let known = mux.source_pods(SOURCE_HTTP);
+    source::spawn_http_source(url, config.node_name.clone(), known, tx.clone())?;
+    Ok(false)
 }
 
 impl Sources {

@@ -227,6 +227,8 @@ pub(super) fn fill_from_profile(file: FileConfig, profile: FileConfig) -> FileCo
     let FileConfig {
         static_pod_path,
         file_check_frequency,
+        // A profile describes a board, not the server a site's manifests come from.
+        pod_url: _,
         sync_frequency,
         container_log_max_size,
         container_log_max_files,
@@ -266,6 +268,7 @@ pub(super) fn fill_from_profile(file: FileConfig, profile: FileConfig) -> FileCo
     FileConfig {
         static_pod_path: file.static_pod_path.or(static_pod_path),
         file_check_frequency: file.file_check_frequency.or(file_check_frequency),
+        pod_url: file.pod_url,
         sync_frequency: file.sync_frequency.or(sync_frequency),
         container_log_max_size: file.container_log_max_size.or(container_log_max_size),
         container_log_max_files: file.container_log_max_files.or(container_log_max_files),

@@ -24,6 +24,8 @@ const KIND: &str = "KubeletConfiguration";
 pub struct FileConfig {
     pub static_pod_path: Option<PathBuf>,
     pub file_check_frequency: Option<Duration>,
+    /// `staticPodURL`, `staticPodURLHeader`, `httpCheckFrequency`.
+    pub pod_url: super::pod_url::PodUrlKeys,
     pub sync_frequency: Option<Duration>,
     pub container_log_max_size: Option<u64>,
     pub container_log_max_files: Option<u32>,
@@ -186,6 +188,7 @@ pub(super) fn parse_mapping(
             "evictionHard" => out.eviction_hard = reader.eviction(&key, value)?,
             _ => {
                 if !reader.cluster_key(&key, value, &mut out)?
+                    && !reader.pod_url_key(&key, value, &mut out.pod_url)?
                     && !reader.image_key(&key, value, &mut out.images)?
                     && !reader.pod_key(&key, value, &mut out.pods)?
                     && !reader.server_key(&key, value, base, &mut out.server)?

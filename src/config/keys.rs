@@ -16,6 +16,9 @@ pub const KEYS: &[&str] = &[
     // Pods and their logs.
     "staticPodPath",
     "fileCheckFrequency",
+    "staticPodURL",
+    "staticPodURLHeader",
+    "httpCheckFrequency",
     "syncFrequency",
     "containerLogMaxSize",
     "containerLogMaxFiles",

@@ -13,6 +13,7 @@ mod keys;
 mod maps;
 mod names;
 mod node;
+mod pod_url;
 mod pods;
 mod reader;
 mod server;
@@ -41,6 +42,7 @@ pub use images::{FileImages, ImageConfig};
 pub use keys::KEYS;
 pub use maps::{check_eviction, check_label, check_reserved};
 pub use names::{check_dns1123_label, check_dns1123_subdomain};
+pub use pod_url::{PodUrlKeys, StaticPodUrl, DEFAULT_HTTP_CHECK_FREQUENCY};
 pub use pods::{PodKeys, PodSettings};
 pub use server::{AuthorizationMode, OfflinePolicy, ServerConfig, DEFAULT_HEALTHZ_PORT};
 pub use taints::{check_taint, parse_taint};
@@ -65,6 +67,9 @@ pub struct Config {
     pub node_name: String,
     /// `fileCheckFrequency`, default 20 s.
     pub file_check_frequency: Duration,
+    /// `staticPodURL`, `staticPodURLHeader` and `httpCheckFrequency`: the static pods
+    /// fetched from a URL; `None` (off) unless a URL is set.
+    pub static_pod_url: Option<StaticPodUrl>,
     /// `syncFrequency`, default 1 min.
     pub sync_frequency: Duration,
     /// `containerLogMaxSize`, default 10Mi.
@@ -158,6 +163,7 @@ impl Config {
             static_pod_path: PathBuf::from(DEFAULT_STATIC_POD_PATH),
             node_name,
             file_check_frequency: Duration::from_secs(20),
+            static_pod_url: None,
             sync_frequency: Duration::from_secs(60),
             container_log_max_size: 10 * 1024 * 1024,
             container_log_max_files: 5,
@@ -316,6 +322,7 @@ fn merge_local(
     if let Some(d) = file.file_check_frequency {
         config.file_check_frequency = d;
     }
+    config.static_pod_url = file.pod_url.settings();
     if let Some(d) = file.sync_frequency {
         config.sync_frequency = d;
     }

@@ -5,7 +5,7 @@
 
 use k8s_openapi::api::core::v1::Pod;
 
-/// Which source a pod came from: [`SOURCE_FILE`] or [`SOURCE_API`].
+/// Which source a pod came from: [`SOURCE_FILE`], [`SOURCE_HTTP`] or [`SOURCE_API`].
 pub const CONFIG_SOURCE: &str = "kubernetes.io/config.source";
 /// A static pod's hash, which its mirror pod carries as [`CONFIG_MIRROR`].
 pub const CONFIG_HASH: &str = "kubernetes.io/config.hash";
@@ -20,18 +20,23 @@ pub const CONFIG_MIRROR: &str = "kubernetes.io/config.mirror";
 /// The file source's name in snapshots, in the store and in [`CONFIG_SOURCE`].
 pub const SOURCE_FILE: &str = "file";
 
+/// The static pod URL source's name in snapshots, in the store and in
+/// [`CONFIG_SOURCE`], as the kubelet names it.
+pub const SOURCE_HTTP: &str = "http";
+
 /// The apiserver source's name in snapshots, in the store and in [`CONFIG_SOURCE`], as
 /// the kubelet names it.
 pub const SOURCE_API: &str = "api";
 
-/// Whether the pod is a static pod (from a manifest file, not from the cluster): the
-/// kubelet's `IsStaticPod`, by the `kubernetes.io/config.source` annotation.
+/// Whether the pod is a static pod (from a manifest file or the static pod URL, not
+/// from the cluster): the kubelet's `IsStaticPod`, by the `kubernetes.io/config.source`
+/// annotation.
 pub fn is_static_pod(pod: &Pod) -> bool {
     pod.metadata
         .annotations
         .as_ref()
         .and_then(|a| a.get(CONFIG_SOURCE))
-        .is_some_and(|s| s == SOURCE_FILE)
+        .is_some_and(|s| s == SOURCE_FILE || s == SOURCE_HTTP)
 }
 
 /// Whether the pod is a mirror pod: the cluster's copy of a static pod.

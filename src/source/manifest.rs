@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::Pod;
 use serde::Deserialize;
 use serde_yaml::Value;
 
-use super::static_pod::make_static_pod;
+use super::static_pod::{make_static_pod, Origin};
 use super::validate::validate_pod;
 use super::SourceError;
 use crate::yaml::prescan;
@@ -19,10 +19,10 @@ use crate::yaml::prescan;
 /// 3 MiB and whose etcd values at 1.5 MiB. 1 MiB keeps every pod that could exist in a
 /// cluster while bounding what one file costs the device: at most 1 MiB read, and
 /// under a second of decoding on x86_64 even nested to the depth allowed.
-const MAX_MANIFEST_BYTES: u64 = crate::yaml::MAX_BYTES;
+pub(super) const MAX_MANIFEST_BYTES: u64 = crate::yaml::MAX_BYTES;
 
 /// No node has use for more pods in one file; a bound keeps the error list short.
-const MAX_DOCUMENTS: usize = 100;
+pub(super) const MAX_DOCUMENTS: usize = 100;
 
 /// What one file gave.
 pub(super) enum FileRead {
@@ -115,26 +115,30 @@ pub(super) fn read_manifest_file(path: &Path, node_name: &str) -> FileRead {
                 continue;
             }
         };
-        let problems = validate_pod(&pod);
-        if !problems.is_empty() {
-            errors.push(manifest_err(format!(
-                "{at}invalid pod: {}",
-                problems.join("; ")
-            )));
-            continue;
+        match admit(pod, node_name, Origin::File(path)) {
+            Ok(pod) => pods.push(pod),
+            Err(reason) => errors.push(manifest_err(format!("{at}{reason}"))),
         }
-        let pod = make_static_pod(pod, node_name, path);
-        // The name grows by the node name; it must still be a valid pod name.
-        let name = pod.metadata.name.as_deref().unwrap_or_default();
-        if let Err(e) = crate::config::check_dns1123_subdomain(name) {
-            errors.push(manifest_err(format!(
-                "{at}invalid pod: metadata.name: with the node name appended: {e}"
-            )));
-            continue;
-        }
-        pods.push(pod);
     }
     FileRead::Read { pods, errors }
+}
+
+/// A decoded manifest pod validated and made the static pod this node runs, or why
+/// it is refused. Every static pod, from a file or the URL, passes here.
+pub(super) fn admit(pod: Pod, node_name: &str, origin: Origin<'_>) -> Result<Pod, String> {
+    let problems = validate_pod(&pod);
+    if !problems.is_empty() {
+        return Err(format!("invalid pod: {}", problems.join("; ")));
+    }
+    let pod = make_static_pod(pod, node_name, origin);
+    // The name grows by the node name; it must still be a valid pod name.
+    let name = pod.metadata.name.as_deref().unwrap_or_default();
+    if let Err(e) = crate::config::check_dns1123_subdomain(name) {
+        return Err(format!(
+            "invalid pod: metadata.name: with the node name appended: {e}"
+        ));
+    }
+    Ok(pod)
 }
 
 /// The file's text, read without ever blocking and never more than the bound. Err is

@@ -1,5 +1,5 @@
-//! source: where pods come from (static manifest files and the apiserver; http
-//! later) and the mux that merges them. Never starts containers.
+//! source: where pods come from (static manifest files, the static pod URL and the
+//! apiserver) and the mux that merges them. Never starts containers.
 //!
 //! Each source sends the full set of pods it knows ([`SourceSnapshot`]); the mux keeps
 //! one set per source, persists it in the store, and turns differences into
@@ -7,6 +7,9 @@
 
 mod apiserver;
 mod file;
+mod http;
+mod http_fetch;
+mod http_pods;
 mod manifest;
 mod mux;
 mod static_pod;
@@ -20,14 +23,17 @@ pub use apiserver::{
     ApiSourceResume, PodList, PodLister, PodTap, PodWatch, LIST_LIMIT,
 };
 pub use file::{read_manifests, spawn_file_source};
+pub use http::spawn_http_source;
 pub use mux::{Mux, PODS_TREE};
-pub use static_pod::{apply_api_defaults, default_pull_policy, make_static_pod, static_pod_uid};
+pub use static_pod::{
+    apply_api_defaults, default_pull_policy, make_static_pod, static_pod_uid, Origin,
+};
 pub use validate::validate_pod;
 
 /// The full set of pods one source wants on this node, as of now.
 #[derive(Debug, Clone)]
 pub struct SourceSnapshot {
-    /// `file`, later `http` and `api`.
+    /// `file`, `http` or `api`.
     pub source: &'static str,
     pub pods: Vec<Pod>,
     /// Where the source's view of the cluster stands (the api source's last LIST or
@@ -56,6 +62,9 @@ pub enum SourceError {
     /// A manifest that is not a pod we can run; names the file and what is wrong.
     #[error("manifest {file}: {reason}")]
     Manifest { file: String, reason: String },
+    /// The static pod URL could not be read, or its answer was refused.
+    #[error("static pod URL {url}: {reason}")]
+    Url { url: String, reason: String },
     #[error("{context}")]
     Io {
         context: String,

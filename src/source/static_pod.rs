@@ -1,5 +1,5 @@
-//! Static pods as the kubelet makes them (pkg/kubelet/config/common.go applyDefaults):
-//! naming, UID, config annotations, and the API defaults the apiserver would have
+//! Static pods as the kubelet makes them (pkg/kubelet/config/common.go applyDefaults),
+//! from a file or from the static pod URL: naming, UID, config annotations, and the API defaults the apiserver would have
 //! filled in, so `kubectl get pod -o yaml` shows what a user expects.
 
 use std::collections::BTreeMap;
@@ -8,33 +8,54 @@ use std::path::Path;
 use k8s_openapi::api::core::v1::{Container, Pod, PodSecurityContext, PodStatus, Toleration};
 use sha2::{Digest, Sha256};
 
-use crate::pod::annotations::{CONFIG_HASH, CONFIG_SEEN, CONFIG_SOURCE, MANIFEST_FILE};
+use crate::pod::annotations::{
+    CONFIG_HASH, CONFIG_SEEN, CONFIG_SOURCE, MANIFEST_FILE, SOURCE_FILE, SOURCE_HTTP,
+};
 use crate::time::Timestamp;
 
-/// The UID of a static pod whose manifest sets none: a hash of the manifest as decoded,
-/// the node and the file, so that an edited manifest becomes a new pod (the old one is
-/// replaced, as with the kubelet) and the same manifest on two nodes or in two files
-/// never collides.
-pub fn static_pod_uid(pod: &Pod, node_name: &str, file: &Path) -> String {
+/// Where a static pod's manifest came from: a file in the manifest folder, or the
+/// static pod URL. It names the pod's source and goes into its UID.
+#[derive(Debug, Clone, Copy)]
+pub enum Origin<'a> {
+    File(&'a Path),
+    Url(&'a str),
+}
+
+/// The UID of a static pod whose manifest sets none: a hash of the manifest as decoded
+/// and where it came from (for a file, also the node), so that an edited manifest
+/// becomes a new pod (the old one is replaced, as with the kubelet) and the same
+/// manifest in two files, or at two URLs, never collides.
+pub fn static_pod_uid(pod: &Pod, node_name: &str, origin: Origin<'_>) -> String {
     let mut hasher = Sha256::new();
-    hasher.update(b"host:");
-    hasher.update(node_name.as_bytes());
-    hasher.update(b"\0file:");
-    hasher.update(file.as_os_str().as_encoded_bytes());
+    match origin {
+        Origin::File(file) => {
+            hasher.update(b"host:");
+            hasher.update(node_name.as_bytes());
+            hasher.update(b"\0file:");
+            hasher.update(file.as_os_str().as_encoded_bytes());
+        }
+        // The kubelet hashes the URL alone: every node reading it gives the pod the
+        // same UID.
+        Origin::Url(url) => {
+            hasher.update(b"url:");
+            hasher.update(url.as_bytes());
+        }
+    }
     hasher.update(b"\0");
     // Serialising a Pod cannot fail (every map key is a string); an empty body would
-    // still give a stable UID from node and file.
+    // still give a stable UID from where it came from.
     hasher.update(serde_json::to_vec(pod).unwrap_or_default());
     let digest = hasher.finalize();
     digest.iter().take(16).map(|b| format!("{b:02x}")).collect()
 }
 
-/// Turns a validated manifest pod into the pod this node runs. `config.seen` is left to
-/// the caller, which knows when the pod was first seen.
-pub fn make_static_pod(mut pod: Pod, node_name: &str, file: &Path) -> Pod {
+/// Turns a validated manifest pod into the pod this node runs, as the kubelet's
+/// applyDefaults does for its source. `config.seen` is left to the caller, which knows
+/// when the pod was first seen.
+pub fn make_static_pod(mut pod: Pod, node_name: &str, origin: Origin<'_>) -> Pod {
     let uid = match pod.metadata.uid.as_deref() {
         Some(uid) if !uid.is_empty() => uid.to_string(),
-        _ => static_pod_uid(&pod, node_name, file),
+        _ => static_pod_uid(&pod, node_name, origin),
     };
     let meta = &mut pod.metadata;
     meta.uid = Some(uid.clone());
@@ -44,23 +65,33 @@ pub fn make_static_pod(mut pod: Pod, node_name: &str, file: &Path) -> Pod {
     let name = meta.name.clone().unwrap_or_default();
     meta.name = Some(format!("{name}-{}", node_name.to_lowercase()));
     let annotations = meta.annotations.get_or_insert_with(BTreeMap::new);
-    annotations.insert(CONFIG_SOURCE.into(), "file".into());
     annotations.insert(CONFIG_HASH.into(), uid);
-    annotations.insert(MANIFEST_FILE.into(), file.display().to_string());
+    match origin {
+        Origin::File(file) => {
+            annotations.insert(CONFIG_SOURCE.into(), SOURCE_FILE.into());
+            annotations.insert(MANIFEST_FILE.into(), file.display().to_string());
+        }
+        Origin::Url(_) => {
+            annotations.insert(CONFIG_SOURCE.into(), SOURCE_HTTP.into());
+        }
+    }
 
     apply_api_defaults(&mut pod);
     let spec = pod.spec.get_or_insert_with(Default::default);
     spec.node_name = Some(node_name.to_string());
-    // Static pods tolerate every NoExecute taint so node problems never evict them:
-    // nothing would bring them back.
-    let tolerations = spec.tolerations.get_or_insert_with(Vec::new);
-    let wanted = Toleration {
-        operator: Some("Exists".into()),
-        effect: Some("NoExecute".into()),
-        ..Toleration::default()
-    };
-    if !tolerations.contains(&wanted) {
-        tolerations.push(wanted);
+    // Static pods from files tolerate every NoExecute taint so node problems never
+    // evict them: nothing would bring them back. The kubelet gives pods from its URL
+    // no such toleration.
+    if let Origin::File(_) = origin {
+        let tolerations = spec.tolerations.get_or_insert_with(Vec::new);
+        let wanted = Toleration {
+            operator: Some("Exists".into()),
+            effect: Some("NoExecute".into()),
+            ..Toleration::default()
+        };
+        if !tolerations.contains(&wanted) {
+            tolerations.push(wanted);
+        }
     }
     let status = pod.status.get_or_insert_with(PodStatus::default);
     status.phase = Some("Pending".into());
@@ -164,28 +195,32 @@ spec:
     #[test]
     fn uid_is_stable_and_depends_on_content_node_and_file() {
         let f = Path::new("/etc/kubernetes/manifests/sleep.yaml");
-        let uid = static_pod_uid(&manifest(), "gw-1", f);
+        let uid = static_pod_uid(&manifest(), "gw-1", Origin::File(f));
         assert_eq!(uid.len(), 32);
         assert!(uid
             .bytes()
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)));
-        assert_eq!(uid, static_pod_uid(&manifest(), "gw-1", f));
-        assert_ne!(uid, static_pod_uid(&manifest(), "gw-2", f));
+        assert_eq!(uid, static_pod_uid(&manifest(), "gw-1", Origin::File(f)));
+        assert_ne!(uid, static_pod_uid(&manifest(), "gw-2", Origin::File(f)));
         assert_ne!(
             uid,
-            static_pod_uid(&manifest(), "gw-1", Path::new("/m/other.yaml"))
+            static_pod_uid(
+                &manifest(),
+                "gw-1",
+                Origin::File(Path::new("/m/other.yaml"))
+            )
         );
         let mut edited = manifest();
         edited.spec.as_mut().expect("spec").containers[0].image = Some("busybox:other".into());
-        assert_ne!(uid, static_pod_uid(&edited, "gw-1", f));
+        assert_ne!(uid, static_pod_uid(&edited, "gw-1", Origin::File(f)));
     }
 
     #[test]
     fn static_pod_gets_kubelet_and_api_defaults() {
         let f = Path::new("/m/sleep.yaml");
-        let pod = make_static_pod(manifest(), "gw-1", f);
+        let pod = make_static_pod(manifest(), "gw-1", Origin::File(f));
         let meta = &pod.metadata;
-        let uid = static_pod_uid(&manifest(), "gw-1", f);
+        let uid = static_pod_uid(&manifest(), "gw-1", Origin::File(f));
         assert_eq!(meta.name.as_deref(), Some("sleep-gw-1"));
         assert_eq!(meta.namespace.as_deref(), Some("default"));
         assert_eq!(meta.uid.as_deref(), Some(uid.as_str()));
@@ -236,12 +271,45 @@ spec:
             effect: Some("NoExecute".into()),
             ..Toleration::default()
         }]);
-        let pod = make_static_pod(m, "gw-1", Path::new("/m/sleep.yaml"));
+        let pod = make_static_pod(m, "gw-1", Origin::File(Path::new("/m/sleep.yaml")));
         assert_eq!(pod.metadata.uid.as_deref(), Some("given-uid"));
         assert_eq!(pod.metadata.namespace.as_deref(), Some("edge"));
         let spec = pod.spec.as_ref().expect("spec");
         assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
         assert_eq!(spec.termination_grace_period_seconds, Some(0));
         assert_eq!(spec.tolerations.as_ref().map(Vec::len), Some(1));
+    }
+
+    #[test]
+    fn a_pod_from_the_url_is_named_and_hashed_as_the_kubelet_does() {
+        let url = "http://10.0.0.1/pods.yaml";
+        let pod = make_static_pod(manifest(), "GW-1", Origin::Url(url));
+        let meta = &pod.metadata;
+        assert_eq!(meta.name.as_deref(), Some("sleep-gw-1"));
+        assert_eq!(meta.namespace.as_deref(), Some("default"));
+        let uid = static_pod_uid(&manifest(), "GW-1", Origin::Url(url));
+        assert_eq!(meta.uid.as_deref(), Some(uid.as_str()));
+        // The URL, not the node, goes into the UID; another URL gives another.
+        assert_eq!(uid, static_pod_uid(&manifest(), "gw-2", Origin::Url(url)));
+        assert_ne!(
+            uid,
+            static_pod_uid(
+                &manifest(),
+                "GW-1",
+                Origin::Url("http://10.0.0.2/pods.yaml")
+            )
+        );
+        assert_ne!(
+            uid,
+            static_pod_uid(&manifest(), "GW-1", Origin::File(Path::new(url)))
+        );
+        let ann = meta.annotations.as_ref().expect("annotations");
+        assert_eq!(ann.get(CONFIG_SOURCE).map(String::as_str), Some("http"));
+        assert_eq!(ann.get(CONFIG_HASH), Some(&uid));
+        assert!(!ann.contains_key(MANIFEST_FILE));
+        let spec = pod.spec.as_ref().expect("spec");
+        assert_eq!(spec.node_name.as_deref(), Some("GW-1"));
+        assert_eq!(spec.tolerations, None);
+        assert_eq!(spec.restart_policy.as_deref(), Some("Always"));
     }
 }

@@ -6,7 +6,7 @@
 mod connector;
 pub mod der;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::CryptoProvider;
@@ -19,6 +19,50 @@ pub use connector::{Describe, TlsConnector, TlsFailure, TlsTransport};
 /// ring: no C build of aws-lc for the ARM targets.
 pub fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// The system's CA bundle (`/etc/ssl/certs` on Debian and Yocto), read when a client's
+/// first connection needs it and shared by the agents made meanwhile. Only a weak
+/// reference stays: the certificates (about 150, a few hundred KiB) are freed once the
+/// agents have their parsed roots, rather than held for the agent's lifetime.
+fn native_roots() -> Arc<Vec<CertificateDer<'static>>> {
+    static ROOTS: Mutex<Weak<Vec<CertificateDer<'static>>>> = Mutex::new(Weak::new());
+    let mut held = ROOTS.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(roots) = held.upgrade() {
+        return roots;
+    }
+    let found = rustls_native_certs::load_native_certs();
+    for e in &found.errors {
+        log::warn!("system CA certificates: {e}");
+    }
+    let roots = Arc::new(found.certs);
+    *held = Arc::downgrade(&roots);
+    roots
+}
+
+/// The system's trust anchors as a root store, for a client that trusts what the host
+/// trusts. A system certificate rustls cannot use is skipped: it is no reason to fail
+/// every connection.
+pub fn system_roots() -> rustls::RootCertStore {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in native_roots().iter() {
+        let _ = roots.add(cert.clone());
+    }
+    roots
+}
+
+/// A ureq error in words: TLS failures as the shared connector or rustls put them,
+/// naming `host`.
+pub fn describe_ureq(e: ureq::Error, host: &str) -> String {
+    match e {
+        ureq::Error::Io(io) => match io.get_ref().and_then(|i| i.downcast_ref::<TlsFailure>()) {
+            Some(tls) => tls.0.clone(),
+            None => io.to_string(),
+        },
+        ureq::Error::Timeout(t) => format!("timed out ({t})"),
+        ureq::Error::Rustls(tls) => describe(&tls, host),
+        e => e.to_string(),
+    }
 }
 
 /// Every PEM certificate in `bytes`; at least one.

@@ -4,10 +4,9 @@
 //! header never goes to another origin, nor to any hop after one that left it.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
-use rustls::pki_types::CertificateDer;
 use rustls::ClientConfig;
 use ureq::http::{Request, Response};
 use ureq::unversioned::resolver::DefaultResolver;
@@ -66,10 +65,7 @@ impl Http {
     fn redirect_agent(&self) -> Result<Agent, RegistryError> {
         self.plain_agent
             .get_or_init(|| {
-                let mut roots = rustls::RootCertStore::empty();
-                for cert in native_roots().iter() {
-                    let _ = roots.add(cert.clone());
-                }
+                let roots = crate::tls::system_roots();
                 ClientConfig::builder_with_provider(crate::tls::provider())
                     .with_protocol_versions(rustls::ALL_VERSIONS)
                     .map(|b| {
@@ -173,25 +169,6 @@ fn build_agent(tls: Arc<ClientConfig>) -> Agent {
     Agent::with_parts(config, connector, DefaultResolver::default())
 }
 
-/// The system's CA bundle (`/etc/ssl/certs` on Debian and Yocto), read when an endpoint's
-/// first connection needs it and shared by the agents made meanwhile. Only a weak
-/// reference stays: the certificates (about 150, a few hundred KiB) are freed once the
-/// agents have their parsed roots, rather than held for the agent's lifetime.
-fn native_roots() -> Arc<Vec<CertificateDer<'static>>> {
-    static ROOTS: Mutex<Weak<Vec<CertificateDer<'static>>>> = Mutex::new(Weak::new());
-    let mut held = ROOTS.lock().unwrap_or_else(PoisonError::into_inner);
-    if let Some(roots) = held.upgrade() {
-        return roots;
-    }
-    let found = rustls_native_certs::load_native_certs();
-    for e in &found.errors {
-        log::warn!("system CA certificates: {e}");
-    }
-    let roots = Arc::new(found.certs);
-    *held = Arc::downgrade(&roots);
-    roots
-}
-
 fn tls_config(ep: &Endpoint) -> Result<Arc<ClientConfig>, String> {
     let builder = ClientConfig::builder_with_provider(crate::tls::provider())
         .with_protocol_versions(rustls::ALL_VERSIONS)
@@ -203,11 +180,7 @@ fn tls_config(ep: &Endpoint) -> Result<Arc<ClientConfig>, String> {
                 crate::tls::provider(),
             )))
     } else {
-        let mut roots = rustls::RootCertStore::empty();
-        for cert in native_roots().iter() {
-            // A system certificate rustls cannot use is no reason to fail every pull.
-            let _ = roots.add(cert.clone());
-        }
+        let mut roots = crate::tls::system_roots();
         if let Some(path) = &ep.ca_file {
             let bytes = std::fs::read(path)
                 .map_err(|e| format!("{}: caFile {}: {e}", ep.host, path.display()))?;
@@ -243,15 +216,7 @@ fn tls_config(ep: &Endpoint) -> Result<Arc<ClientConfig>, String> {
 /// connection was made at all.
 pub(crate) fn transport(url: &str, e: ureq::Error) -> RegistryError {
     let connect = no_connection(&e);
-    let message = match e {
-        ureq::Error::Io(io) => match io.get_ref().and_then(|i| i.downcast_ref::<TlsFailure>()) {
-            Some(tls) => tls.0.clone(),
-            None => io.to_string(),
-        },
-        ureq::Error::Timeout(t) => format!("timed out ({t})"),
-        ureq::Error::Rustls(tls) => crate::tls::describe(&tls, host_of(url)),
-        e => e.to_string(),
-    };
+    let message = crate::tls::describe_ureq(e, host_of(url));
     RegistryError::Transport {
         url: url.to_string(),
         message,
