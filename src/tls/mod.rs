@@ -1,7 +1,7 @@
 //! tls: the one TLS client stack in the binary, rustls with ring under ureq, shared by
-//! the apiserver client (`kube`) and the registry client (`image::registry`): the
-//! connector that lets each bring its own rustls config, PEM reading, the words for
-//! handshake failures, and the DER reader ([`der`]) the serving side shares. Holds no policy about whom to trust; the callers decide that.
+//! the apiserver client (`kube`), the registry client (`image::registry`) and the static
+//! pod URL source: the connector that lets each bring its own rustls config, the
+//! system's CA bundle, PEM reading, the words for handshake and transport failures, and the DER reader ([`der`]) the serving side shares. Holds no policy about whom to trust; the callers decide that.
 
 mod connector;
 pub mod der;

@@ -177,7 +177,7 @@ fn serve(shared: &Shared, tcp: TcpStream) {
     let _ = stream.flush();
 }
 
-fn response(status: u16, extra: &str, body: &[u8], head: &Head) -> Vec<u8> {
+pub(crate) fn response(status: u16, extra: &str, body: &[u8], head: &Head) -> Vec<u8> {
     let mut out = format!(
         "HTTP/1.1 {status} Stub\r\n{extra}Content-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
@@ -213,7 +213,7 @@ fn forward(shared: &Shared, upstream: SocketAddr, head: &Head) -> Option<Vec<u8>
     (!answer.is_empty()).then_some(answer)
 }
 
-fn read_head(stream: &mut impl Read) -> Option<Head> {
+pub(crate) fn read_head(stream: &mut impl Read) -> Option<Head> {
     let mut reader = BufReader::new(stream);
     let mut line = String::new();
     reader.read_line(&mut line).ok()?;
