@@ -105,7 +105,7 @@ mod tests {
         );
         assert_eq!(follow("http://a/x", "/y").as_deref(), Ok("http://a/y"));
         assert!(follow("https://a/x", "http://a/y")
-            .unwrap_err()
+            .expect_err("refused")
             .contains("refusing a redirect from https to http://a/y"));
     }
 }
