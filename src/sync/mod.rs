@@ -17,6 +17,7 @@ mod restart_timer;
 pub mod sandbox;
 mod service_env;
 pub mod status;
+mod in_use;
 pub mod view;
 mod worker;
 
@@ -39,6 +40,7 @@ use crate::store::{Store, StoreError, Tree};
 use crate::uplink::objects::{references, ObjectCache, ObjectKey, ObjectKind, References};
 
 pub use record::ContainerRecord;
+pub use in_use::NodeImages;
 pub use view::{PodStates, PodView};
 pub use worker::{Eviction, PodState};
 use worker::{Worker, WorkerMsg};
