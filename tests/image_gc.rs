@@ -199,7 +199,8 @@ fn an_image_used_within_the_minimum_age_stays() {
         minimum_age: Duration::from_secs(120),
         maximum_age: Duration::ZERO,
     };
-    let outcome = gc::collect(&images, policy, &InUse::default(), &mut Memory::new(), now).expect("gc");
+    let outcome =
+        gc::collect(&images, policy, &InUse::default(), &mut Memory::new(), now).expect("gc");
     assert!(outcome.removed.is_empty(), "{outcome:?}");
     assert_eq!(images.list().expect("list").len(), 1);
     drop(images);

@@ -122,7 +122,15 @@ fn a_filling_disk_loses_the_least_recently_used_images_and_keeps_pinned_and_stat
     // pinned ones would be the first to go.
     let archives = a.dir.join("archives");
     std::fs::create_dir_all(&archives).expect("archives dir");
-    let order = ["static", "preloaded", "kept", "old1", "old2", "old3", "old4"];
+    let order = [
+        "static",
+        "preloaded",
+        "kept",
+        "old1",
+        "old2",
+        "old3",
+        "old4",
+    ];
     let tars: Vec<PathBuf> = order
         .iter()
         .enumerate()
@@ -131,6 +139,7 @@ fn a_filling_disk_loses_the_least_recently_used_images_and_keeps_pinned_and_stat
     for (name, tar) in order.iter().zip(&tars).take(6) {
         import(&a, tar, *name == "kept");
     }
+    let imported = Instant::now();
     a.write_manifest("keeper.yaml", &refused_static_pod(&reference("static")));
     let keeper = a.wait_pod("keeper", "refused", WAIT, |p| {
         p["status"]["phase"] == "Failed"
@@ -149,6 +158,8 @@ fn a_filling_disk_loses_the_least_recently_used_images_and_keeps_pinned_and_stat
         "the filesystem does not fit the plan: {usage:?}"
     );
     grow(&fs.mount.join("growing.log"), aim - usage.used());
+    // Time itself, not a condition: the images must be older than imageMinimumGCAge.
+    std::thread::sleep(Duration::from_millis(1100).saturating_sub(imported.elapsed()));
     assert!(Usage::of(&content).expect("usage").percent() <= high);
     // The last import takes it past: GC looks after each import, as after each pull.
     import(&a, &tars[6], false);
@@ -184,10 +195,7 @@ fn a_filling_disk_loses_the_least_recently_used_images_and_keeps_pinned_and_stat
     // Prune: every image no pod uses, and still none pinned.
     let out = run(&a, &["image", "prune"]);
     assert!(out.contains("2 image(s) removed"), "{out}");
-    assert_eq!(
-        names(&a),
-        ["kept", "preloaded", "static"].map(String::from)
-    );
+    assert_eq!(names(&a), ["kept", "preloaded", "static"].map(String::from));
     a.stop();
     drop(a);
 }
@@ -224,13 +232,19 @@ fn an_image_unused_for_longer_than_the_maximum_age_goes_with_no_disk_pressure() 
         &agent::sh_pod("runner", "", "main", "sleep 3600", ""),
     );
     a.start();
-    a.wait_pod("runner", "running", WAIT, |p| p["status"]["phase"] == "Running");
+    a.wait_pod("runner", "running", WAIT, |p| {
+        p["status"]["phase"] == "Running"
+    });
     let archives = a.dir.join("archives");
     std::fs::create_dir_all(&archives).expect("archives dir");
     import(&a, &archive(&archives, "kept", 1), true);
     let imported = Instant::now();
     import(&a, &archive(&archives, "stale", 2), false);
-    assert_eq!(names(&a), ["kept", "stale"].map(String::from), "not at once");
+    assert_eq!(
+        names(&a),
+        ["kept", "stale"].map(String::from),
+        "not at once"
+    );
     a.wait_until("the stale image to go", WAIT, |a| {
         !names(a).contains(&"stale".to_string())
     });

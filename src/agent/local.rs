@@ -171,7 +171,9 @@ fn evictions(config: &Config, deps: &Arc<Deps>) -> mpsc::Receiver<Eviction> {
                 minimum_age: config.images.minimum_gc_age,
             }),
             Err(e) => {
-                log::error!("disk pressure: read the pods' images: {e}; no image will be reclaimed");
+                log::error!(
+                    "disk pressure: read the pods' images: {e}; no image will be reclaimed"
+                );
                 Box::new(crate::eviction::reclaim::NoImageGc)
             }
         };

@@ -419,6 +419,9 @@ mod tests {
         }
         assert!(!row.contains("pinned"), "{row}");
         let row = table.lines().nth(2).expect("row");
-        assert!(row.starts_with("registry.local/site/app") && row.ends_with("pinned"), "{row}");
+        assert!(
+            row.starts_with("registry.local/site/app") && row.ends_with("pinned"),
+            "{row}"
+        );
     }
 }

@@ -266,7 +266,10 @@ impl Reader<'_> {
             other => {
                 return Err(self.err(
                     key,
-                    format!("expected a list of image references, got {}", type_name(other)),
+                    format!(
+                        "expected a list of image references, got {}",
+                        type_name(other)
+                    ),
                 ))
             }
         };
@@ -617,7 +620,10 @@ holdfast:
             "{r}"
         );
         let (_, r) = key_err("imageMinimumGCAge: 10s\nimageMaximumGCAge: 10s\n");
-        assert!(r.contains("10s must be greater than imageMinimumGCAge 10s"), "{r}");
+        assert!(
+            r.contains("10s must be greater than imageMinimumGCAge 10s"),
+            "{r}"
+        );
         let cfg = parse("imageMinimumGCAge: 1s\nimageMaximumGCAge: 4s\n").expect("parse");
         assert_eq!(cfg.images.maximum_gc_age, Some(Duration::from_secs(4)));
         assert_eq!(key_err("imageMaximumGCAge: -1s\n").0, "imageMaximumGCAge");

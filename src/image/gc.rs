@@ -203,7 +203,12 @@ pub fn collect(
         ..GcOutcome::default()
     };
     for r in &old {
-        remove(images, r, memory, "unused for longer than imageMaximumGCAge")?;
+        remove(
+            images,
+            r,
+            memory,
+            "unused for longer than imageMaximumGCAge",
+        )?;
         out.aged.extend(r.references.iter().cloned());
     }
     out.removed = out.aged.clone();
@@ -249,7 +254,11 @@ fn free_space(
     let freeable: HashSet<&String> = unused.iter().flat_map(|r| blobs_of(r)).collect();
     let kept: HashSet<&String> = all
         .iter()
-        .filter(|r| !unused.iter().any(|u| u.manifest_digest == r.manifest_digest))
+        .filter(|r| {
+            !unused
+                .iter()
+                .any(|u| u.manifest_digest == r.manifest_digest)
+        })
         .flat_map(blobs_of)
         .collect();
     for d in freeable.difference(&kept) {
@@ -295,7 +304,12 @@ fn remove_in_order(
         if enough(before) {
             break;
         }
-        remove(images, r, memory, "the disk is above imageGCHighThresholdPercent")?;
+        remove(
+            images,
+            r,
+            memory,
+            "the disk is above imageGCHighThresholdPercent",
+        )?;
         freed += before.saturating_sub(Usage::of(&root)?.used());
         removed.extend(r.references.iter().cloned());
     }

@@ -89,8 +89,16 @@ mod tests {
             "busybox:1.36".into(),
             format!("registry.local:5000/site/app@{m}"),
         ]);
-        assert!(pins.holds(&record(&["docker.io/library/busybox:1.36"], "sha256:x", false)));
-        assert!(!pins.holds(&record(&["docker.io/library/busybox:1.37"], "sha256:x", false)));
+        assert!(pins.holds(&record(
+            &["docker.io/library/busybox:1.36"],
+            "sha256:x",
+            false
+        )));
+        assert!(!pins.holds(&record(
+            &["docker.io/library/busybox:1.37"],
+            "sha256:x",
+            false
+        )));
         // By digest: whatever names the image now.
         assert!(pins.holds(&record(&["other/name:2"], &m, false)));
         assert!(pins.holds(&record(&["anything:1"], "sha256:y", true)));
@@ -102,7 +110,11 @@ mod tests {
                 m.clone(),
             ]
         );
-        let shown = pins.shown(vec![record(&["docker.io/library/busybox:1.36"], "sha256:x", false)]);
+        let shown = pins.shown(vec![record(
+            &["docker.io/library/busybox:1.36"],
+            "sha256:x",
+            false,
+        )]);
         assert!(shown[0].pinned);
         assert!(!Pins::default().holds(&record(&["x:1"], "sha256:x", false)));
     }

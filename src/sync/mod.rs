@@ -10,6 +10,7 @@ mod admit;
 pub mod adopt;
 mod burst;
 pub mod env;
+mod in_use;
 mod plan;
 pub mod probe;
 pub mod record;
@@ -17,7 +18,6 @@ mod restart_timer;
 pub mod sandbox;
 mod service_env;
 pub mod status;
-mod in_use;
 pub mod view;
 mod worker;
 
@@ -39,8 +39,8 @@ use crate::source::PodChange;
 use crate::store::{Store, StoreError, Tree};
 use crate::uplink::objects::{references, ObjectCache, ObjectKey, ObjectKind, References};
 
-pub use record::ContainerRecord;
 pub use in_use::NodeImages;
+pub use record::ContainerRecord;
 pub use view::{PodStates, PodView};
 pub use worker::{Eviction, PodState};
 use worker::{Worker, WorkerMsg};

@@ -178,7 +178,11 @@ mod tests {
     fn names(images: &[&ImageRecord]) -> Vec<String> {
         images
             .iter()
-            .map(|r| r.references[0].trim_start_matches("registry.local/p/").to_string())
+            .map(|r| {
+                r.references[0]
+                    .trim_start_matches("registry.local/p/")
+                    .to_string()
+            })
             .collect()
     }
 
@@ -216,7 +220,10 @@ mod tests {
     fn a_pass_that_saw_an_image_in_use_makes_it_recent() {
         let now = crate::time::now();
         // Started 10 hours ago by a pod that ran until a moment ago.
-        let all = vec![image("long-runner", 900, Some(600), now), image("idle", 300, None, now)];
+        let all = vec![
+            image("long-runner", 900, Some(600), now),
+            image("idle", 300, None, now),
+        ];
         let mut in_use = InUse::default();
         in_use.add_reference("registry.local/p/long-runner:1");
         let mut memory = Memory::new();
@@ -266,7 +273,10 @@ mod tests {
         // Before GC has run for the maximum age, not earlier than that.
         let due = next_due(&fresh_only, &memory, HOUR, Duration::from_secs(600), now).expect("due");
         assert!(due > Duration::from_secs(3000), "{due:?}");
-        assert_eq!(next_due(&fresh_only, &memory, Duration::ZERO, HOUR, now), None);
+        assert_eq!(
+            next_due(&fresh_only, &memory, Duration::ZERO, HOUR, now),
+            None
+        );
     }
 
     #[test]
