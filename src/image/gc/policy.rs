@@ -179,9 +179,8 @@ mod tests {
         images
             .iter()
             .map(|r| {
-                r.references[0]
-                    .trim_start_matches("registry.local/p/")
-                    .to_string()
+                let name = r.references[0].trim_start_matches("registry.local/p/");
+                name.trim_end_matches(":1").to_string()
             })
             .collect()
     }
