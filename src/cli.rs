@@ -308,33 +308,40 @@ fn age(since: crate::time::Timestamp, now: crate::time::Timestamp) -> String {
     }
 }
 
-/// `holdfast image import FILE|DIR`, `image pull REF`, `image ls`, `image rm REF`,
+/// `holdfast image import [--pin] FILE|DIR`, `image pull REF`, `image ls`, `image rm REF`,
 /// `image prune`.
 pub fn image(args: &[String]) -> Result<(), Error> {
     let (root, rest) = root_dir(args)?;
     let usage = || {
         Error::Cli(
-            "usage: holdfast image import FILE|DIR | pull REF [--platform OS/ARCH[/VARIANT]] \
+            "usage: holdfast image import [--pin] FILE|DIR | pull REF [--platform OS/ARCH[/VARIANT]] \
              [--creds FILE] [--config FILE] | ls | rm REF | prune"
                 .into(),
         )
     };
     match rest.first().map(String::as_str) {
         Some("import") => {
-            let path = rest.get(1).ok_or_else(usage)?;
+            let (pin, path) = match &rest[1..] {
+                [flag, path] if flag == "--pin" => (true, path),
+                [path, flag] if flag == "--pin" => (true, path),
+                [path] if !path.starts_with('-') => (false, path),
+                _ => return Err(usage()),
+            };
             let abs = std::path::absolute(path).map_err(|source| Error::Io {
                 context: format!("image import {path}"),
                 source,
             })?;
             let req = Request::ImageImport {
                 path: abs.display().to_string(),
+                pin,
             };
             if let Response::Images { images } = request(&root, req)? {
                 for i in &images {
                     emit_line(&format!(
-                        "imported {} {}",
+                        "imported {} {}{}",
                         i.manifest_digest,
-                        i.references.join(" ")
+                        i.references.join(" "),
+                        if i.pinned { " (pinned)" } else { "" }
                     ))?;
                 }
             }

@@ -21,7 +21,7 @@ commands:
            exit 0 when every required item is there, 1 when not
   pods     list pods and their containers (--root-dir DIR, -o json)
   status   uplink state, outbox, last sync, store size, pods (--root-dir DIR, --json)
-  image    import FILE|DIR, pull REF [--platform OS/ARCH[/VARIANT]] [--creds FILE],
+  image    import [--pin] FILE|DIR, pull REF [--platform OS/ARCH[/VARIANT]] [--creds FILE],
            ls, rm REF, prune (--root-dir DIR)
   store    compact: rewrite the store without the space sled keeps (agent stopped)
   reset    stop and remove every container, mount and cgroup, then the root dir

@@ -1469,6 +1469,7 @@ fn seeds_store_records() {
         size: 12345,
         imported_at: t,
         last_used: Some(t),
+        pinned: false,
     };
     let pod: k8s_openapi::api::core::v1::Pod = serde_yaml::from_slice(
         &fs::read(fuzz::repo_path("tests/fixtures/sleep.yaml")).expect("fixture"),

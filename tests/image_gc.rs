@@ -8,7 +8,7 @@ use support::{loopfs, oci, tempdir};
 
 use std::time::Duration;
 
-use holdfast::image::gc::{self, GcPolicy, InUse, Usage};
+use holdfast::image::gc::{self, GcPolicy, InUse, Memory, Usage};
 use holdfast::image::{ImageRecord, ImageStore};
 use holdfast::store::Store;
 use oci::{Entry, Image, Layer};
@@ -104,8 +104,9 @@ fn gc_removes_unused_images_oldest_first_down_to_the_low_threshold() {
         high_percent: percent_of(&usage, usage.used()) - 1,
         low_percent: percent_of(&usage, target),
         minimum_age: Duration::from_secs(1800),
+        maximum_age: Duration::ZERO,
     };
-    let outcome = gc::collect(&images, policy, &in_use, now).expect("gc");
+    let outcome = gc::collect(&images, policy, &in_use, &mut Memory::new(), now).expect("gc");
     let left: Vec<String> = images
         .list()
         .expect("list")
@@ -139,7 +140,7 @@ fn gc_removes_unused_images_oldest_first_down_to_the_low_threshold() {
     }
 
     // Below the high threshold now: nothing happens.
-    let again = gc::collect(&images, policy, &in_use, now).expect("gc");
+    let again = gc::collect(&images, policy, &in_use, &mut Memory::new(), now).expect("gc");
     assert!(again.removed.is_empty() && again.wanted == 0, "{again:?}");
 
     // Asked for more than the unused images hold: all of them go (d), the used one
@@ -149,8 +150,9 @@ fn gc_removes_unused_images_oldest_first_down_to_the_low_threshold() {
         high_percent: 0,
         low_percent: 0,
         minimum_age: Duration::ZERO,
+        maximum_age: Duration::ZERO,
     };
-    let outcome = gc::collect(&images, greedy, &in_use, now).expect("gc");
+    let outcome = gc::collect(&images, greedy, &in_use, &mut Memory::new(), now).expect("gc");
     assert_eq!(outcome.removed, vec!["registry.local/gc/d:1".to_string()]);
     let message = outcome.shortfall().expect("a shortfall");
     assert!(
@@ -195,8 +197,10 @@ fn an_image_used_within_the_minimum_age_stays() {
         high_percent: 0,
         low_percent: 0,
         minimum_age: Duration::from_secs(120),
+        maximum_age: Duration::ZERO,
     };
-    let outcome = gc::collect(&images, policy, &InUse::default(), now).expect("gc");
+    let outcome =
+        gc::collect(&images, policy, &InUse::default(), &mut Memory::new(), now).expect("gc");
     assert!(outcome.removed.is_empty(), "{outcome:?}");
     assert_eq!(images.list().expect("list").len(), 1);
     drop(images);

@@ -18,6 +18,7 @@ use crate::backoff::Backoff;
 use crate::config::Config;
 use crate::control::server::{self, Control};
 use crate::image::registry::Puller;
+use crate::image::service::ImageService;
 use crate::node::allocatable::capacity_and_allocatable;
 use crate::node::NodeFacts;
 use crate::runtime::ContainerId;
@@ -48,9 +49,9 @@ pub async fn start(
     let (exit_tx, exits) = mpsc::channel(EXITS);
     crate::runtime::Runtime::watch_exits(root.runtime.as_ref(), exit_tx)?;
     let (containers, podstates) = Deps::trees(&root.store)?;
-    let puller =
-        crate::image::service::start(root.images.clone(), &config.images, podstates.clone());
-    let resyncs = control_socket(root, &podstates, &puller, cluster);
+    let in_use = crate::sync::NodeImages::new(&podstates)?;
+    let images = crate::image::service::start(root.images.clone(), &config.images, in_use);
+    let resyncs = control_socket(root, &podstates, &images, cluster);
     crate::server::start(
         config,
         &root.dir,
@@ -61,7 +62,7 @@ pub async fn start(
     )
     .await;
     let trees = (containers, podstates);
-    let deps = Arc::new(deps(config, root, cluster, trees, puller).await?);
+    let deps = Arc::new(deps(config, root, cluster, trees, images.puller).await?);
     pod_cgroups(config, &deps).await;
     let evictions = evictions(config, &deps);
     Ok(Local {
@@ -77,7 +78,7 @@ pub async fn start(
 fn control_socket(
     root: &Root,
     podstates: &PodStates,
-    puller: &Puller,
+    images: &ImageService,
     cluster: Option<&Cluster>,
 ) -> mpsc::Receiver<()> {
     let (resync_tx, resync_rx) = mpsc::channel(RESYNCS);
@@ -87,7 +88,8 @@ fn control_socket(
         resync: resync_tx,
         root_dir: root.dir.clone(),
         uplink: cluster.map(|c| c.view.clone()),
-        puller: Some(puller.clone()),
+        puller: Some(images.puller.clone()),
+        gc: Some(images.gc.clone()),
     });
     match server::bind(&root.dir) {
         Ok(listener) => {
@@ -161,11 +163,20 @@ async fn pod_cgroups(config: &Config, deps: &Arc<Deps>) {
 /// Node-pressure eviction. Disk pressure reclaims dead containers, then unused images,
 /// before evicting.
 fn evictions(config: &Config, deps: &Arc<Deps>) -> mpsc::Receiver<Eviction> {
-    let images_gc = Box::new(crate::eviction::reclaim::StoreImageGc {
-        images: deps.images.clone(),
-        podstates: deps.podstates.clone(),
-        minimum_age: config.images.minimum_gc_age,
-    });
+    let images_gc: Box<dyn crate::eviction::reclaim::ImageGc> =
+        match crate::sync::NodeImages::new(&deps.podstates) {
+            Ok(in_use) => Box::new(crate::eviction::reclaim::StoreImageGc {
+                images: deps.images.clone(),
+                in_use,
+                minimum_age: config.images.minimum_gc_age,
+            }),
+            Err(e) => {
+                log::error!(
+                    "disk pressure: read the pods' images: {e}; no image will be reclaimed"
+                );
+                Box::new(crate::eviction::reclaim::NoImageGc)
+            }
+        };
     crate::eviction::start(config, deps.clone(), images_gc)
 }
 

@@ -317,8 +317,8 @@ fn short(digest: &str) -> &str {
 /// The `holdfast image ls` table: one row per reference.
 pub(super) fn render(images: &[ImageRecord], now: crate::time::Timestamp) -> String {
     let mut out = format!(
-        "{:<44} {:<16} {:<19} {:>10}  {}\n",
-        "REPOSITORY", "TAG", "DIGEST", "SIZE", "LAST USED"
+        "{:<44} {:<16} {:<19} {:>10}  {:<10} {}\n",
+        "REPOSITORY", "TAG", "DIGEST", "SIZE", "LAST USED", "PINNED"
     );
     let mut rows = Vec::new();
     for i in images {
@@ -329,14 +329,16 @@ pub(super) fn render(images: &[ImageRecord], now: crate::time::Timestamp) -> Str
         };
         for r in &i.references {
             let (repo, tag) = split_reference(r);
-            rows.push(format!(
-                "{:<44} {:<16} {:<19} {:>10}  {}\n",
+            let row = format!(
+                "{:<44} {:<16} {:<19} {:>10}  {:<10} {}",
                 repo,
                 tag,
                 digest,
                 super::human_size(i.size),
-                used
-            ));
+                used,
+                if i.pinned { "pinned" } else { "" }
+            );
+            rows.push(format!("{}\n", row.trim_end()));
         }
     }
     rows.sort();
@@ -363,7 +365,7 @@ fn split_reference(r: &str) -> (String, String) {
     }
 }
 
-/// `holdfast image prune`: every image no pod uses.
+/// `holdfast image prune`: every image no pod uses and none pinned.
 pub(super) fn prune(root: &Path) -> Result<(), Error> {
     if let Response::Images { images } = super::request(root, Request::ImagePrune)? {
         for i in &images {
@@ -402,12 +404,24 @@ mod tests {
             size: 2 * 1024 * 1024,
             imported_at: now,
             last_used: Some("2026-11-23T11:00:00Z".parse().expect("time")),
+            pinned: false,
         };
-        let table = render(&[rec], now);
+        let pinned = ImageRecord {
+            references: vec!["registry.local/site/app:2".into()],
+            pinned: true,
+            ..rec.clone()
+        };
+        let table = render(&[rec, pinned], now);
         let row = table.lines().nth(1).expect("row");
         assert!(row.starts_with("docker.io/library/busybox"), "{row}");
         for want in ["1.36", "sha256:bbbbbbbbbbbb", "2.0MiB", "60m ago"] {
             assert!(row.contains(want), "{want} in {row}");
         }
+        assert!(!row.contains("pinned"), "{row}");
+        let row = table.lines().nth(2).expect("row");
+        assert!(
+            row.starts_with("registry.local/site/app") && row.ends_with("pinned"),
+            "{row}"
+        );
     }
 }

@@ -91,6 +91,26 @@ fn unit_nanos(unit: &str) -> Option<u128> {
     })
 }
 
+/// `d` as Go's `Duration.String` writes it (`5s`, `2m0s`, `1h0m0s`, `1.5s`, `250ms`),
+/// for messages that quote the kubelet's.
+pub fn go_duration(d: Duration) -> String {
+    if d < Duration::from_secs(1) {
+        return format!("{}ms", d.as_millis());
+    }
+    let secs = d.as_secs();
+    let (h, m) = (secs / 3600, secs % 3600 / 60);
+    let mut s = format!("{}", secs % 60);
+    let millis = d.subsec_millis();
+    if millis > 0 {
+        s = format!("{s}.{millis:03}").trim_end_matches('0').to_string();
+    }
+    match (h, m) {
+        (0, 0) => format!("{s}s"),
+        (0, m) => format!("{m}m{s}s"),
+        (h, m) => format!("{h}h{m}m{s}s"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

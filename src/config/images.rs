@@ -1,15 +1,17 @@
-//! The config keys about images: the kubelet's image GC thresholds and pull parallelism
-//! (`imageGCHighThresholdPercent`, `imageGCLowThresholdPercent`, `imageMinimumGCAge`,
-//! `serializeImagePulls`, `maxParallelImagePulls`), and holdfast's own under
-//! `holdfast:`: where registry credentials are (`dockerConfig`), registry mirrors
-//! (`registries`, modelled on containerd's hosts.toml), the offline fallback, the layer
-//! download limit and the pull back-off.
+//! The config keys about images: the kubelet's image GC thresholds and ages and pull
+//! parallelism (`imageGCHighThresholdPercent`, `imageGCLowThresholdPercent`,
+//! `imageMinimumGCAge`, `imageMaximumGCAge`, `serializeImagePulls`,
+//! `maxParallelImagePulls`), and holdfast's own under `holdfast:`: where registry
+//! credentials are (`dockerConfig`), registry mirrors (`registries`, modelled on
+//! containerd's hosts.toml), the offline fallback, the layer download limit, the pull
+//! back-off and the images GC never removes (`pinnedImages`).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_yaml::Value;
 
+use super::duration::go_duration;
 use super::reader::{short, type_name, Reader};
 use super::ConfigError;
 use crate::image::registry::{Capability, EndpointConfig, RegistryConfig, RegistryHosts};
@@ -20,6 +22,7 @@ pub struct FileImages {
     pub gc_high: Option<u8>,
     pub gc_low: Option<u8>,
     pub minimum_gc_age: Option<Duration>,
+    pub maximum_gc_age: Option<Duration>,
     pub serialize_pulls: Option<bool>,
     pub max_parallel_pulls: Option<u32>,
     pub docker_config: Option<PathBuf>,
@@ -28,6 +31,7 @@ pub struct FileImages {
     pub max_parallel_layer_downloads: Option<u32>,
     pub pull_backoff_initial: Option<Duration>,
     pub pull_backoff_max: Option<Duration>,
+    pub pinned_images: Option<Vec<String>>,
 }
 
 impl FileImages {
@@ -37,6 +41,7 @@ impl FileImages {
             gc_high: self.gc_high.or(profile.gc_high),
             gc_low: self.gc_low.or(profile.gc_low),
             minimum_gc_age: self.minimum_gc_age.or(profile.minimum_gc_age),
+            maximum_gc_age: self.maximum_gc_age.or(profile.maximum_gc_age),
             serialize_pulls: self.serialize_pulls.or(profile.serialize_pulls),
             max_parallel_pulls: self.max_parallel_pulls.or(profile.max_parallel_pulls),
             docker_config: self.docker_config.or(profile.docker_config),
@@ -47,6 +52,7 @@ impl FileImages {
                 .or(profile.max_parallel_layer_downloads),
             pull_backoff_initial: self.pull_backoff_initial.or(profile.pull_backoff_initial),
             pull_backoff_max: self.pull_backoff_max.or(profile.pull_backoff_max),
+            pinned_images: self.pinned_images.or(profile.pinned_images),
         }
     }
 }
@@ -60,6 +66,9 @@ pub struct ImageConfig {
     pub gc_low_percent: u8,
     /// `imageMinimumGCAge`, default 2 min: an image used more recently is kept.
     pub minimum_gc_age: Duration,
+    /// `imageMaximumGCAge`, default 0 (off): an image no pod uses and unused for
+    /// longer goes whatever the disk.
+    pub maximum_gc_age: Duration,
     /// How many images are pulled at once: 1 when `serializeImagePulls` (the default),
     /// else `maxParallelImagePulls` (unbounded when unset, as with the kubelet; here 8).
     pub max_parallel_pulls: u32,
@@ -78,7 +87,12 @@ pub struct ImageConfig {
     /// `holdfast.imagePullBackOffInitial` (10 s) doubling to `imagePullBackOffMax` (5 min).
     pub pull_backoff_initial: Duration,
     pub pull_backoff_max: Duration,
+    /// `holdfast.pinnedImages`: references GC and `image prune` never remove.
+    pub pinned_images: Vec<String>,
 }
+
+/// `imageMinimumGCAge`'s default, the kubelet's.
+const MINIMUM_GC_AGE: Duration = Duration::from_secs(120);
 
 /// Parallel pulls allowed when `serializeImagePulls: false` leaves the number open.
 const UNBOUNDED_PULLS: u32 = 8;
@@ -109,7 +123,8 @@ impl ImageConfig {
         ImageConfig {
             gc_high_percent: file.gc_high.unwrap_or(85),
             gc_low_percent: file.gc_low.unwrap_or(80),
-            minimum_gc_age: file.minimum_gc_age.unwrap_or(Duration::from_secs(120)),
+            minimum_gc_age: file.minimum_gc_age.unwrap_or(MINIMUM_GC_AGE),
+            maximum_gc_age: file.maximum_gc_age.unwrap_or(Duration::ZERO),
             max_parallel_pulls,
             docker_config: file.docker_config.clone(),
             docker_config_search: search,
@@ -118,6 +133,7 @@ impl ImageConfig {
             max_parallel_layer_downloads: file.max_parallel_layer_downloads.unwrap_or(2),
             pull_backoff_initial: file.pull_backoff_initial.unwrap_or(Duration::from_secs(10)),
             pull_backoff_max: file.pull_backoff_max.unwrap_or(Duration::from_secs(300)),
+            pinned_images: file.pinned_images.clone().unwrap_or_default(),
         }
     }
 
@@ -150,8 +166,22 @@ pub(super) fn home_dir() -> Option<PathBuf> {
         .map(PathBuf::from)
 }
 
-/// Checks that only the file can see (the two thresholds together, the pull limits).
+/// Checks that only the file can see (the two thresholds together, the two ages
+/// together, the pull limits).
 pub(super) fn check(reader: &Reader<'_>, images: &FileImages) -> Result<(), ConfigError> {
+    let minimum = images.minimum_gc_age.unwrap_or(MINIMUM_GC_AGE);
+    if let Some(maximum) = images.maximum_gc_age.filter(|m| !m.is_zero()) {
+        if maximum <= minimum {
+            return Err(reader.err(
+                "imageMaximumGCAge",
+                format!(
+                    "imageMaximumGCAge {} must be greater than imageMinimumGCAge {}",
+                    go_duration(maximum),
+                    go_duration(minimum)
+                ),
+            ));
+        }
+    }
     if let (Some(high), Some(low)) = (images.gc_high, images.gc_low) {
         if low >= high {
             return Err(reader.err(
@@ -189,6 +219,7 @@ impl Reader<'_> {
             "imageGCHighThresholdPercent" => i.gc_high = Some(self.percent(key, value)?),
             "imageGCLowThresholdPercent" => i.gc_low = Some(self.percent(key, value)?),
             "imageMinimumGCAge" => i.minimum_gc_age = Some(self.positive_duration(key, value)?),
+            "imageMaximumGCAge" => i.maximum_gc_age = Some(self.duration_or_zero(key, value)?),
             "serializeImagePulls" => i.serialize_pulls = Some(self.boolean(key, value)?),
             "maxParallelImagePulls" => {
                 i.max_parallel_pulls = Some(self.count(key, value, 1, 64)?);
@@ -221,9 +252,37 @@ impl Reader<'_> {
             "holdfast.imagePullBackOffMax" => {
                 i.pull_backoff_max = Some(self.positive_duration(key, value)?);
             }
+            "holdfast.pinnedImages" => i.pinned_images = Some(self.references(key, value)?),
             _ => return Ok(false),
         }
         Ok(true)
+    }
+
+    /// A list of image references (`repo:tag`, `repo@sha256:..`, or a manifest digest).
+    fn references(&self, key: &str, value: &Value) -> Result<Vec<String>, ConfigError> {
+        let list = match value {
+            Value::Null => return Ok(Vec::new()),
+            Value::Sequence(list) => list,
+            other => {
+                return Err(self.err(
+                    key,
+                    format!(
+                        "expected a list of image references, got {}",
+                        type_name(other)
+                    ),
+                ))
+            }
+        };
+        let mut out = Vec::new();
+        for (n, v) in list.iter().enumerate() {
+            let at = format!("{key}[{n}]");
+            let s = self.string(&at, v)?;
+            if !crate::image::reference::is_digest(&s) {
+                crate::image::Reference::parse(&s).map_err(|e| self.err(&at, e.to_string()))?;
+            }
+            out.push(s);
+        }
+        Ok(out)
     }
 
     fn percent(&self, key: &str, value: &Value) -> Result<u8, ConfigError> {
@@ -425,6 +484,7 @@ mod tests {
             "imageGCHighThresholdPercent: 90
 imageGCLowThresholdPercent: 70
 imageMinimumGCAge: 5m
+imageMaximumGCAge: 168h
 serializeImagePulls: false
 maxParallelImagePulls: 3
 holdfast:
@@ -433,6 +493,9 @@ holdfast:
   maxParallelLayerDownloads: 4
   imagePullBackOffInitial: 1s
   imagePullBackOffMax: 8s
+  pinnedImages:
+    - busybox:1.36
+    - registry.local:5000/site/app@sha256:0123456789012345678901234567890123456789012345678901234567890123
   registries:
     docker.io:
       mirrors:
@@ -449,6 +512,8 @@ holdfast:
         let i = &cfg.images;
         assert_eq!((i.gc_high, i.gc_low), (Some(90), Some(70)));
         assert_eq!(i.minimum_gc_age, Some(Duration::from_secs(300)));
+        assert_eq!(i.maximum_gc_age, Some(Duration::from_secs(168 * 3600)));
+        assert_eq!(i.pinned_images.as_ref().map(Vec::len), Some(2));
         assert_eq!(
             (i.serialize_pulls, i.max_parallel_pulls),
             (Some(false), Some(3))
@@ -475,6 +540,8 @@ holdfast:
         assert_eq!(merged.max_parallel_pulls, 3);
         assert_eq!(merged.max_parallel_layer_downloads, 4);
         assert_eq!(merged.pull_backoff_max, Duration::from_secs(8));
+        assert_eq!(merged.maximum_gc_age, Duration::from_secs(168 * 3600));
+        assert_eq!(merged.pinned_images[0], "busybox:1.36");
     }
 
     #[test]
@@ -487,6 +554,8 @@ holdfast:
         );
         assert_eq!((c.gc_high_percent, c.gc_low_percent), (85, 80));
         assert_eq!(c.minimum_gc_age, Duration::from_secs(120));
+        assert_eq!(c.maximum_gc_age, Duration::ZERO);
+        assert!(c.pinned_images.is_empty());
         assert_eq!(c.max_parallel_pulls, 1);
         assert!(c.offline_fallback);
         assert_eq!(c.max_parallel_layer_downloads, 2);
@@ -537,5 +606,32 @@ holdfast:
         assert_eq!(k, "holdfast.registries.Bad Name");
         let (k, _) = key_err("holdfast:\n  registries:\n    docker.io:\n      server: http://x\n");
         assert_eq!(k, "holdfast.registries.docker.io.server");
+    }
+
+    #[test]
+    fn the_maximum_age_is_off_at_zero_and_must_pass_the_minimum() {
+        let cfg = parse("imageMaximumGCAge: \"0\"\n").expect("zero is off");
+        assert_eq!(cfg.images.maximum_gc_age, Some(Duration::ZERO));
+        // Against the minimum's default (2m), as the kubelet checks it.
+        let (k, r) = key_err("imageMaximumGCAge: 90s\n");
+        assert_eq!(k, "imageMaximumGCAge");
+        assert!(
+            r.contains("imageMaximumGCAge 1m30s must be greater than imageMinimumGCAge 2m0s"),
+            "{r}"
+        );
+        let (_, r) = key_err("imageMinimumGCAge: 10s\nimageMaximumGCAge: 10s\n");
+        assert!(
+            r.contains("10s must be greater than imageMinimumGCAge 10s"),
+            "{r}"
+        );
+        let cfg = parse("imageMinimumGCAge: 1s\nimageMaximumGCAge: 4s\n").expect("parse");
+        assert_eq!(cfg.images.maximum_gc_age, Some(Duration::from_secs(4)));
+        assert_eq!(key_err("imageMaximumGCAge: -1s\n").0, "imageMaximumGCAge");
+        let (k, _) = key_err("holdfast:\n  pinnedImages: [\"Not A Reference\"]\n");
+        assert_eq!(k, "holdfast.pinnedImages[0]");
+        assert_eq!(
+            key_err("holdfast:\n  pinnedImages: busybox\n").0,
+            "holdfast.pinnedImages"
+        );
     }
 }

@@ -47,6 +47,7 @@ pub const KEYS: &[&str] = &[
     "imageGCHighThresholdPercent",
     "imageGCLowThresholdPercent",
     "imageMinimumGCAge",
+    "imageMaximumGCAge",
     "serializeImagePulls",
     "maxParallelImagePulls",
     // The kubelet API.
@@ -96,6 +97,7 @@ pub const KEYS: &[&str] = &[
     "holdfast.maxParallelLayerDownloads",
     "holdfast.imagePullBackOffInitial",
     "holdfast.imagePullBackOffMax",
+    "holdfast.pinnedImages",
     "holdfast.registries",
     "holdfast.registries.*.server",
     "holdfast.registries.*.caFile",

@@ -94,6 +94,19 @@ impl Reader<'_> {
         key: &str,
         value: &Value,
     ) -> Result<Duration, ConfigError> {
+        let d = self.duration_or_zero(key, value)?;
+        if d.is_zero() {
+            return Err(self.err(key, "must be greater than zero".into()));
+        }
+        Ok(d)
+    }
+
+    /// A duration where zero means off.
+    pub(super) fn duration_or_zero(
+        &self,
+        key: &str,
+        value: &Value,
+    ) -> Result<Duration, ConfigError> {
         let s = match value {
             Value::String(s) => s,
             other => {
@@ -107,16 +120,12 @@ impl Reader<'_> {
                 ))
             }
         };
-        let d = parse_duration(s).map_err(|reason| {
+        parse_duration(s).map_err(|reason| {
             self.err(
                 key,
                 format!("expected a duration like 20s or 1m30s: {reason}"),
             )
-        })?;
-        if d.is_zero() {
-            return Err(self.err(key, "must be greater than zero".into()));
-        }
-        Ok(d)
+        })
     }
 
     pub(super) fn quantity(&self, key: &str, value: &Value) -> Result<u64, ConfigError> {

@@ -21,6 +21,9 @@ pub enum Request {
     Pods,
     ImageImport {
         path: String,
+        /// `--pin`: GC and `image prune` keep the images imported.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        pin: bool,
     },
     ImageList,
     ImageRemove {
@@ -102,8 +105,13 @@ pub fn execute(
             Ok(pods) => Response::Pods { pods },
             Err(e) => fail(e.to_string()),
         },
-        Request::ImageImport { path } => {
-            let imported = images.import(std::path::Path::new(&path));
+        Request::ImageImport { path, pin } => {
+            let path = std::path::Path::new(&path);
+            let imported = if pin {
+                images.import_pinned(path)
+            } else {
+                images.import(path)
+            };
             // An import decompresses and hashes whole layers: give the buffers back.
             crate::malloc::trim_and_log("an image import");
             match imported {
@@ -111,7 +119,7 @@ pub fn execute(
                 Err(e) => fail(e.to_string()),
             }
         }
-        Request::ImageList => match images.list() {
+        Request::ImageList => match images.list().and_then(|l| Ok(images.pins()?.shown(l))) {
             Ok(images) => Response::Images { images },
             Err(e) => fail(e.to_string()),
         },
@@ -120,10 +128,15 @@ pub fn execute(
         // Without an agent the CLI pulls itself.
         Request::ImagePull { .. } => fail("pull: no agent to ask".into()),
         Request::ImagePrune => {
-            let in_use = pods_in_use(podstates);
-            match crate::image::gc::prune(images, &in_use) {
+            // Without knowing what pods use, nothing may go.
+            let pruned = pods_in_use(podstates)
+                .map_err(|e| format!("prune: read the pods' images: {e}"))
+                .and_then(|in_use| {
+                    crate::image::gc::prune(images, &in_use).map_err(|e| e.to_string())
+                });
+            match pruned {
                 Ok(images) => Response::Images { images },
-                Err(e) => fail(e.to_string()),
+                Err(e) => fail(e),
             }
         }
         Request::ImageRemove { reference } => {
@@ -136,10 +149,12 @@ pub fn execute(
     }
 }
 
-/// Images the pods the store knows of want or run.
-pub fn pods_in_use(podstates: &crate::sync::PodStates) -> crate::image::gc::InUse {
+/// Images the pods the store knows of want or run (see [`crate::sync::NodeImages`]).
+pub fn pods_in_use(
+    podstates: &crate::sync::PodStates,
+) -> Result<crate::image::gc::InUse, crate::store::StoreError> {
     use crate::image::gc::ImagesInUse;
-    podstates.images_in_use().unwrap_or_default()
+    crate::sync::NodeImages::new(podstates)?.images_in_use()
 }
 
 /// Image ids of every container instance the store knows of.

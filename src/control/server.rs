@@ -25,6 +25,8 @@ pub struct Control {
     pub uplink: Option<crate::uplink::UplinkView>,
     /// The agent's pulls, which `holdfast image pull` joins.
     pub puller: Option<crate::image::registry::Puller>,
+    /// Image GC, which looks again after an import.
+    pub gc: Option<crate::image::service::GcTrigger>,
 }
 
 /// Binds the socket (replacing a stale one) with mode 0600.
@@ -111,6 +113,9 @@ impl Control {
             });
         if resync && matches!(resp, Response::Images { .. }) {
             let _ = self.resync.try_send(());
+            if let Some(gc) = &self.gc {
+                gc.kick();
+            }
         }
         resp
     }

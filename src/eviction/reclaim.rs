@@ -27,18 +27,18 @@ impl ImageGc for NoImageGc {
     }
 }
 
-/// The image store's GC: unused images (as the store's pod states say), least recently
-/// used first, none used within `minimum_age`.
+/// The image store's GC: unused images (as the store's pods say), least recently used
+/// first, none used within `minimum_age` and none pinned.
 pub struct StoreImageGc {
     pub images: Arc<crate::image::ImageStore>,
-    pub podstates: PodStates,
+    pub in_use: crate::sync::NodeImages,
     pub minimum_age: std::time::Duration,
 }
 
 impl ImageGc for StoreImageGc {
     fn gc(&self, target_bytes: u64) -> Result<u64, String> {
         // Without knowing what pods use, nothing may go.
-        let in_use = self.podstates.images_in_use().map_err(|e| e.to_string())?;
+        let in_use = self.in_use.images_in_use().map_err(|e| e.to_string())?;
         crate::image::gc::reclaim(
             &self.images,
             &in_use,

@@ -1,12 +1,20 @@
-//! Image GC as the kubelet does it: when the filesystem holding the content store is
-//! fuller than `imageGCHighThresholdPercent`, images no pod uses are removed, least
-//! recently used first, until it is down to `imageGCLowThresholdPercent`. An image used
-//! within `imageMinimumGCAge` stays. Blobs shared by images are freed only with the last
-//! of them, so they are counted once. `prune` removes every unused image at once.
+//! Image GC as the kubelet does it: images no pod uses and unused for longer than
+//! `imageMaximumGCAge` (when set) go whatever the disk; then, when the filesystem
+//! holding the content store is fuller than `imageGCHighThresholdPercent`, images no
+//! pod uses are removed, least recently used first, until it is down to
+//! `imageGCLowThresholdPercent`. An image used within `imageMinimumGCAge` stays, and a
+//! pinned one always (see [`crate::image::pins`]). Which images go and in what order is
+//! [`policy`]'s; this file does it on the disk. Blobs shared by images are freed only
+//! with the last of them, so they are counted once. `prune` removes every unused image
+//! that is not pinned at once.
+
+mod policy;
 
 use std::collections::HashSet;
 use std::path::Path;
 use std::time::Duration;
+
+pub use policy::Memory;
 
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
 
@@ -21,6 +29,8 @@ pub struct GcPolicy {
     pub high_percent: u8,
     pub low_percent: u8,
     pub minimum_age: Duration,
+    /// `imageMaximumGCAge`; zero: images are never removed for their age alone.
+    pub maximum_age: Duration,
 }
 
 /// Where GC learns which images the node's pods use; the agent hands it the sync loop's
@@ -138,8 +148,13 @@ pub struct GcOutcome {
     pub freed: u64,
     /// Bytes the unused images held, each shared blob counted once.
     pub eligible: u64,
-    /// References of the images removed, in the order removed.
+    /// References of the images removed, in the order removed: first those unused for
+    /// longer than the maximum age (also in `aged`), then those removed for space.
     pub removed: Vec<String>,
+    /// References of the images removed for their age.
+    pub aged: Vec<String>,
+    /// How long until the next unused image is older than the maximum age.
+    pub next_due: Option<Duration>,
 }
 
 impl GcOutcome {
@@ -160,99 +175,150 @@ fn blobs_of(r: &ImageRecord) -> impl Iterator<Item = &String> {
         .chain(&r.layers)
 }
 
-fn last_use(r: &ImageRecord) -> Timestamp {
-    r.last_used.unwrap_or(r.imported_at)
-}
-
-/// One GC pass at `now`: nothing when the filesystem is at or below `high_percent`.
+/// One GC pass at `now`: images older than the maximum age go, then, above
+/// `high_percent`, the least recently used down to `low_percent`. `memory` is the GC
+/// thread's own, kept from pass to pass.
 pub fn collect(
     images: &ImageStore,
     policy: GcPolicy,
     in_use: &InUse,
+    memory: &mut Memory,
     now: Timestamp,
 ) -> Result<GcOutcome, ImageError> {
     let root = images.content_root();
-    let usage = Usage::of(&root)?;
-    let mut out = GcOutcome {
-        before: usage.percent(),
-        after: usage.percent(),
-        ..GcOutcome::default()
-    };
+    let start = Usage::of(&root)?;
     // Partial downloads nobody resumed for a day go whatever the thresholds.
     let day_ago = std::time::SystemTime::now() - Duration::from_secs(86_400);
     let stale = images.content().remove_partials_before(day_ago);
     if stale > 0 {
         log::info!("image GC: removed {stale} bytes of partial downloads older than a day");
     }
-    if usage.percent() <= u64::from(policy.high_percent) {
-        return Ok(out);
-    }
-    let target_used = usage.capacity / 100 * u64::from(policy.low_percent);
-    out.wanted = usage.used().saturating_sub(target_used);
     let all = images.list()?;
-    let mut kept: HashSet<&String> = HashSet::new();
-    let mut freeable: HashSet<&String> = HashSet::new();
-    for r in &all {
-        let blobs = blobs_of(r);
-        if in_use.uses(r) {
-            kept.extend(blobs);
-        } else {
-            freeable.extend(blobs);
-        }
+    let pins = images.pins()?;
+    memory.observe(&all, in_use, now);
+    let unused = policy::unused(&all, in_use, &pins);
+    let old = policy::too_old(&unused, memory, policy.maximum_age, memory.running(), now);
+    let mut out = GcOutcome {
+        before: start.percent(),
+        ..GcOutcome::default()
+    };
+    for r in &old {
+        remove(
+            images,
+            r,
+            memory,
+            "unused for longer than imageMaximumGCAge",
+        )?;
+        out.aged.extend(r.references.iter().cloned());
     }
-    // What removing every unused image would free: a blob shared by several counts once,
-    // and one a used image shares counts not at all.
-    for d in freeable.difference(&kept) {
-        out.eligible += images.disk_bytes(d)?;
+    out.removed = out.aged.clone();
+    let aged: HashSet<&String> = old.iter().map(|r| &r.manifest_digest).collect();
+    let unused: Vec<&ImageRecord> = unused
+        .into_iter()
+        .filter(|r| !aged.contains(&r.manifest_digest))
+        .collect();
+    let usage = Usage::of(&root)?;
+    out.after = usage.percent();
+    if usage.percent() > u64::from(policy.high_percent) {
+        free_space(images, policy, &all, &unused, memory, now, &mut out)?;
     }
-    let (freed, removed) = remove_lru(images, &all, in_use, policy.minimum_age, now, |used| {
-        used <= target_used
-    })?;
-    out.freed = freed;
-    out.removed = removed;
-    out.after = Usage::of(&root)?.percent();
+    let present: HashSet<String> = images
+        .list()?
+        .into_iter()
+        .map(|r| r.manifest_digest)
+        .collect();
+    let left: Vec<&ImageRecord> = unused
+        .into_iter()
+        .filter(|r| present.contains(&r.manifest_digest))
+        .collect();
+    out.next_due = policy::next_due(&left, memory, policy.maximum_age, memory.running(), now);
     Ok(out)
 }
 
-/// Removes unused images (none used within `minimum_age`), least recently used first,
-/// until `enough` holds for the bytes used on the content store's filesystem; returns
-/// the bytes freed as the filesystem counts them, and the references removed.
-fn remove_lru(
+/// Above the high threshold: removes `unused` images for space, down to the low one.
+fn free_space(
     images: &ImageStore,
+    policy: GcPolicy,
     all: &[ImageRecord],
-    in_use: &InUse,
-    minimum_age: Duration,
+    unused: &[&ImageRecord],
+    memory: &Memory,
     now: Timestamp,
+    out: &mut GcOutcome,
+) -> Result<(), ImageError> {
+    let root = images.content_root();
+    let usage = Usage::of(&root)?;
+    let target_used = usage.capacity / 100 * u64::from(policy.low_percent);
+    out.wanted = usage.used().saturating_sub(target_used);
+    // What removing every unused image would free: a blob shared by several counts
+    // once, and one a kept image shares counts not at all.
+    let freeable: HashSet<&String> = unused.iter().flat_map(|r| blobs_of(r)).collect();
+    let kept: HashSet<&String> = all
+        .iter()
+        .filter(|r| {
+            !unused
+                .iter()
+                .any(|u| u.manifest_digest == r.manifest_digest)
+        })
+        .flat_map(blobs_of)
+        .collect();
+    for d in freeable.difference(&kept) {
+        out.eligible += images.disk_bytes(d)?;
+    }
+    let order = policy::space_order(unused, memory, policy.minimum_age, now);
+    let (freed, removed) = remove_in_order(images, &order, memory, |used| used <= target_used)?;
+    out.freed = freed;
+    out.removed.extend(removed);
+    out.after = Usage::of(&root)?.percent();
+    Ok(())
+}
+
+fn remove(
+    images: &ImageStore,
+    r: &ImageRecord,
+    memory: &Memory,
+    why: &str,
+) -> Result<(), ImageError> {
+    images.remove(&r.manifest_digest, &[])?;
+    log::info!(
+        "image GC: removed {} ({}), last used {}: {why}",
+        r.references.join(", "),
+        r.manifest_digest,
+        memory.last_use(r)
+    );
+    Ok(())
+}
+
+/// Removes the images of `order` in turn until `enough` holds for the bytes used on
+/// the content store's filesystem; returns the bytes freed as the filesystem counts
+/// them, and the references removed.
+fn remove_in_order(
+    images: &ImageStore,
+    order: &[&ImageRecord],
+    memory: &Memory,
     enough: impl Fn(u64) -> bool,
 ) -> Result<(u64, Vec<String>), ImageError> {
     let root = images.content_root();
-    let mut candidates: Vec<&ImageRecord> = all
-        .iter()
-        .filter(|r| !in_use.uses(r))
-        .filter(|r| now.duration_since(last_use(r)).as_secs() >= minimum_age.as_secs() as i64)
-        .collect();
-    candidates.sort_by_key(|r| last_use(r));
     let (mut freed, mut removed) = (0, Vec::new());
-    for r in candidates {
+    for r in order {
         let before = Usage::of(&root)?.used();
         if enough(before) {
             break;
         }
-        images.remove(&r.manifest_digest, &[])?;
+        remove(
+            images,
+            r,
+            memory,
+            "the disk is above imageGCHighThresholdPercent",
+        )?;
         freed += before.saturating_sub(Usage::of(&root)?.used());
-        log::info!(
-            "image GC: removed {} ({}), last used {}",
-            r.references.join(", "),
-            r.manifest_digest,
-            last_use(r)
-        );
         removed.extend(r.references.iter().cloned());
     }
     Ok((freed, removed))
 }
 
-/// Frees at least `target` bytes if unused images hold them (the kubelet's image
-/// reclaim under disk pressure, whatever the GC thresholds say); returns the bytes freed.
+/// Frees at least `target` bytes if unused images that are not pinned hold them (the
+/// kubelet's image reclaim under disk pressure, whatever the GC thresholds say);
+/// returns the bytes freed.
 pub fn reclaim(
     images: &ImageStore,
     in_use: &InUse,
@@ -262,21 +328,24 @@ pub fn reclaim(
 ) -> Result<u64, ImageError> {
     let start = Usage::of(&images.content_root())?.used();
     let all = images.list()?;
-    let (freed, _) = remove_lru(images, &all, in_use, minimum_age, now, |used| {
+    let pins = images.pins()?;
+    let memory = Memory::new();
+    let unused = policy::unused(&all, in_use, &pins);
+    let order = policy::space_order(&unused, &memory, minimum_age, now);
+    let (freed, _) = remove_in_order(images, &order, &memory, |used| {
         start.saturating_sub(used) >= target
     })?;
     Ok(freed)
 }
 
-/// Removes every image no pod uses; returns what went.
+/// Removes every image no pod uses and none pinned; returns what went.
 pub fn prune(images: &ImageStore, in_use: &InUse) -> Result<Vec<ImageRecord>, ImageError> {
+    let all = images.list()?;
+    let pins = images.pins()?;
     let mut removed = Vec::new();
-    for r in images.list()? {
-        if in_use.uses(&r) {
-            continue;
-        }
+    for r in policy::unused(&all, in_use, &pins) {
         images.remove(&r.manifest_digest, &[])?;
-        removed.push(r);
+        removed.push(r.clone());
     }
     Ok(removed)
 }
@@ -324,6 +393,7 @@ mod tests {
             size: 0,
             imported_at: crate::time::now(),
             last_used: None,
+            pinned: false,
         };
         assert!(u.uses(&rec(&["docker.io/library/busybox:latest"], "sha256:9")));
         assert!(u.uses(&rec(&["other:1"], "sha256:1")));

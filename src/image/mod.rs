@@ -8,6 +8,7 @@ mod content;
 mod digest;
 pub mod gc;
 mod import;
+pub mod pins;
 mod platform;
 pub mod reference;
 pub mod registry;
@@ -60,6 +61,10 @@ pub struct ImageRecord {
     /// When a container last started from it (for GC, least recently used first).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_used: Option<crate::time::Timestamp>,
+    /// Kept by GC and `image prune` whatever its age and the disk (imported with
+    /// `--pin`, or named by `holdfast.pinnedImages`); only `image rm` removes it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pinned: bool,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use super::archive::Archive;
 use super::content::Content;
 use super::import::{diff_id_map, parse_config, Importer, Pending, JSON_LIMIT};
+use super::pins::Pins;
 use super::reference::{is_digest, Reference};
 use super::{io_err, json_err, ImageError, ImageRecord, Platform};
 use crate::runtime::ResolvedImage;
@@ -30,6 +31,10 @@ struct DropinSeen {
 /// together with the content store once (see [`ImageStore::reconcile`]).
 const INDEX_META: &str = "image_index";
 const RECONCILED: &str = "reconciled";
+/// Tree of the references `holdfast.pinnedImages` names, as the agent last read them,
+/// so that `image prune` and `image ls` without an agent know them too.
+const PINS: &str = "image_pins";
+const CONFIGURED: &str = "configured";
 
 /// How finely `last_used` is kept.
 const LAST_USED_RESOLUTION: std::time::Duration = std::time::Duration::from_secs(600);
@@ -41,6 +46,7 @@ pub struct ImageStore {
     images: Tree<ImageRecord>,
     refs: Tree<String>,
     dropins: Tree<DropinSeen>,
+    pins: Tree<Vec<String>>,
     platform: Platform,
     /// One mutation at a time: an import must not race a removal of shared blobs.
     lock: Mutex<()>,
@@ -52,6 +58,7 @@ impl ImageStore {
         let images = store.tree("images")?;
         let refs = store.tree("image_refs")?;
         let dropins = store.tree("image_dropins")?;
+        let pins = store.tree(PINS)?;
         let images = ImageStore {
             root: root_dir.to_path_buf(),
             content,
@@ -59,6 +66,7 @@ impl ImageStore {
             images,
             refs,
             dropins,
+            pins,
             platform: Platform::host(),
             lock: Mutex::new(()),
         };
@@ -81,6 +89,16 @@ impl ImageStore {
     /// Imports every image in the archive at `path` (OCI layout dir or tar, or a
     /// `docker save` tar). A failed import leaves the store as it was.
     pub fn import(&self, path: &Path) -> Result<Vec<ImageRecord>, ImageError> {
+        self.import_as(path, false)
+    }
+
+    /// [`ImageStore::import`], and every image imported is pinned: GC and `image
+    /// prune` keep it. An image pinned once stays pinned when imported again.
+    pub fn import_pinned(&self, path: &Path) -> Result<Vec<ImageRecord>, ImageError> {
+        self.import_as(path, true)
+    }
+
+    fn import_as(&self, path: &Path, pin: bool) -> Result<Vec<ImageRecord>, ImageError> {
         let _guard = self.guard();
         let archive = Archive::open(path, &self.content)?;
         let mut importer = Importer {
@@ -99,7 +117,7 @@ impl ImageStore {
             }
             pending
                 .into_iter()
-                .map(|p| self.record(p))
+                .map(|p| self.record(p, pin))
                 .collect::<Result<Vec<_>, _>>()
         });
         // Whatever this import stored that no image ended up using (nested indexes,
@@ -116,7 +134,7 @@ impl ImageStore {
     /// Records one imported image: its tags and its index entry change together, in
     /// one transaction, so a power cut never leaves a tag naming an image the index
     /// does not hold.
-    fn record(&self, p: Pending) -> Result<ImageRecord, ImageError> {
+    fn record(&self, p: Pending, pin: bool) -> Result<ImageRecord, ImageError> {
         let mut batch = Batch::new();
         let existing = self.images.get(&p.manifest_digest)?;
         let mut references: Vec<String> = existing
@@ -148,7 +166,8 @@ impl ImageStore {
             imported_at: existing
                 .as_ref()
                 .map_or_else(crate::time::now, |r| r.imported_at),
-            last_used: existing.and_then(|r| r.last_used),
+            last_used: existing.as_ref().and_then(|r| r.last_used),
+            pinned: pin || existing.is_some_and(|r| r.pinned),
         };
         batch.put(&self.images, &p.manifest_digest, &record)?;
         // The file first: one the index lacks is added back at the next open, an index
@@ -184,7 +203,8 @@ impl ImageStore {
     pub fn quarantine_undecodable(store: &Store) -> Result<usize, crate::store::StoreError> {
         Ok(store.quarantine_undecodable::<ImageRecord>("images")?
             + store.quarantine_undecodable::<String>("image_refs")?
-            + store.quarantine_undecodable::<DropinSeen>("image_dropins")?)
+            + store.quarantine_undecodable::<DropinSeen>("image_dropins")?
+            + store.quarantine_undecodable::<Vec<String>>(PINS)?)
     }
 
     /// Imports every archive in `<root-dir>/images/` not imported before. One bad
@@ -363,7 +383,7 @@ impl ImageStore {
             self.content
                 .ensure_unpacked(layer, diff_ids.get(layer).map(String::as_str))?;
         }
-        let record = self.record(p)?;
+        let record = self.record(p, false)?;
         self.store.flush()?;
         Ok(record)
     }
@@ -458,6 +478,22 @@ impl ImageStore {
             out.push((r, bytes));
         }
         Ok(out)
+    }
+
+    /// Keeps the references `holdfast.pinnedImages` names (normalised), written only
+    /// when they differ from those kept.
+    pub fn set_configured_pins(&self, references: &[String]) -> Result<(), ImageError> {
+        let wanted = Pins::new(references).configured();
+        if self.pins.get(CONFIGURED)?.as_ref() != Some(&wanted) {
+            self.pins.put(CONFIGURED, &wanted)?;
+        }
+        Ok(())
+    }
+
+    /// What is pinned: the images imported with a pin, and those the references kept
+    /// by [`ImageStore::set_configured_pins`] name.
+    pub fn pins(&self) -> Result<Pins, ImageError> {
+        Ok(Pins::new(&self.pins.get(CONFIGURED)?.unwrap_or_default()))
     }
 
     pub fn list(&self) -> Result<Vec<ImageRecord>, ImageError> {
@@ -740,6 +776,7 @@ impl ImageStore {
                 size: 0,
                 imported_at: crate::time::now(),
                 last_used: None,
+                pinned: false,
             };
             let mut complete = true;
             for d in std::iter::once(&record.manifest_digest)
@@ -829,6 +866,7 @@ mod tests {
             size: 1,
             imported_at: crate::time::now(),
             last_used: None,
+            pinned: false,
         };
         if name.is_some() {
             let mut batch = Batch::new();

@@ -10,6 +10,7 @@ mod admit;
 pub mod adopt;
 mod burst;
 pub mod env;
+mod in_use;
 mod plan;
 pub mod probe;
 pub mod record;
@@ -38,6 +39,7 @@ use crate::source::PodChange;
 use crate::store::{Store, StoreError, Tree};
 use crate::uplink::objects::{references, ObjectCache, ObjectKey, ObjectKind, References};
 
+pub use in_use::NodeImages;
 pub use record::ContainerRecord;
 pub use view::{PodStates, PodView};
 pub use worker::{Eviction, PodState};

@@ -1,17 +1,14 @@
 //! What the rest of the agent reads of the pods the sync loop runs: [`PodStates`], the
-//! queries on the store's pod states (list, find one, images in use), and [`PodView`],
-//! one pod's spec with the status the loop last computed. Readers (the kubelet API, the
-//! control socket, the CLI, eviction, image GC through [`ImagesInUse`]) see these and
-//! never the workers' stored record, so the record may grow without touching them.
-//! Reads only: the pod workers alone write the tree.
-//!
-//! [`ImagesInUse`]: crate::image::gc::ImagesInUse
+//! queries on the store's pod states (list, find one), and [`PodView`], one pod's spec
+//! with the status the loop last computed. Readers (the kubelet API, the control
+//! socket, the CLI, eviction, image GC through `NodeImages`) see these and never the
+//! workers' stored record, so the record may grow without touching them. Reads only:
+//! the pod workers alone write the tree.
 
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use serde::{Deserialize, Serialize};
 
 use super::worker::PodState;
-use crate::image::gc::{ImagesInUse, InUse};
 use crate::store::{Store, StoreError, Tree};
 use crate::time::Timestamp;
 
@@ -151,16 +148,6 @@ impl PodStates {
     }
 }
 
-impl ImagesInUse for PodStates {
-    /// The images every pod's spec names and its containers run or ran.
-    fn images_in_use(&self) -> Result<InUse, StoreError> {
-        let pods = self.list()?;
-        Ok(InUse::from_pods(
-            pods.iter().map(|p| (p.pod(), Some(p.status()))),
-        ))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -213,16 +200,5 @@ mod tests {
             .expect("find")
             .is_none());
         assert!(states.get("u1").expect("get").is_some());
-        let in_use = states.images_in_use().expect("in use");
-        let record = crate::image::ImageRecord {
-            references: vec!["docker.io/library/busybox:latest".into()],
-            manifest_digest: "sha256:aa".into(),
-            config_digest: "sha256:bb".into(),
-            layers: Vec::new(),
-            size: 0,
-            imported_at: crate::time::now(),
-            last_used: None,
-        };
-        assert!(in_use.uses(&record));
     }
 }

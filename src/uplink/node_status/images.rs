@@ -71,6 +71,7 @@ mod tests {
             size,
             imported_at: crate::time::Timestamp::from_second(1_800_000_000).expect("ts"),
             last_used: None,
+            pinned: false,
         }
     }
 
