@@ -51,6 +51,8 @@
 //!   carry the apiserver's connections to this node's kubelet API, and nothing else.
 //! - [`http2`]: HTTP/2 frames and HPACK, shared by the gRPC probe and the tunnel.
 //! - [`metrics`]: holdfast's own Prometheus series, recorded by any module.
+//! - [`dbus`]: a minimal D-Bus client (the system bus, method calls, properties,
+//!   signals, file descriptors passed back), for systemd-logind.
 //! - [`systemd`]: `Type=notify` readiness, status and a watchdog fed by the sync loop.
 //! - [`wire`]: what the apiserver and registry clients both put on the wire: the
 //!   User-Agent, percent-encoding, base64.
@@ -63,6 +65,7 @@ pub mod check;
 pub mod cli;
 pub mod config;
 pub mod control;
+pub mod dbus;
 pub mod eviction;
 pub mod http2;
 pub mod image;
