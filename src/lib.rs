@@ -53,6 +53,8 @@
 //! - [`metrics`]: holdfast's own Prometheus series, recorded by any module.
 //! - [`dbus`]: a minimal D-Bus client (the system bus, method calls, properties,
 //!   signals, file descriptors passed back), for systemd-logind.
+//! - [`shutdown`]: the graceful node shutdown as the kubelet's: a delay inhibitor held
+//!   with systemd-logind, the pods stopped by priority before the machine powers off.
 //! - [`systemd`]: `Type=notify` readiness, status and a watchdog fed by the sync loop.
 //! - [`wire`]: what the apiserver and registry clients both put on the wire: the
 //!   User-Agent, percent-encoding, base64.
@@ -79,6 +81,7 @@ pub mod quantity;
 pub mod resources;
 pub mod runtime;
 pub mod server;
+pub mod shutdown;
 pub mod source;
 pub mod store;
 pub mod sync;

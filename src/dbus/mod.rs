@@ -11,7 +11,7 @@
 pub mod wire;
 
 use std::collections::VecDeque;
-use std::io::{IoSlice, IoSliceMut, Read, Write};
+use std::io::{IoSliceMut, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
@@ -449,18 +449,18 @@ impl Connection {
     }
 }
 
-/// Sends raw bytes (tests of the reader against a peer that misbehaves).
-#[cfg(test)]
-fn send_raw(stream: &UnixStream, bytes: &[u8]) {
-    let iov = [IoSlice::new(bytes)];
-    nix::sys::socket::sendmsg::<()>(stream.as_raw_fd(), &iov, &[], MsgFlags::empty(), None)
-        .expect("sendmsg");
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use nix::sys::socket::ControlMessage;
+    use std::io::IoSlice;
+
+    /// Sends raw bytes, as a peer that misbehaves would.
+    fn send_raw(stream: &UnixStream, bytes: &[u8]) {
+        let iov = [IoSlice::new(bytes)];
+        nix::sys::socket::sendmsg::<()>(stream.as_raw_fd(), &iov, &[], MsgFlags::empty(), None)
+            .expect("sendmsg");
+    }
 
     fn pair() -> (Connection, UnixStream) {
         let (a, b) = UnixStream::pair().expect("pair");
