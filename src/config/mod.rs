@@ -16,8 +16,8 @@ mod node;
 mod pods;
 mod reader;
 mod server;
-mod taints;
 mod shutdown;
+mod taints;
 mod tunnel;
 
 use std::collections::BTreeMap;
@@ -44,8 +44,8 @@ pub use maps::{check_eviction, check_label, check_reserved};
 pub use names::{check_dns1123_label, check_dns1123_subdomain};
 pub use pods::{PodKeys, PodSettings};
 pub use server::{AuthorizationMode, OfflinePolicy, ServerConfig, DEFAULT_HEALTHZ_PORT};
-pub use taints::{check_taint, parse_taint};
 pub use shutdown::{PriorityPeriod, ShutdownConfig, SYSTEM_CRITICAL_PRIORITY};
+pub use taints::{check_taint, parse_taint};
 pub use tunnel::{
     ServiceAccountToken, TunnelConfig, TunnelCredential, TunnelKeys, MIN_TUNNEL_KEEPALIVE,
 };

@@ -216,7 +216,9 @@ impl Reader<'_> {
                         period.priority = n as i32;
                         seen.0 = true;
                     }
-                    ("shutdownGracePeriodSeconds", Some(n)) if (0..=MAX_PERIOD_SECONDS).contains(&n) => {
+                    ("shutdownGracePeriodSeconds", Some(n))
+                        if (0..=MAX_PERIOD_SECONDS).contains(&n) =>
+                    {
                         period.seconds = n;
                         seen.1 = true;
                     }
@@ -261,7 +263,9 @@ mod tests {
     #[test]
     fn off_unless_a_grace_period_is_set() {
         assert!(!settings("").expect("empty").enabled());
-        assert!(!settings("shutdownGracePeriod: 0s\n").expect("zero").enabled());
+        assert!(!settings("shutdownGracePeriod: 0s\n")
+            .expect("zero")
+            .enabled());
     }
 
     #[test]
@@ -282,7 +286,10 @@ mod tests {
                     holdfast:\n  logindConfigDir: /run/logind.conf.d\n";
         let s = settings(text).expect("valid");
         assert_eq!(
-            s.periods.iter().map(|p| (p.priority, p.seconds)).collect::<Vec<_>>(),
+            s.periods
+                .iter()
+                .map(|p| (p.priority, p.seconds))
+                .collect::<Vec<_>>(),
             vec![(0, 20), (100000, 5)]
         );
         assert_eq!(s.logind_conf_dir, Path::new("/run/logind.conf.d"));

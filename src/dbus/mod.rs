@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 
 use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
 
-pub use wire::{Kind, Type, Value};
 use wire::Header;
+pub use wire::{Kind, Type, Value};
 
 /// Where the system bus listens when `DBUS_SYSTEM_BUS_ADDRESS` is not set.
 pub const DEFAULT_SYSTEM_BUS: &str = "unix:path=/run/dbus/system_bus_socket";
@@ -126,13 +126,15 @@ fn socket_of(address: &str) -> Result<UnixStream, DbusError> {
         for kv in params.split(',') {
             let target = |v: &str| unescape(v).ok_or_else(|| DbusError::Address(address.into()));
             if let Some(p) = kv.strip_prefix("path=") {
-                return UnixStream::connect(target(p)?).map_err(DbusError::io("connect to the bus"));
+                return UnixStream::connect(target(p)?)
+                    .map_err(DbusError::io("connect to the bus"));
             }
             if let Some(name) = kv.strip_prefix("abstract=") {
                 use std::os::linux::net::SocketAddrExt;
                 let addr = std::os::unix::net::SocketAddr::from_abstract_name(target(name)?)
                     .map_err(DbusError::io("abstract bus address"))?;
-                return UnixStream::connect_addr(&addr).map_err(DbusError::io("connect to the bus"));
+                return UnixStream::connect_addr(&addr)
+                    .map_err(DbusError::io("connect to the bus"));
             }
         }
     }
@@ -316,13 +318,16 @@ impl Connection {
         let mut reply = self.call(&get, &body)?;
         match reply.body.pop() {
             Some(Value::Variant(v)) if reply.body.is_empty() => Ok(*v),
-            _ => Err(DbusError::Protocol(format!("Get {name} returned no variant"))),
+            _ => Err(DbusError::Protocol(format!(
+                "Get {name} returned no variant"
+            ))),
         }
     }
 
     /// Asks the bus for the messages a match rule selects.
     pub fn add_match(&mut self, rule: &str) -> Result<(), DbusError> {
-        self.bus_call("AddMatch", &[Value::Str(rule.into())]).map(drop)
+        self.bus_call("AddMatch", &[Value::Str(rule.into())])
+            .map(drop)
     }
 
     /// Calls a method of the bus itself.
@@ -427,7 +432,9 @@ impl Connection {
             self.fds.push_back(unsafe { OwnedFd::from_raw_fd(raw) });
         }
         if self.fds.len() > MAX_FDS * 4 {
-            return Err(DbusError::Protocol("file descriptors with no message".into()));
+            return Err(DbusError::Protocol(
+                "file descriptors with no message".into(),
+            ));
         }
         self.buf.extend_from_slice(&chunk[..n]);
         Ok(true)
@@ -492,7 +499,10 @@ mod tests {
         nix::sys::socket::sendmsg::<()>(peer.as_raw_fd(), &iov, &cmsg, MsgFlags::empty(), None)
             .expect("sendmsg");
         drop(r);
-        let mut msg = c.read_message(Duration::from_secs(5)).expect("read").expect("msg");
+        let mut msg = c
+            .read_message(Duration::from_secs(5))
+            .expect("read")
+            .expect("msg");
         let body = msg.body.clone();
         let fd = msg.take_fd(&body[0]).expect("fd");
         // The received descriptor is the pipe's read end: what is written comes out.
@@ -555,7 +565,10 @@ mod tests {
             member: "PowerOff",
         };
         let err = c.call(&m, &[Value::Bool(false)]).expect_err("error reply");
-        assert_eq!(err.remote_name(), Some("org.freedesktop.DBus.Error.AccessDenied"));
+        assert_eq!(
+            err.remote_name(),
+            Some("org.freedesktop.DBus.Error.AccessDenied")
+        );
         let wait = Duration::from_millis(10);
         for expect in [true, false] {
             let s = c.next(wait).expect("next").expect("signal");
@@ -571,6 +584,9 @@ mod tests {
     fn addresses() {
         assert_eq!(unescape("/run/a%2cb").as_deref(), Some("/run/a,b"));
         assert_eq!(unescape("%zz"), None);
-        assert!(matches!(socket_of("tcp:host=x"), Err(DbusError::Address(_))));
+        assert!(matches!(
+            socket_of("tcp:host=x"),
+            Err(DbusError::Address(_))
+        ));
     }
 }

@@ -82,7 +82,9 @@ fn one_type(b: &[u8], at: &mut usize, depth: usize) -> Result<Type, DbusError> {
     if depth > MAX_DEPTH {
         return Err(protocol("signature nested too deep"));
     }
-    let c = *b.get(*at).ok_or_else(|| protocol("signature ends inside a type"))?;
+    let c = *b
+        .get(*at)
+        .ok_or_else(|| protocol("signature ends inside a type"))?;
     *at += 1;
     Ok(match c {
         b'y' => Type::Byte,
@@ -102,7 +104,10 @@ fn one_type(b: &[u8], at: &mut usize, depth: usize) -> Result<Type, DbusError> {
         b'a' if b.get(*at) == Some(&b'{') => {
             *at += 1;
             let key = one_type(b, at, depth + 1)?;
-            if matches!(key, Type::Variant | Type::Array(_) | Type::Struct(_) | Type::Dict(..)) {
+            if matches!(
+                key,
+                Type::Variant | Type::Array(_) | Type::Struct(_) | Type::Dict(..)
+            ) {
                 return Err(protocol("a dict entry's key must be a basic type"));
             }
             let value = one_type(b, at, depth + 1)?;
@@ -419,7 +424,12 @@ impl<'a> Reader<'a> {
     }
 
     /// An array's elements; `elem` is a `Dict` for a dict's entries.
-    fn elements(&mut self, elem: &Type, align: usize, depth: usize) -> Result<Vec<Value>, DbusError> {
+    fn elements(
+        &mut self,
+        elem: &Type,
+        align: usize,
+        depth: usize,
+    ) -> Result<Vec<Value>, DbusError> {
         let len = self.u32()? as usize;
         if len > (1 << 26) {
             return Err(protocol("array longer than 64 MiB"));
@@ -486,7 +496,10 @@ pub fn encode(header: &Header, body: &[Value]) -> Vec<u8> {
     body.iter().for_each(|v| b.value(v));
     let mut fields = Vec::new();
     let mut field = |code: u8, v: Value| {
-        fields.push(Value::Struct(vec![Value::Byte(code), Value::Variant(Box::new(v))]));
+        fields.push(Value::Struct(vec![
+            Value::Byte(code),
+            Value::Variant(Box::new(v)),
+        ]));
     };
     let strings = [
         (1, header.path.as_ref().map(|p| Value::Path(p.clone()))),
@@ -510,7 +523,8 @@ pub fn encode(header: &Header, body: &[Value]) -> Vec<u8> {
         field(9, Value::U32(header.unix_fds));
     }
     let mut w = Writer::default();
-    w.buf.extend_from_slice(&[b'l', header.kind.map_or(0, |k| k as u8), header.flags, 1]);
+    w.buf
+        .extend_from_slice(&[b'l', header.kind.map_or(0, |k| k as u8), header.flags, 1]);
     w.u32(u32::try_from(b.buf.len()).unwrap_or(u32::MAX));
     w.u32(header.serial);
     let field_type = Type::Struct(vec![Type::Byte, Type::Variant]);
@@ -595,7 +609,13 @@ fn header_field(h: &mut Header, field: Value) -> Result<(), DbusError> {
         2 => h.interface = text(),
         3 => h.member = text(),
         4 => h.error_name = text(),
-        5 => h.reply_serial = if let Value::U32(n) = *v { Some(n) } else { None },
+        5 => {
+            h.reply_serial = if let Value::U32(n) = *v {
+                Some(n)
+            } else {
+                None
+            }
+        }
         6 => h.destination = text(),
         7 => h.sender = text(),
         8 => h.signature = text().unwrap_or_default(),
@@ -634,7 +654,10 @@ mod tests {
         };
         let bytes = encode(&h, &[]);
         // Fixed part: 'l', method call, no flags, version 1, empty body, serial 1.
-        assert_eq!(&bytes[..12], b"l\x01\x00\x01\x00\x00\x00\x00\x01\x00\x00\x00");
+        assert_eq!(
+            &bytes[..12],
+            b"l\x01\x00\x01\x00\x00\x00\x00\x01\x00\x00\x00"
+        );
         // The path field: code 1, signature "o", then the string at offset 4 of the
         // struct (the struct starts 8-aligned at 16).
         assert_eq!(&bytes[16..24], b"\x01\x01o\x00\x15\x00\x00\x00");
@@ -664,7 +687,10 @@ mod tests {
             ..Header::default()
         };
         let (h, back) = decode(&encode(&reply, &[Value::Fd(0)])).expect("decode");
-        assert_eq!((h.reply_serial, h.unix_fds, h.signature.as_str()), (Some(7), 1, "h"));
+        assert_eq!(
+            (h.reply_serial, h.unix_fds, h.signature.as_str()),
+            (Some(7), 1, "h")
+        );
         assert_eq!(back, vec![Value::Fd(0)]);
     }
 
@@ -689,7 +715,13 @@ mod tests {
                 Value::Variant(Box::new(Value::U64(30_000_000))),
             )))],
         );
-        let body = vec![Value::Byte(1), list, Value::Byte(2), dict, Value::Bool(true)];
+        let body = vec![
+            Value::Byte(1),
+            list,
+            Value::Byte(2),
+            dict,
+            Value::Bool(true),
+        ];
         let bytes = encode(&call("X"), &body);
         let (h, back) = decode(&bytes).expect("decode");
         assert_eq!(h.signature, "ya(ssssuu)ya{sv}b");
@@ -720,7 +752,10 @@ mod tests {
         let mut r = Reader::new(b"\x05ab\x00");
         assert!(r.value(&Type::Sig).is_err());
         // Every truncation of a valid message is an error, never a panic.
-        let good = encode(&call("Inhibit"), &[Value::Str("shutdown".into()), Value::U64(1)]);
+        let good = encode(
+            &call("Inhibit"),
+            &[Value::Str("shutdown".into()), Value::U64(1)],
+        );
         for n in 0..good.len() {
             assert!(decode(&good[..n]).is_err(), "truncated to {n}");
         }
@@ -734,7 +769,11 @@ mod tests {
         let deep = format!("{}i", "a".repeat(70));
         assert!(parse_signature(&deep).is_err());
         assert!(Reader::new(b"\x02\x00\x00\x00").value(&Type::Bool).is_err());
-        assert!(Reader::new(b"\x01\x00\x00\x00\xff\x00").value(&Type::Str).is_err());
-        assert!(Reader::new(b"\x01\x00\x00\x00a\x01").value(&Type::Str).is_err());
+        assert!(Reader::new(b"\x01\x00\x00\x00\xff\x00")
+            .value(&Type::Str)
+            .is_err());
+        assert!(Reader::new(b"\x01\x00\x00\x00a\x01")
+            .value(&Type::Str)
+            .is_err());
     }
 }

@@ -133,7 +133,11 @@ impl Logind {
             .bus_call("GetConnectionUnixProcessID", &[Value::Str(LOGIND.into())])?;
         let pid = match reply.body.first() {
             Some(Value::U32(pid)) => *pid,
-            other => return Err(LogindError::Reload(format!("logind's process id: {other:?}"))),
+            other => {
+                return Err(LogindError::Reload(format!(
+                    "logind's process id: {other:?}"
+                )))
+            }
         };
         // Never 0 or 1 (the process group, or init): only a process of its own.
         let pid = i32::try_from(pid)

@@ -208,7 +208,13 @@ mod tests {
         let periods = [p(10, 1), p(100, 2), p(1000, 3)];
         let groups = group_by_priority(
             &periods,
-            vec![pod("a", 5), pod("b", 10), pod("c", 99), pod("d", 100), pod("e", 5000)],
+            vec![
+                pod("a", 5),
+                pod("b", 10),
+                pod("c", 99),
+                pod("d", 100),
+                pod("e", 5000),
+            ],
         );
         assert_eq!(uids(&groups[0]), vec!["a", "b", "c"]);
         assert_eq!(uids(&groups[1]), vec!["d"]);
