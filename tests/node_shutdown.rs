@@ -376,6 +376,26 @@ fn a_power_off_waits_for_the_pods_stopped_by_priority_and_reported() {
     );
 
     // Already in the apiserver when the lock went: no waiting here.
+    assert_stopped_and_reported(&cp, &shared);
+    eprintln!("PowerOff to poweroff.target started: {took:?}");
+
+    // The power-off job fails: logind says the shutdown is off, holdfast takes the lock
+    // again and the node is Ready again.
+    logind.fail_job.store(true, Ordering::SeqCst);
+    cp.wait_for("holdfast's inhibitor again", WAIT, log, |_| {
+        logind.inhibitors().contains("\"holdfast\"").then_some(())
+    });
+    cp.wait_for("the node Ready again", WAIT, log, |cp| {
+        (ready(cp)["status"] == "True").then_some(())
+    });
+
+    a.reset();
+    a.assert_clean();
+}
+
+/// Both pods as the kubelet ends them on a shutdown, stopped in priority order, each
+/// by its own SIGTERM trap.
+fn assert_stopped_and_reported(cp: &ControlPlane, shared: &Path) {
     for (name, code) in [("batch", 42), ("critical", 43)] {
         let p = cp
             .get(&format!("pod/{name}"), Some("default"))
@@ -398,18 +418,4 @@ fn a_power_off_waits_for_the_pods_stopped_by_priority_and_reported() {
         order, "batch\ncritical\n",
         "the critical pod is stopped last"
     );
-    eprintln!("PowerOff to poweroff.target started: {took:?}");
-
-    // The power-off job fails: logind says the shutdown is off, holdfast takes the lock
-    // again and the node is Ready again.
-    logind.fail_job.store(true, Ordering::SeqCst);
-    cp.wait_for("holdfast's inhibitor again", WAIT, log, |_| {
-        logind.inhibitors().contains("\"holdfast\"").then_some(())
-    });
-    cp.wait_for("the node Ready again", WAIT, log, |cp| {
-        (ready(cp)["status"] == "True").then_some(())
-    });
-
-    a.reset();
-    a.assert_clean();
 }
