@@ -51,6 +51,10 @@
 //!   carry the apiserver's connections to this node's kubelet API, and nothing else.
 //! - [`http2`]: HTTP/2 frames and HPACK, shared by the gRPC probe and the tunnel.
 //! - [`metrics`]: holdfast's own Prometheus series, recorded by any module.
+//! - [`dbus`]: a minimal D-Bus client (the system bus, method calls, properties,
+//!   signals, file descriptors passed back), for systemd-logind.
+//! - [`shutdown`]: the graceful node shutdown as the kubelet's: a delay inhibitor held
+//!   with systemd-logind, the pods stopped by priority before the machine powers off.
 //! - [`systemd`]: `Type=notify` readiness, status and a watchdog fed by the sync loop.
 //! - [`redirect`]: where an HTTP redirect leads and the origin credentials are bound to,
 //!   for the clients that follow redirects themselves.
@@ -65,6 +69,7 @@ pub mod check;
 pub mod cli;
 pub mod config;
 pub mod control;
+pub mod dbus;
 pub mod eviction;
 pub mod http2;
 pub mod image;
@@ -79,6 +84,7 @@ pub mod redirect;
 pub mod resources;
 pub mod runtime;
 pub mod server;
+pub mod shutdown;
 pub mod source;
 pub mod store;
 pub mod sync;

@@ -20,6 +20,7 @@ use crate::kube::cert_state::ClientCertState;
 use crate::kube::connect::{Connect, SharedClient};
 use crate::kube::link::{Link, Stage};
 use crate::kube::Client;
+use crate::node::shutdown::ShuttingDown;
 use crate::store::Store;
 use crate::systemd::Notify;
 use crate::uplink::device::DeviceModel;
@@ -75,11 +76,12 @@ pub fn start(
     store: &Store,
     notify: &Notify,
     changes: Changes,
+    shutting_down: &ShuttingDown,
 ) -> Result<Option<Cluster>, Error> {
     let Some(kubeconfig) = crate::kube::bootstrap::node_kubeconfig(config) else {
         return Ok(None);
     };
-    let model = DeviceModel::of(config, store)?;
+    let model = DeviceModel::of(config, store)?.with_shutdown(shutting_down.clone());
     let link = link(config);
     let stop = Arc::new(AtomicBool::new(false));
     let credentials = ClientCertState::published();

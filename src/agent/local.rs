@@ -20,6 +20,7 @@ use crate::control::server::{self, Control};
 use crate::image::registry::Puller;
 use crate::image::service::ImageService;
 use crate::node::allocatable::capacity_and_allocatable;
+use crate::node::shutdown::ShuttingDown;
 use crate::node::NodeFacts;
 use crate::runtime::ContainerId;
 use crate::store::Tree;
@@ -45,6 +46,7 @@ pub async fn start(
     config: &Config,
     root: &Root,
     cluster: Option<&Cluster>,
+    shutting_down: &ShuttingDown,
 ) -> Result<Local, Error> {
     let (exit_tx, exits) = mpsc::channel(EXITS);
     crate::runtime::Runtime::watch_exits(root.runtime.as_ref(), exit_tx)?;
@@ -62,7 +64,9 @@ pub async fn start(
     )
     .await;
     let trees = (containers, podstates);
-    let deps = Arc::new(deps(config, root, cluster, trees, images.puller).await?);
+    let mut deps = deps(config, root, cluster, trees, images.puller).await?;
+    deps.shutting_down = shutting_down.clone();
+    let deps = Arc::new(deps);
     pod_cgroups(config, &deps).await;
     let evictions = evictions(config, &deps);
     Ok(Local {
@@ -147,6 +151,7 @@ async fn deps(
         },
         offline_fallback: config.images.offline_fallback,
         sandboxes,
+        shutting_down: ShuttingDown::default(),
     })
 }
 

@@ -2,7 +2,9 @@
 //! order: the root (root dir, store, images, runtime, adoption), the pod sources and the
 //! mux, the cluster link and its services (one apiserver client, the uplink), the local
 //! services (control socket, kubelet API, the sync loop's deps, eviction), the tunnel to
-//! the konnectivity servers where one is configured, then the sync loop until shutdown.
+//! the konnectivity servers where one is configured, the graceful node shutdown's
+//! watch on logind where a grace period is configured, then the sync loop until the
+//! agent stops.
 //!
 //! Holds no logic of its own: each stage only wires what the modules below provide, and
 //! nothing else starts a service or a source.
@@ -17,6 +19,7 @@ use std::future::Future;
 use tokio::sync::mpsc;
 
 use crate::config::Config;
+use crate::node::shutdown::ShuttingDown;
 use crate::sync::SyncLoop;
 use crate::Error;
 
@@ -37,12 +40,23 @@ pub async fn run(mut config: Config, shutdown: impl Future<Output = ()>) -> Resu
         objects: objects_tx,
         services_read: services_tx,
     };
-    let mut cluster = cluster::start(&config, &root.store, &notify, changes)?;
+    let shutting_down = ShuttingDown::default();
+    let mut cluster = cluster::start(&config, &root.store, &notify, changes, &shutting_down)?;
     if let Some(cluster) = cluster.as_mut() {
         sources.start_api(&config, cluster);
     }
     let (initial, changes) = sources.run_mux();
-    let local = local::start(&config, &root, cluster.as_ref()).await?;
+    let local = local::start(&config, &root, cluster.as_ref(), &shutting_down).await?;
+    let node_shutdown = crate::shutdown::Manager {
+        config: config.shutdown.clone(),
+        flag: shutting_down,
+        store: root.store.clone(),
+        reports: cluster.as_ref().map(|c| crate::shutdown::Reports {
+            reporter: c.reporter.clone(),
+            link: c.view.link.clone(),
+        }),
+    }
+    .spawn();
     log::info!(
         "holdfast {} running as node {} (root {}, manifests {})",
         crate::VERSION,
@@ -70,6 +84,7 @@ pub async fn run(mut config: Config, shutdown: impl Future<Output = ()>) -> Resu
         .with_object_changes(objects_rx)
         .with_services_read(services_rx)
         .with_evictions(local.evictions)
+        .with_node_shutdown(node_shutdown)
         .with_notify(notify)
         .run(initial, changes, local.exits, local.resyncs, shutdown)
         .await;

@@ -260,6 +260,7 @@ pub(super) fn fill_from_profile(file: FileConfig, profile: FileConfig) -> FileCo
         server: _,
         // Nor which proxy servers a site's node dials.
         tunnel: _,
+        shutdown,
     } = profile;
     system_reserved.extend(file.system_reserved);
     kube_reserved.extend(file.kube_reserved);
@@ -304,6 +305,7 @@ pub(super) fn fill_from_profile(file: FileConfig, profile: FileConfig) -> FileCo
         images: file.images.or(images),
         pods: file.pods.or(pods),
         tunnel: file.tunnel,
+        shutdown: file.shutdown.or(shutdown),
     }
 }
 

@@ -73,6 +73,8 @@ pub struct FileConfig {
     pub server: ServerFileConfig,
     /// `holdfast.tunnel.*`: the konnectivity agent.
     pub tunnel: super::tunnel::TunnelKeys,
+    /// The graceful node shutdown: `shutdownGracePeriod*`, `holdfast.logindConfigDir`.
+    pub shutdown: super::shutdown::ShutdownKeys,
 }
 
 /// Reads and parses the config file at `path`; returns what it sets and a warning for
@@ -189,6 +191,7 @@ pub(super) fn parse_mapping(
             _ => {
                 if !reader.cluster_key(&key, value, &mut out)?
                     && !reader.pod_url_key(&key, value, &mut out.pod_url)?
+                    && !reader.shutdown_key(&key, value, &mut out.shutdown)?
                     && !reader.image_key(&key, value, &mut out.images)?
                     && !reader.pod_key(&key, value, &mut out.pods)?
                     && !reader.server_key(&key, value, base, &mut out.server)?
@@ -270,6 +273,7 @@ impl Reader<'_> {
                     if !self.image_holdfast_key(&key, value, base, &mut out.images)?
                         && !self.pod_holdfast_key(&key, value, base, &mut out.pods)?
                         && !self.server_holdfast_key(&key, value, &mut out.server)?
+                        && !self.shutdown_key(&key, value, &mut out.shutdown)?
                     {
                         warnings.push(self.unknown(&key));
                     }

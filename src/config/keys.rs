@@ -41,6 +41,12 @@ pub const KEYS: &[&str] = &[
     "nodeLeaseDurationSeconds",
     "maxPods",
     "registerWithTaints",
+    // Graceful node shutdown.
+    "shutdownGracePeriod",
+    "shutdownGracePeriodCriticalPods",
+    "shutdownGracePeriodByPodPriority",
+    "shutdownGracePeriodByPodPriority[].priority",
+    "shutdownGracePeriodByPodPriority[].shutdownGracePeriodSeconds",
     "rotateCertificates",
     "uplinkRetryMax",
     // Images.
@@ -111,6 +117,7 @@ pub const KEYS: &[&str] = &[
     "holdfast.registries.*.mirrors[].clientKey",
     "holdfast.registries.*.mirrors[].plainHTTP",
     "holdfast.registries.*.mirrors[].skipVerify",
+    "holdfast.logindConfigDir",
     "holdfast.tunnel",
     "holdfast.tunnel.servers",
     "holdfast.tunnel.caFile",

@@ -17,6 +17,7 @@ mod pod_url;
 mod pods;
 mod reader;
 mod server;
+mod shutdown;
 mod taints;
 mod tunnel;
 
@@ -45,6 +46,7 @@ pub use names::{check_dns1123_label, check_dns1123_subdomain};
 pub use pod_url::{PodUrlKeys, StaticPodUrl, DEFAULT_HTTP_CHECK_FREQUENCY};
 pub use pods::{PodKeys, PodSettings};
 pub use server::{AuthorizationMode, OfflinePolicy, ServerConfig, DEFAULT_HEALTHZ_PORT};
+pub use shutdown::{PriorityPeriod, ShutdownConfig, SYSTEM_CRITICAL_PRIORITY};
 pub use taints::{check_taint, parse_taint};
 pub use tunnel::{
     ServiceAccountToken, TunnelConfig, TunnelCredential, TunnelKeys, MIN_TUNNEL_KEEPALIVE,
@@ -135,6 +137,8 @@ pub struct Config {
     pub server: ServerConfig,
     /// `holdfast.tunnel`: the konnectivity agent; `None` (off) unless servers are set.
     pub tunnel: Option<TunnelConfig>,
+    /// The graceful node shutdown; off unless a grace period is set.
+    pub shutdown: ShutdownConfig,
 }
 
 /// Restart back-off: `initial` doubling to `max`, forgotten after `reset` of clean running.
@@ -195,6 +199,7 @@ impl Config {
             pods: PodSettings::default(),
             server: ServerConfig::default(),
             tunnel: None,
+            shutdown: ShutdownConfig::default(),
         }
     }
 }
@@ -276,6 +281,9 @@ fn merge(
     file.server.apply(&mut config.server);
     config.tunnel = file
         .tunnel
+        .settings(flags.config.as_deref().unwrap_or(Path::new("")))?;
+    config.shutdown = file
+        .shutdown
         .settings(flags.config.as_deref().unwrap_or(Path::new("")))?;
     Ok(config)
 }

@@ -2,12 +2,15 @@
 //! identity, read from /proc, /sys and /etc; what a directory holds of the disk ([`du`]);
 //! and the node model built on them: the node as configured ([`NodeInput`]), its
 //! reservations and hard eviction thresholds, and its capacity and allocatable as the
-//! kubelet computes them ([`allocatable`]). Reads only; never writes to the device.
+//! kubelet computes them ([`allocatable`]); whether the node is shutting down
+//! ([`shutdown`], a flag the graceful shutdown sets). Reads only; never writes to the
+//! device.
 
 pub mod allocatable;
 pub mod du;
 pub mod facts;
 pub mod input;
+pub mod shutdown;
 
 use std::net::IpAddr;
 

@@ -22,6 +22,13 @@ impl SyncLoop {
             self.track(uid, pod, requests);
             return None;
         }
+        // The kubelet's shutdown manager admits nothing once the node shuts down.
+        if self.deps.shutting_down.is_set() {
+            return Some((
+                super::shutdown::NOT_ADMITTED_REASON.into(),
+                super::shutdown::NOT_ADMITTED_MESSAGE.into(),
+            ));
+        }
         let active: Vec<Amounts> = self
             .admitted
             .iter()

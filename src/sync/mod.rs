@@ -17,6 +17,7 @@ pub mod record;
 mod restart_timer;
 pub mod sandbox;
 mod service_env;
+pub mod shutdown;
 pub mod status;
 pub mod view;
 mod worker;
@@ -82,6 +83,8 @@ pub struct Deps {
     pub offline_fallback: bool,
     /// Pods' sandboxes: cgroups, volumes, namespaces and network; and admission.
     pub sandboxes: sandbox::Sandboxes,
+    /// Set while the node shuts down: no pod is admitted.
+    pub shutting_down: crate::node::shutdown::ShuttingDown,
 }
 
 impl Deps {
@@ -130,6 +133,8 @@ pub struct SyncLoop {
     admitted: HashMap<String, (crate::resources::Qos, crate::pod::requests::Amounts)>,
     /// Pods the eviction manager chose.
     evictions: Option<mpsc::Receiver<Eviction>>,
+    /// The node's shutdown, when it begins.
+    node_shutdowns: Option<mpsc::Receiver<shutdown::NodeShutdown>>,
     /// Told of every completed pass: systemd's readiness and watchdog.
     notify: crate::systemd::Notify,
     /// Pod starts and stops since memory was last given back.
@@ -153,6 +158,7 @@ impl SyncLoop {
             services_read: None,
             admitted: HashMap::new(),
             evictions: None,
+            node_shutdowns: None,
             notify: crate::systemd::Notify::default(),
             burst: burst::Burst::new(burst::BURST_EVENTS, burst::QUIET),
         }
@@ -168,6 +174,12 @@ impl SyncLoop {
     /// Evicts the pods the eviction manager names on `evictions`.
     pub fn with_evictions(mut self, evictions: mpsc::Receiver<Eviction>) -> Self {
         self.evictions = Some(evictions);
+        self
+    }
+
+    /// Stops the active pods by priority when `requests` says the node shuts down.
+    pub fn with_node_shutdown(mut self, requests: mpsc::Receiver<shutdown::NodeShutdown>) -> Self {
+        self.node_shutdowns = Some(requests);
         self
     }
 
@@ -218,6 +230,7 @@ impl SyncLoop {
         let mut objects_changed = self.objects_changed.take();
         let mut services_read = self.services_read.take();
         let mut evictions = self.evictions.take();
+        let mut node_shutdowns = self.node_shutdowns.take();
         let mut tick = tokio::time::interval(self.deps.sync_frequency);
         tick.tick().await;
         // With a watchdog, an idle loop still wakes (and passes) every quarter interval.
@@ -247,6 +260,7 @@ impl SyncLoop {
                         let _ = h.tx.send(WorkerMsg::Evict(eviction)).await;
                     }
                 }
+                Some(request) = next_change(&mut node_shutdowns) => self.shut_down(request),
                 _ = tick.tick() => self.broadcast_resync().await,
                 _ = crate::systemd::tick(&mut beat) => {}
                 // A burst of starts and stops is over: its memory goes back at once.

@@ -27,6 +27,7 @@ mod hooks;
 mod image;
 mod init;
 mod persist;
+mod power_off;
 mod probes;
 mod sandbox;
 mod start;
@@ -52,6 +53,8 @@ pub enum WorkerMsg {
     Terminate,
     /// The eviction manager chose this pod: kill it now and end it as it says.
     Evict(Eviction),
+    /// The node shuts down: stop the pod within the grace period and end it.
+    ShutDown(super::shutdown::ShutdownStop),
 }
 
 /// A pod the eviction manager chose, and what its status is to say.
@@ -253,6 +256,11 @@ impl Worker {
                 Some(WorkerMsg::Resync) => {}
                 Some(WorkerMsg::Evict(eviction)) => {
                     Box::pin(self.evict(eviction)).await;
+                    continue;
+                }
+                Some(WorkerMsg::ShutDown(stop)) => {
+                    Box::pin(self.shut_down(stop.grace)).await;
+                    let _ = stop.done.send(());
                     continue;
                 }
             }

@@ -11,6 +11,7 @@ use super::node_status;
 use crate::config::Config;
 use crate::image::ImageRecord;
 use crate::node::facts::NodeFacts;
+use crate::node::shutdown::{ShuttingDown, NOT_READY_MESSAGE};
 use crate::node::NodeInput;
 use crate::store::{Store, Tree};
 use crate::time::Timestamp;
@@ -22,6 +23,8 @@ pub struct DeviceModel {
     lease_seconds: i32,
     /// The image store's index, for `status.images`.
     images: Option<Tree<ImageRecord>>,
+    /// Set while the node shuts down: Ready is False with the kubelet's message.
+    shutting_down: ShuttingDown,
 }
 
 impl DeviceModel {
@@ -36,7 +39,14 @@ impl DeviceModel {
                 .tree("images")
                 .map_err(|e| log::warn!("node status: open the image index: {e}"))
                 .ok(),
+            shutting_down: ShuttingDown::default(),
         })
+    }
+
+    /// The model whose Ready condition follows `flag`.
+    pub fn with_shutdown(mut self, flag: ShuttingDown) -> Self {
+        self.shutting_down = flag;
+        self
     }
 
     /// The node's images, as the kubelet lists them; none if the index cannot be read.
@@ -66,7 +76,16 @@ impl NodeModel for DeviceModel {
     }
     fn status(&self, previous: Option<&NodeStatus>, now: Timestamp) -> NodeStatus {
         let facts = NodeFacts::read(&self.root_dir);
-        let mut s = node_status::node_status(&self.input, &facts, previous, now);
+        let shutting_down;
+        let input = if self.shutting_down.is_set() {
+            let mut i = self.input.clone();
+            i.not_ready.push(NOT_READY_MESSAGE.into());
+            shutting_down = i;
+            &shutting_down
+        } else {
+            &self.input
+        };
+        let mut s = node_status::node_status(input, &facts, previous, now);
         s.images = Some(self.images());
         s
     }
@@ -79,5 +98,8 @@ impl NodeModel for DeviceModel {
     fn lease(&self, node_uid: &str, now: Timestamp) -> Lease {
         let uid = Some(node_uid).filter(|u| !u.is_empty());
         node_status::lease(&self.input.node_name, uid, self.lease_seconds, now)
+    }
+    fn report_now(&self) -> bool {
+        self.shutting_down.take_report()
     }
 }

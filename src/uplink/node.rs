@@ -106,6 +106,11 @@ pub trait NodeModel {
     /// Whether `new` differs from `old` beyond heartbeat times.
     fn changed(&self, old: &NodeStatus, new: &NodeStatus) -> bool;
     fn lease(&self, node_uid: &str, now: Timestamp) -> Lease;
+    /// Whether the status is to be looked at now rather than on schedule (the node
+    /// began shutting down). Asked once a second at most.
+    fn report_now(&self) -> bool {
+        false
+    }
 }
 
 /// Intervals, from the config.
@@ -169,6 +174,16 @@ impl<M: NodeModel> NodeController<M> {
     /// on it.
     pub fn link(&self) -> Link {
         self.link.clone()
+    }
+
+    /// Brings the next status check forward to now if the model asks for it; whether
+    /// it did.
+    pub fn wants_report(&mut self) -> bool {
+        if self.model.report_now() {
+            self.next_renew = None;
+            return true;
+        }
+        false
     }
 
     pub fn is_registered(&self) -> bool {
@@ -482,10 +497,10 @@ impl<M: NodeModel + Send + 'static> NodeLoop<M> {
                         crate::time::now(),
                         crate::backoff::random(),
                     );
-                    // Wake at least once a second to notice `stop`.
+                    // Wake at least once a second to notice `stop`, or a status wanted now.
                     while !self.stop.load(Ordering::Relaxed) {
                         let now = Instant::now();
-                        if now >= next {
+                        if now >= next || self.controller.wants_report() {
                             break;
                         }
                         std::thread::sleep((next - now).min(Duration::from_secs(1)));

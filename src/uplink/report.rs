@@ -151,6 +151,8 @@ impl Persist {
 
 struct Queue {
     pending: Pending,
+    /// The pods whose statuses were taken to be sent and not yet said sent or put back.
+    in_flight: BTreeSet<String>,
     next_id: u64,
     persist: Option<Persist>,
 }
@@ -187,6 +189,7 @@ impl Reporter {
     pub fn connected() -> (Reporter, Outbox) {
         Reporter::with_queue(Queue {
             pending: Pending::default(),
+            in_flight: BTreeSet::new(),
             next_id: 0,
             persist: None,
         })
@@ -257,6 +260,7 @@ impl Reporter {
         }
         Ok(Reporter::with_queue(Queue {
             pending,
+            in_flight: BTreeSet::new(),
             next_id,
             persist: Some(persist),
         }))
@@ -273,6 +277,16 @@ impl Reporter {
             },
             Outbox { shared },
         )
+    }
+
+    /// How many of these pods' statuses are still to reach the apiserver (waiting, or
+    /// taken and neither sent nor put back yet).
+    pub fn statuses_unsent(&self, uids: &[String]) -> usize {
+        let Some(shared) = &self.shared else { return 0 };
+        let q = lock(&shared.queue);
+        uids.iter()
+            .filter(|u| q.pending.statuses.contains_key(*u) || q.in_flight.contains(*u))
+            .count()
     }
 
     pub fn is_connected(&self) -> bool {
@@ -428,6 +442,7 @@ impl Outbox {
         }
         let dropped = q.pending.events_dropped;
         let taken = std::mem::take(&mut q.pending);
+        q.in_flight.extend(taken.statuses.keys().cloned());
         q.pending.events_dropped = dropped;
         taken
     }
@@ -437,6 +452,7 @@ impl Outbox {
     pub fn retry_status(&self, uid: String, report: StatusReport) {
         let mut q = lock(&self.shared.queue);
         let q = &mut *q;
+        q.in_flight.remove(&uid);
         let current = q.pending.statuses.entry(uid.clone()).or_insert(report);
         if let Some(ps) = q.persist.as_mut() {
             if !ps.stored_statuses.contains(&uid) {
@@ -497,6 +513,9 @@ impl Outbox {
     pub fn sent(&self, statuses: &[String], events: &[u64], removed: &[String]) {
         let mut q = lock(&self.shared.queue);
         let q = &mut *q;
+        for uid in statuses {
+            q.in_flight.remove(uid);
+        }
         let Some(ps) = q.persist.as_mut() else { return };
         let mut batch = Batch::new();
         for uid in statuses {

@@ -73,6 +73,7 @@ fn static_reason(reason: &str) -> &'static str {
         "Forbidden" => "Forbidden",
         "HostPathForbidden" => "HostPathForbidden",
         "Evicted" => "Evicted",
+        "NodeShutdown" => "NodeShutdown",
         _ => "UnexpectedAdmissionError",
     }
 }
