@@ -113,6 +113,7 @@ pub fn start(
             link,
             outbox,
             credentials,
+            client: client.clone(),
         },
         pod_set: Some(pod_set),
         mirrors: services.mirrors.clone(),

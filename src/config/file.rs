@@ -47,6 +47,8 @@ pub struct FileConfig {
     pub kubeconfig: Option<PathBuf>,
     /// `holdfast.bootstrapKubeconfig`.
     pub bootstrap_kubeconfig: Option<PathBuf>,
+    /// `holdfast.apiservers`: more apiserver URLs after the kubeconfig's server.
+    pub apiservers: Option<Vec<String>>,
     /// `rotateCertificates`.
     pub rotate_certificates: Option<bool>,
     /// `registerWithTaints`; `None` when the file leaves it out, so a profile can fill it.
@@ -267,6 +269,7 @@ impl Reader<'_> {
                     if !self.image_holdfast_key(&key, value, base, &mut out.images)?
                         && !self.pod_holdfast_key(&key, value, base, &mut out.pods)?
                         && !self.server_holdfast_key(&key, value, &mut out.server)?
+                        && !self.cluster_holdfast_key(&key, value, out)?
                     {
                         warnings.push(self.unknown(&key));
                     }
