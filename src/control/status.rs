@@ -442,6 +442,36 @@ mod tests {
     }
 
     #[test]
+    fn the_apiserver_in_use_is_named_with_its_place_when_there_are_several() {
+        let dir = crate::testutil::TempDir::new("status-apiserver");
+        let mut s = from_root(&dir.0);
+        s.uplink = UplinkStatus::of(&Link::new(Duration::from_secs(10)).report());
+        let url = "https://10.0.0.2:6443".to_string();
+        s.uplink.apiserver = Some(ApiserverInUse {
+            url: url.clone(),
+            index: 1,
+            count: 3,
+        });
+        let text = render(&s, at(0));
+        assert!(
+            text.contains("apiserver:    https://10.0.0.2:6443 (2 of 3)\n"),
+            "{text}"
+        );
+        let json = serde_json::to_value(&s).expect("json");
+        assert_eq!(json["uplink"]["apiserver"]["url"], url.as_str());
+        s.uplink.apiserver = Some(ApiserverInUse {
+            url,
+            index: 0,
+            count: 1,
+        });
+        let text = render(&s, at(0));
+        assert!(
+            text.contains("apiserver:    https://10.0.0.2:6443\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn without_an_agent_the_root_dir_still_tells_the_store_size() {
         let dir = crate::testutil::TempDir::new("status-root");
         let s = from_root(&dir.0);
