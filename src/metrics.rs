@@ -191,6 +191,24 @@ pub static API_REQUESTS: Counter = Counter::new(
     "holdfast_api_requests_total",
     "Requests sent to the kube-apiserver and answered by it (any code), watches included",
 );
+/// Moves from one apiserver endpoint to the next after a failure (`holdfast.apiservers`).
+pub static APISERVER_SWITCHES: Counter = Counter::new(
+    "holdfast_apiserver_switches_total",
+    "Moves to the next apiserver endpoint after the one in use failed",
+);
+/// The place of the apiserver endpoint in use in the list (0: the kubeconfig's server).
+pub static APISERVER_IN_USE: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
+fn render_apiserver(out: &mut String) {
+    APISERVER_SWITCHES.render(out);
+    let name = "holdfast_apiserver_endpoint";
+    header(
+        out,
+        name,
+        "Place of the apiserver endpoint in use in the list (0: the kubeconfig's server, then holdfast.apiservers)",
+        "gauge",
+    );
+    let _ = writeln!(out, "{name} {}", APISERVER_IN_USE.load(Ordering::Relaxed));
+}
 /// notAfter (Unix seconds, 0 while there is none) of the apiserver client certificate,
 /// rendered as the kubelet's TTL gauge.
 pub static CLIENT_CERT_NOT_AFTER: std::sync::atomic::AtomicI64 =
@@ -413,6 +431,7 @@ pub fn render_all(out: &mut String) {
     IMAGE_PULL_BYTES.render(out);
     IMAGE_PULL_DURATION.render(out);
     API_REQUESTS.render(out);
+    render_apiserver(out);
     render_client_cert(out);
     KUBELET_API_REQUESTS.render(out);
     KUBELET_API_CONNECTIONS_BY_USER.render(out);

@@ -115,6 +115,7 @@ pub fn start(
             link,
             outbox,
             credentials,
+            client: client.clone(),
         },
         pod_set: Some(pod_set),
         mirrors: services.mirrors.clone(),

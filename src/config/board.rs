@@ -246,6 +246,8 @@ pub(super) fn fill_from_profile(file: FileConfig, profile: FileConfig) -> FileCo
         board_dir: _,
         kubeconfig,
         bootstrap_kubeconfig,
+        // Nor where a site's apiservers are.
+        apiservers: _,
         rotate_certificates,
         register_with_taints,
         node_status_update_frequency,
@@ -287,6 +289,7 @@ pub(super) fn fill_from_profile(file: FileConfig, profile: FileConfig) -> FileCo
         board_dir: file.board_dir,
         kubeconfig: file.kubeconfig.or(kubeconfig),
         bootstrap_kubeconfig: file.bootstrap_kubeconfig.or(bootstrap_kubeconfig),
+        apiservers: file.apiservers,
         rotate_certificates: file.rotate_certificates.or(rotate_certificates),
         register_with_taints: file.register_with_taints.or(register_with_taints),
         node_status_update_frequency: file

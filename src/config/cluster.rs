@@ -68,6 +68,33 @@ impl Reader<'_> {
         Ok(true)
     }
 
+    /// Reads `key` into `out` if it is one of this module's `holdfast.` keys; false if
+    /// it is not.
+    pub(super) fn cluster_holdfast_key(
+        &self,
+        key: &str,
+        value: &Value,
+        out: &mut FileConfig,
+    ) -> Result<bool, ConfigError> {
+        if key != "holdfast.apiservers" {
+            return Ok(false);
+        }
+        let Value::Sequence(items) = value else {
+            return Err(self.err(
+                key,
+                format!("expected a list of https:// URLs, got {}", short(value)),
+            ));
+        };
+        let mut urls = Vec::new();
+        for item in items {
+            let url = self.string(key, item)?;
+            check_apiserver_url(&url).map_err(|reason| self.err(key, reason))?;
+            urls.push(url);
+        }
+        out.apiservers = Some(urls);
+        Ok(true)
+    }
+
     fn integer(&self, key: &str, value: &Value, min: i64, max: i64) -> Result<i64, ConfigError> {
         match value {
             Value::Number(n) => match n.as_i64() {
@@ -109,6 +136,49 @@ pub fn check_node_ip(ip: IpAddr) -> Result<(), String> {
     Err(format!(
         "{ip} is {reason}; the node IP must be reachable from the cluster"
     ))
+}
+
+/// An apiserver endpoint of `holdfast.apiservers`: `https://host[:port][/path]`. The
+/// node's credentials go to it, so never plain http, and nothing in the URL (a user, a
+/// query) that would change where or what they are sent with.
+pub fn check_apiserver_url(url: &str) -> Result<(), String> {
+    let Some(rest) = url.strip_prefix("https://") else {
+        return Err(format!(
+            "{url:?} is not an https:// URL (the node's credentials go to it)"
+        ));
+    };
+    if let Some(c) = url.chars().find(|c| c.is_whitespace() || c.is_control()) {
+        return Err(format!("{url:?} holds {c:?}"));
+    }
+    let authority = rest.split('/').next().unwrap_or_default();
+    for (c, what) in [('@', "a user"), ('?', "a query"), ('#', "a fragment")] {
+        if url.contains(c) {
+            return Err(format!("{url:?} has {what}"));
+        }
+    }
+    let (host, port) = match authority.strip_prefix('[') {
+        Some(v6) => match v6.split_once(']') {
+            Some((host, "")) => (host, None),
+            Some((host, tail)) => match tail.strip_prefix(':') {
+                Some(port) => (host, Some(port)),
+                None => return Err(format!("{url:?}: {tail:?} after the host")),
+            },
+            None => return Err(format!("{url:?}: unclosed [ in the host")),
+        },
+        None => match authority.rsplit_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (authority, None),
+        },
+    };
+    if host.is_empty() {
+        return Err(format!("{url:?} has no host"));
+    }
+    if let Some(port) = port {
+        if !matches!(port.parse::<u16>(), Ok(p) if p > 0) {
+            return Err(format!("port {port:?} of {url:?} is not 1 to 65535"));
+        }
+    }
+    Ok(())
 }
 
 /// `nodeStatusReportFrequency` after the merge: as the kubelet does for backward
@@ -169,6 +239,45 @@ holdfast:
             cfg.kubeconfig.as_deref(),
             Some(Path::new("/etc/holdfast/kubelet.conf"))
         );
+    }
+
+    #[test]
+    fn apiservers_are_https_urls_with_nothing_that_redirects_the_credentials() {
+        let cfg = parse(
+            "holdfast:\n  apiservers: [\"https://10.0.0.2:6443\", \"https://[fd00::3]:6443/\", \
+             \"https://cp.example/k8s/clusters/c-1\"]\n",
+        )
+        .expect("parse");
+        assert_eq!(
+            cfg.apiservers.as_deref(),
+            Some(
+                &[
+                    "https://10.0.0.2:6443".to_string(),
+                    "https://[fd00::3]:6443/".to_string(),
+                    "https://cp.example/k8s/clusters/c-1".to_string(),
+                ][..]
+            )
+        );
+        for (list, want) in [
+            ("[\"http://10.0.0.2:6443\"]", "not an https:// URL"),
+            ("[\"10.0.0.2:6443\"]", "not an https:// URL"),
+            ("[\"https://:6443\"]", "no host"),
+            ("[\"https://10.0.0.2:0\"]", "not 1 to 65535"),
+            ("[\"https://10.0.0.2:99999\"]", "not 1 to 65535"),
+            ("[\"https://u:p@10.0.0.2:6443\"]", "a user"),
+            ("[\"https://10.0.0.2:6443/?x=1\"]", "a query"),
+            ("[\"https://[fd00::3]x\"]", "after the host"),
+            ("[\"https://10.0.0.2 :6443\"]", "holds ' '"),
+            ("https://10.0.0.2:6443", "expected a list"),
+        ] {
+            match parse(&format!("holdfast:\n  apiservers: {list}\n")) {
+                Err(ConfigError::Key { key, reason, .. }) => {
+                    assert_eq!(key, "holdfast.apiservers", "{list}");
+                    assert!(reason.contains(want), "{list}: {reason}");
+                }
+                other => panic!("{list}: {other:?}"),
+            }
+        }
     }
 
     #[test]

@@ -49,6 +49,8 @@ pub struct FileConfig {
     pub kubeconfig: Option<PathBuf>,
     /// `holdfast.bootstrapKubeconfig`.
     pub bootstrap_kubeconfig: Option<PathBuf>,
+    /// `holdfast.apiservers`: more apiserver URLs after the kubeconfig's server.
+    pub apiservers: Option<Vec<String>>,
     /// `rotateCertificates`.
     pub rotate_certificates: Option<bool>,
     /// `registerWithTaints`; `None` when the file leaves it out, so a profile can fill it.
@@ -274,6 +276,7 @@ impl Reader<'_> {
                         && !self.pod_holdfast_key(&key, value, base, &mut out.pods)?
                         && !self.server_holdfast_key(&key, value, &mut out.server)?
                         && !self.shutdown_key(&key, value, &mut out.shutdown)?
+                        && !self.cluster_holdfast_key(&key, value, out)?
                     {
                         warnings.push(self.unknown(&key));
                     }

@@ -83,6 +83,7 @@ pub const KEYS: &[&str] = &[
     "holdfast.rootDir",
     "holdfast.kubeconfig",
     "holdfast.bootstrapKubeconfig",
+    "holdfast.apiservers",
     "holdfast.hostnameOverride",
     "holdfast.nodeLabels",
     "holdfast.board",

@@ -104,6 +104,9 @@ pub struct Config {
     /// the node's client certificate (a `kubernetes.io/kube-apiserver-client-kubelet`
     /// CSR) when the kubeconfig is missing or its certificate is unusable.
     pub bootstrap_kubeconfig: Option<PathBuf>,
+    /// `holdfast.apiservers`: more apiserver URLs, used after the kubeconfig's server
+    /// with its credentials and CA when the one in use fails (see `kube::endpoints`).
+    pub apiservers: Vec<String>,
     /// `rotateCertificates`: asks for a new client certificate before the current one
     /// expires. Default true with a bootstrap kubeconfig (as kubeadm sets it), else false
     /// (the kubelet's default).
@@ -181,6 +184,7 @@ impl Config {
             board: None,
             kubeconfig: None,
             bootstrap_kubeconfig: None,
+            apiservers: Vec::new(),
             rotate_certificates: false,
             node_ip: None,
             register_with_taints: Vec::new(),
@@ -384,6 +388,7 @@ fn merge_cluster(config: &mut Config, flags: &RunFlags, file: &FileConfig) {
         .bootstrap_kubeconfig
         .clone()
         .or_else(|| file.bootstrap_kubeconfig.clone());
+    config.apiservers = file.apiservers.clone().unwrap_or_default();
     config.rotate_certificates = file
         .rotate_certificates
         .unwrap_or(config.bootstrap_kubeconfig.is_some());

@@ -29,6 +29,20 @@ pub struct UplinkStatus {
     pub failures: u32,
     /// The last successful LIST, watch event, status patch or lease renewal.
     pub last_sync: Option<Timestamp>,
+    /// The apiserver endpoint in use, once the client is made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub apiserver: Option<ApiserverInUse>,
+}
+
+/// The apiserver endpoint the uplink uses, of those it may use (`holdfast.apiservers`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ApiserverInUse {
+    pub url: String,
+    /// Its place in the list: 0 is the kubeconfig's server.
+    pub index: usize,
+    /// How many endpoints there are.
+    pub count: usize,
 }
 
 impl UplinkStatus {
@@ -40,6 +54,7 @@ impl UplinkStatus {
             next_retry: None,
             failures: 0,
             last_sync: None,
+            apiserver: None,
         }
     }
 
@@ -51,6 +66,7 @@ impl UplinkStatus {
             next_retry: r.next_retry,
             failures: r.failures,
             last_sync: r.last_sync,
+            apiserver: None,
         }
     }
 }
@@ -119,7 +135,14 @@ pub fn from_agent(
     AgentStatus {
         agent_running: true,
         uplink: match uplink {
-            Some(v) => UplinkStatus::of(&v.link()),
+            Some(v) => UplinkStatus {
+                apiserver: v.apiserver().map(|(url, index, count)| ApiserverInUse {
+                    url,
+                    index,
+                    count,
+                }),
+                ..UplinkStatus::of(&v.link())
+            },
             None => UplinkStatus::without_link("standalone"),
         },
         client_certificate: uplink.and_then(|v| ClientCertStatus::of(&v.credentials.report())),
@@ -217,6 +240,14 @@ pub fn render(s: &AgentStatus, now: Timestamp) -> String {
     out.push_str(&format!("uplink:       {line}\n"));
     if u.state == "up" || u.state == "down" {
         out.push_str(&format!("last sync:    {}\n", when(&u.last_sync)));
+    }
+    if let Some(a) = &u.apiserver {
+        let of = if a.count > 1 {
+            format!(" ({} of {})", a.index + 1, a.count)
+        } else {
+            String::new()
+        };
+        out.push_str(&format!("apiserver:    {}{of}\n", a.url));
     }
     if let Some(c) = &s.client_certificate {
         if let Some(t) = c.not_after {
@@ -333,6 +364,7 @@ mod tests {
             link,
             outbox,
             credentials: Default::default(),
+            client: Default::default(),
         };
         let dir = crate::testutil::TempDir::new("status-down");
         let store = Store::open(&dir.0.join("db")).expect("store");
@@ -370,6 +402,7 @@ mod tests {
             link: Link::new(Duration::from_secs(300)),
             outbox,
             credentials: Default::default(),
+            client: Default::default(),
         };
         view.credentials
             .set_validity(Some(crate::tls::der::Validity {
@@ -406,6 +439,36 @@ mod tests {
         let text = render(&s, at(0));
         assert!(text.contains("uplink:       standalone"), "{text}");
         assert!(!text.contains("last sync"), "{text}");
+    }
+
+    #[test]
+    fn the_apiserver_in_use_is_named_with_its_place_when_there_are_several() {
+        let dir = crate::testutil::TempDir::new("status-apiserver");
+        let mut s = from_root(&dir.0);
+        s.uplink = UplinkStatus::of(&Link::new(Duration::from_secs(10)).report());
+        let url = "https://10.0.0.2:6443".to_string();
+        s.uplink.apiserver = Some(ApiserverInUse {
+            url: url.clone(),
+            index: 1,
+            count: 3,
+        });
+        let text = render(&s, at(0));
+        assert!(
+            text.contains("apiserver:    https://10.0.0.2:6443 (2 of 3)\n"),
+            "{text}"
+        );
+        let json = serde_json::to_value(&s).expect("json");
+        assert_eq!(json["uplink"]["apiserver"]["url"], url.as_str());
+        s.uplink.apiserver = Some(ApiserverInUse {
+            url,
+            index: 0,
+            count: 1,
+        });
+        let text = render(&s, at(0));
+        assert!(
+            text.contains("apiserver:    https://10.0.0.2:6443\n"),
+            "{text}"
+        );
     }
 
     #[test]

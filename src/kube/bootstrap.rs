@@ -50,7 +50,7 @@ pub fn connect(
     kubeconfig: &Path,
     state: &ClientCertState,
 ) -> Result<Client, ConnectError> {
-    let node_error = match Client::from_kubeconfig(kubeconfig) {
+    let node_error = match Client::from_kubeconfig_with(kubeconfig, &config.apiservers) {
         Ok(client) => {
             state.set_validity(client.client_certificate_validity());
             state.clear_problem();
@@ -91,19 +91,24 @@ pub fn connect(
         state.set_problem(message.clone());
         ConnectError { message }
     };
-    let issued = request_client_certificate(bootstrap, &config.node_name)
+    let issued = request_client_certificate(bootstrap, &config.node_name, &config.apiservers)
         .map_err(|e| fail(e.to_string(), e.is_unauthorized()))?;
     install(config, kubeconfig, bootstrap, &issued).map_err(|m| fail(m, false))?;
-    let client = Client::from_kubeconfig(kubeconfig)
+    let client = Client::from_kubeconfig_with(kubeconfig, &config.apiservers)
         .map_err(|e| fail(format!("the written kubeconfig: {e}"), false))?;
     state.set_validity(client.client_certificate_validity());
     state.clear_problem();
     Ok(client)
 }
 
-/// A new client certificate for `node`, asked for with the bootstrap kubeconfig.
-pub fn request_client_certificate(bootstrap: &Path, node: &str) -> Result<csr::Issued, CsrError> {
-    let client = Client::from_kubeconfig(bootstrap).map_err(|e| {
+/// A new client certificate for `node`, asked for with the bootstrap kubeconfig, of
+/// its server or of the other apiserver endpoints `more`.
+pub fn request_client_certificate(
+    bootstrap: &Path,
+    node: &str,
+    more: &[String],
+) -> Result<csr::Issued, CsrError> {
+    let client = Client::from_kubeconfig_with(bootstrap, more).map_err(|e| {
         CsrError::Api(super::ApiError::Transport {
             method: "POST",
             path: "/apis/certificates.k8s.io/v1/certificatesigningrequests".to_string(),

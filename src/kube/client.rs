@@ -16,6 +16,7 @@ use ureq::unversioned::transport::{Connector, TcpConnector};
 use ureq::{Agent, Body};
 
 use super::credentials::{BearerToken, TOKEN_FILE_PERIOD};
+use super::endpoints::{self, Endpoints};
 use super::error::ApiError;
 use super::kubeconfig::{Kubeconfig, KubeconfigError};
 use super::tls::{self, TlsConnector};
@@ -61,7 +62,8 @@ struct Inner {
     /// The client certificate the handshakes present, if the kubeconfig has one.
     cert: Option<Arc<tls::SwappableCert>>,
     tls_server_name: Option<rustls_pki_types::ServerName<'static>>,
-    server: String,
+    /// The kubeconfig's server and the others the config names: which one is in use.
+    endpoints: Endpoints,
     token: Option<BearerToken>,
     requests: AtomicU64,
 }
@@ -72,8 +74,20 @@ impl Client {
         Client::new(&Kubeconfig::load(path)?)
     }
 
+    /// [`Client::from_kubeconfig`], with more apiserver endpoints after the
+    /// kubeconfig's server (see [`super::endpoints`]).
+    pub fn from_kubeconfig_with(path: &Path, more: &[String]) -> Result<Client, KubeconfigError> {
+        Client::with_endpoints(&Kubeconfig::load(path)?, more)
+    }
+
     /// Builds a client for a loaded kubeconfig.
     pub fn new(kc: &Kubeconfig) -> Result<Client, KubeconfigError> {
+        Client::with_endpoints(kc, &[])
+    }
+
+    /// [`Client::new`], with more apiserver endpoints after the kubeconfig's server,
+    /// reached with its credentials and verified against its CA.
+    pub fn with_endpoints(kc: &Kubeconfig, more: &[String]) -> Result<Client, KubeconfigError> {
         let (tls, cert) = tls::client_config_with(kc)?;
         let agent = make_agent(&tls, &kc.tls_server_name);
         Ok(Client {
@@ -82,7 +96,7 @@ impl Client {
                 tls: RwLock::new(tls),
                 cert,
                 tls_server_name: kc.tls_server_name.clone(),
-                server: kc.server.clone(),
+                endpoints: Endpoints::new(&kc.server, more),
                 token: kc
                     .token
                     .as_ref()
@@ -193,9 +207,21 @@ fn make_agent(
 }
 
 impl Client {
-    /// The server URL, for log lines.
-    pub fn server(&self) -> &str {
-        &self.inner.server
+    /// The URL of the apiserver endpoint in use, for log lines and `holdfast status`.
+    pub fn server(&self) -> String {
+        self.inner.endpoints.current().1.to_string()
+    }
+
+    /// The endpoint in use: its place in the list (0: the kubeconfig's server) and how
+    /// many there are.
+    pub fn server_place(&self) -> (usize, usize) {
+        (self.inner.endpoints.current().0, self.inner.endpoints.len())
+    }
+
+    /// Every endpoint, the kubeconfig's server first.
+    pub fn servers(&self) -> Vec<String> {
+        let e = &self.inner.endpoints;
+        (0..e.len()).map(|at| e.url(at).to_string()).collect()
     }
 
     /// How many requests this client (and its clones) has sent, watches included.
@@ -205,7 +231,7 @@ impl Client {
 
     /// GET `path` (path and query, e.g. `/api/v1/nodes/n1`).
     pub fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ApiError> {
-        let response = self.send("GET", path, None, None)?;
+        let (response, _) = self.send("GET", path, None, None)?;
         self.read("GET", path, response)
     }
 
@@ -216,7 +242,7 @@ impl Client {
         body: &B,
     ) -> Result<T, ApiError> {
         let body = encode("POST", path, body)?;
-        let response = self.send("POST", path, Some(("application/json", body)), None)?;
+        let (response, _) = self.send("POST", path, Some(("application/json", body)), None)?;
         self.read("POST", path, response)
     }
 
@@ -227,7 +253,7 @@ impl Client {
         body: &B,
     ) -> Result<T, ApiError> {
         let body = encode("PUT", path, body)?;
-        let response = self.send("PUT", path, Some(("application/json", body)), None)?;
+        let (response, _) = self.send("PUT", path, Some(("application/json", body)), None)?;
         self.read("PUT", path, response)
     }
 
@@ -239,7 +265,7 @@ impl Client {
         body: &serde_json::Value,
     ) -> Result<T, ApiError> {
         let body = encode("PATCH", path, body)?;
-        let response = self.send("PATCH", path, Some((kind.content_type(), body)), None)?;
+        let (response, _) = self.send("PATCH", path, Some((kind.content_type(), body)), None)?;
         self.read("PATCH", path, response)
     }
 
@@ -250,7 +276,7 @@ impl Client {
         options: &DeleteOptions,
     ) -> Result<T, ApiError> {
         let body = encode("DELETE", path, options)?;
-        let response = self.send("DELETE", path, Some(("application/json", body)), None)?;
+        let (response, _) = self.send("DELETE", path, Some(("application/json", body)), None)?;
         self.read("DELETE", path, response)
     }
 
@@ -261,27 +287,27 @@ impl Client {
         path: &str,
         timeout: Duration,
     ) -> Result<Watch<T>, ApiError> {
-        let response = self.send("GET", path, None, Some(timeout))?;
+        let (response, server) = self.send("GET", path, None, Some(timeout))?;
         let status = response.status().as_u16();
         if !(200..300).contains(&status) {
             let (_, mut body) = response.into_parts();
             return Err(error_status("GET", path, status, &mut body));
         }
         let (_, body) = response.into_parts();
-        Ok(Watch::new(
-            Box::new(body.into_reader()),
-            path,
-            &self.inner.server,
-        ))
+        Ok(Watch::new(Box::new(body.into_reader()), path, &server))
     }
 
+    /// Sends the request to the endpoint in use; where it meets trouble there, the next
+    /// endpoint is in use from then on, and is sent the same request at once when that
+    /// is safe (see [`super::endpoints`]), each endpoint once at most. Returns the answer
+    /// and the endpoint that gave it.
     fn send(
         &self,
         method: &'static str,
         path: &str,
-        body: Option<(&'static str, Vec<u8>)>,
+        mut body: Option<(&'static str, Vec<u8>)>,
         watch: Option<Duration>,
-    ) -> Result<Response<Body>, ApiError> {
+    ) -> Result<(Response<Body>, String), ApiError> {
         let transport = |message: String| ApiError::Transport {
             method,
             path: path.to_string(),
@@ -290,9 +316,86 @@ impl Client {
         if !path.starts_with('/') {
             return Err(transport(format!("path {path:?} does not start with /")));
         }
+        let endpoints = &self.inner.endpoints;
+        let mut left = endpoints.len();
+        loop {
+            left -= 1;
+            let (at, server) = endpoints.current();
+            let server = server.to_string();
+            // Only a request that may go to another endpoint keeps a copy of its body.
+            let once = if left == 0 { body.take() } else { body.clone() };
+            let result = self.send_once(&server, method, path, once, watch)?;
+            let trouble = match &result {
+                Ok(response) => {
+                    // Answered, whatever the code: the apiserver saw it and its audit
+                    // log has it (or what stands in front of it answered for it).
+                    crate::metrics::API_REQUESTS.inc();
+                    endpoints::status_trouble(response.status().as_u16())
+                }
+                Err(e) => endpoints::transport_trouble(e),
+            };
+            let result = result.map_err(|e| tls::describe_transport(&server, e));
+            let Some(trouble) = trouble else {
+                if result.is_ok() {
+                    endpoints.answered(at);
+                }
+                return result.map(|r| (r, server)).map_err(transport);
+            };
+            if endpoints.len() == 1 {
+                return result.map(|r| (r, server)).map_err(transport);
+            }
+            let resend = left > 0 && trouble.resend(method);
+            let result = match result {
+                Ok(response) if resend => Err(answer_in_words(&server, response)),
+                other => other,
+            };
+            let what = match &result {
+                Ok(response) => format!("{server}: answered {}", response.status()),
+                Err(message) => message.clone(),
+            };
+            self.move_on(at, method, path, &what);
+            if !resend {
+                return result.map(|r| (r, server)).map_err(transport);
+            }
+        }
+    }
+
+    /// The endpoint at `at` met trouble (`what`): the next one is in use from now on,
+    /// on fresh connections, so the watches on the old ones end and are opened there.
+    fn move_on(&self, at: usize, method: &str, path: &str, what: &str) {
+        let endpoints = &self.inner.endpoints;
+        let Some((next, was_answering)) = endpoints.failed(at) else {
+            return;
+        };
+        let line = format!(
+            "{method} {path}: {what}; apiserver {} in use from now on",
+            endpoints.url(next)
+        );
+        if was_answering {
+            log::warn!("{line}");
+        } else {
+            log::info!("{line}");
+        }
+        self.reset_connections();
+    }
+
+    /// One exchange with `server`; the outer error is the request's own fault.
+    fn send_once(
+        &self,
+        server: &str,
+        method: &'static str,
+        path: &str,
+        body: Option<(&'static str, Vec<u8>)>,
+        watch: Option<Duration>,
+    ) -> Result<Result<Response<Body>, ureq::Error>, ApiError> {
+        let transport = |message: String| ApiError::Transport {
+            method,
+            path: path.to_string(),
+            message,
+        };
         let mut builder = Request::builder()
             .method(method)
-            .uri(format!("{}{path}", self.inner.server));
+            .uri(format!("{server}{path}"));
         if let Some(token) = &self.inner.token {
             builder = builder.header("Authorization", token.header());
         }
@@ -324,10 +427,7 @@ impl Client {
                 }
             }
         };
-        let response = result.map_err(|e| transport(self.describe(e)))?;
-        // Answered, whatever the code: the apiserver saw it and its audit log has it.
-        crate::metrics::API_REQUESTS.inc();
-        Ok(response)
+        Ok(result)
     }
 
     fn read<T: DeserializeOwned>(
@@ -366,7 +466,7 @@ impl Client {
 
     /// A ureq error in words: TLS failures as `tls` put them, the rest with the server.
     fn describe(&self, e: ureq::Error) -> String {
-        tls::describe_transport(&self.inner.server, e)
+        tls::describe_transport(&self.server(), e)
     }
 }
 
@@ -393,6 +493,21 @@ fn encode<B: Serialize + ?Sized>(
         );
     }
     serde_json::to_vec(&value).map_err(failed)
+}
+
+/// An answer that is not the apiserver's, in words for the log before the request goes
+/// to the next endpoint: its code and the start of its body.
+fn answer_in_words(server: &str, response: Response<Body>) -> String {
+    use std::io::Read;
+    let status = response.status();
+    let mut start = Vec::new();
+    let _ = response
+        .into_body()
+        .into_reader()
+        .take(200)
+        .read_to_end(&mut start);
+    let text = String::from_utf8_lossy(&start);
+    format!("{server}: answered {status}: {:?}", text.trim())
 }
 
 /// The error a non-2xx answer carries. A body that cannot be read still leaves the code.

@@ -14,6 +14,7 @@ pub mod client;
 pub mod connect;
 pub mod credentials;
 pub mod csr;
+pub mod endpoints;
 pub mod error;
 pub mod kubeconfig;
 pub mod link;

@@ -110,19 +110,23 @@ impl Rotation {
                          with the bootstrap kubeconfig {}",
                         bootstrap.display()
                     );
-                    super::bootstrap::request_client_certificate(bootstrap, &self.node_name)
-                        .map_err(|b| {
-                            if b.is_unauthorized() {
-                                format!(
-                                    "the apiserver refused both the client certificate and the \
+                    super::bootstrap::request_client_certificate(
+                        bootstrap,
+                        &self.node_name,
+                        &self.client.servers(),
+                    )
+                    .map_err(|b| {
+                        if b.is_unauthorized() {
+                            format!(
+                                "the apiserver refused both the client certificate and the \
                                      bootstrap kubeconfig {} (401 Unauthorized); give the node \
                                      a new bootstrap token or a kubeconfig; pods keep running",
-                                    bootstrap.display()
-                                )
-                            } else {
-                                format!("bootstrap: {b}")
-                            }
-                        })?
+                                bootstrap.display()
+                            )
+                        } else {
+                            format!("bootstrap: {b}")
+                        }
+                    })?
                 }
                 None => return Err(e.to_string()),
             },

@@ -12,6 +12,7 @@
 
 #![allow(dead_code)]
 
+mod apiservers;
 mod certs;
 pub mod cluster;
 pub mod kubectl;
@@ -82,6 +83,12 @@ pub struct ControlPlane {
     certs: Certs,
     /// Stopped in reverse order of start (the scheduler first, etcd last).
     procs: Vec<Process>,
+    /// Where every kube-apiserver of the cluster keeps its data.
+    etcd_url: String,
+    /// The tests' kube-apiserver flags, for every apiserver of the cluster.
+    apiserver_args: Vec<String>,
+    /// Each kube-apiserver's URL and process name, the first one's first.
+    apiservers: Vec<(String, String)>,
 }
 
 /// The binaries' folder: `KUBEBUILDER_ASSETS`, else what setup.sh unpacks (once per
@@ -142,14 +149,19 @@ impl ControlPlane {
             certs,
             procs: Vec::new(),
             dir,
+            etcd_url: String::new(),
+            apiserver_args: opts.apiserver_args.clone(),
+            apiservers: Vec::new(),
         };
-        let etcd_url = cp.start_etcd();
+        cp.etcd_url = cp.start_etcd();
         let port = free_port();
         cp.url = format!("https://127.0.0.1:{port}");
         cp.admin_kubeconfig =
             cp.certs
                 .kubeconfig(&cp.url, "admin", "kubernetes-admin", &["system:masters"]);
-        cp.start_apiserver(port, &etcd_url, &opts.apiserver_args);
+        cp.start_apiserver("kube-apiserver", port);
+        cp.apiservers
+            .push((cp.url.clone(), "kube-apiserver".into()));
         cp.wait_ready();
         if opts.controller_manager {
             cp.start_controller_manager(&opts);
@@ -162,7 +174,12 @@ impl ControlPlane {
     }
 
     fn spawn(&mut self, name: &str, args: Vec<String>) {
-        let bin = self.assets.join(name);
+        self.spawn_as(name, name, args);
+    }
+
+    /// Starts binary `bin` as a process named `name` (its log is `<name>.log`).
+    fn spawn_as(&mut self, name: &str, bin: &str, args: Vec<String>) {
+        let bin = self.assets.join(bin);
         let p = Process::spawn(name, &bin, &args, &self.dir);
         self.procs.push(p);
     }
@@ -188,14 +205,20 @@ impl ControlPlane {
         client
     }
 
-    fn start_apiserver(&mut self, port: u16, etcd: &str, extra: &[String]) {
+    /// Starts a kube-apiserver named `name` on `port`, on the cluster's etcd, with the
+    /// cluster's serving certificate, client CA and service-account keys.
+    fn start_apiserver(&mut self, name: &str, port: u16) {
+        let (etcd, extra) = (&self.etcd_url, &self.apiserver_args);
         let c = &self.certs;
         let mut args = vec![
             s("--bind-address=127.0.0.1"),
             s("--advertise-address=127.0.0.1"),
             format!("--secure-port={port}"),
             format!("--etcd-servers={etcd}"),
-            format!("--cert-dir={}", self.dir.join("apiserver-certs").display()),
+            format!(
+                "--cert-dir={}",
+                self.dir.join(format!("{name}-certs")).display()
+            ),
             format!("--tls-cert-file={}", c.apiserver.cert.display()),
             format!("--tls-private-key-file={}", c.apiserver.key.display()),
             format!("--client-ca-file={}", c.pki.ca.display()),
@@ -227,7 +250,7 @@ impl ControlPlane {
             ),
         ];
         args.extend(extra.iter().cloned());
-        self.spawn("kube-apiserver", args);
+        self.spawn_as(name, "kube-apiserver", args);
     }
 
     /// Polls `/readyz` until it answers ok, failing at once (with its log) if the
