@@ -258,6 +258,8 @@ pub(super) fn fill_from_profile(file: FileConfig, profile: FileConfig) -> FileCo
         server: _,
         // Nor which proxy servers a site's node dials.
         tunnel: _,
+        // Nor the site's HTTP proxy.
+        proxy: _,
     } = profile;
     system_reserved.extend(file.system_reserved);
     kube_reserved.extend(file.kube_reserved);
@@ -301,6 +303,7 @@ pub(super) fn fill_from_profile(file: FileConfig, profile: FileConfig) -> FileCo
         images: file.images.or(images),
         pods: file.pods.or(pods),
         tunnel: file.tunnel,
+        proxy: file.proxy,
     }
 }
 

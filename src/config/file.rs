@@ -71,6 +71,8 @@ pub struct FileConfig {
     pub server: ServerFileConfig,
     /// `holdfast.tunnel.*`: the konnectivity agent.
     pub tunnel: super::tunnel::TunnelKeys,
+    /// `holdfast.proxy.*`: the node's proxy rules, when the file has the section.
+    pub proxy: Option<crate::proxy::Proxies>,
 }
 
 /// Reads and parses the config file at `path`; returns what it sets and a warning for
@@ -263,6 +265,7 @@ impl Reader<'_> {
                 "holdfast.tunnel" => {
                     self.tunnel_section(&key, value, base, &mut out.tunnel, warnings)?;
                 }
+                "holdfast.proxy" => out.proxy = Some(self.proxy_section(&key, value, warnings)?),
                 _ => {
                     if !self.image_holdfast_key(&key, value, base, &mut out.images)?
                         && !self.pod_holdfast_key(&key, value, base, &mut out.pods)?

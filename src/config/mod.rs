@@ -1,4 +1,5 @@
-//! config: flags and the config file. Nothing else reads the environment.
+//! config: flags, the config file and the proxy environment (`HTTPS_PROXY`, ...).
+//! Nothing else reads the environment.
 //!
 //! Precedence, as with the kubelet: a flag beats the config file, which beats the
 //! defaults documented on [`Config`]'s fields.
@@ -14,6 +15,7 @@ mod maps;
 mod names;
 mod node;
 mod pods;
+mod proxy;
 mod reader;
 mod server;
 mod taints;
@@ -42,6 +44,7 @@ pub use keys::KEYS;
 pub use maps::{check_eviction, check_label, check_reserved};
 pub use names::{check_dns1123_label, check_dns1123_subdomain};
 pub use pods::{PodKeys, PodSettings};
+pub use proxy::settings as proxy_rules;
 pub use server::{AuthorizationMode, OfflinePolicy, ServerConfig, DEFAULT_HEALTHZ_PORT};
 pub use taints::{check_taint, parse_taint};
 pub use tunnel::{
@@ -130,6 +133,10 @@ pub struct Config {
     pub server: ServerConfig,
     /// `holdfast.tunnel`: the konnectivity agent; `None` (off) unless servers are set.
     pub tunnel: Option<TunnelConfig>,
+    /// `holdfast.proxy`, else `HTTPS_PROXY`, `HTTP_PROXY` and `NO_PROXY`: the HTTP
+    /// proxy of every connection out (apiserver, registries, konnectivity servers);
+    /// none by default.
+    pub proxy: crate::proxy::Proxies,
 }
 
 /// Restart back-off: `initial` doubling to `max`, forgotten after `reset` of clean running.
@@ -189,6 +196,7 @@ impl Config {
             pods: PodSettings::default(),
             server: ServerConfig::default(),
             tunnel: None,
+            proxy: crate::proxy::Proxies::default(),
         }
     }
 }
@@ -271,6 +279,7 @@ fn merge(
     config.tunnel = file
         .tunnel
         .settings(flags.config.as_deref().unwrap_or(Path::new("")))?;
+    config.proxy = proxy::settings(file.proxy.as_ref())?;
     Ok(config)
 }
 
@@ -447,6 +456,9 @@ pub enum ConfigError {
     },
     #[error("{0}")]
     Usage(String),
+    /// An environment variable holdfast reads holds what it cannot use.
+    #[error("{reason}")]
+    Environment { reason: String },
     /// The root dir cannot be made, or resolved to the path the kernel names it by.
     #[error("root dir {}", path.display())]
     RootDir {

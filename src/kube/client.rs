@@ -11,7 +11,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::DeleteOptions;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use ureq::http::{Request, Response};
-use ureq::unversioned::resolver::DefaultResolver;
 use ureq::unversioned::transport::{Connector, TcpConnector};
 use ureq::{Agent, Body};
 
@@ -19,6 +18,7 @@ use super::credentials::{BearerToken, TOKEN_FILE_PERIOD};
 use super::error::ApiError;
 use super::kubeconfig::{Kubeconfig, KubeconfigError};
 use super::tls::{self, TlsConnector};
+use crate::proxy::{ProxyResolver, TunnelConnector};
 pub use super::watch::{Watch, MAX_BODY};
 pub use crate::wire::user_agent;
 
@@ -61,6 +61,9 @@ struct Inner {
     /// The client certificate the handshakes present, if the kubeconfig has one.
     cert: Option<Arc<tls::SwappableCert>>,
     tls_server_name: Option<rustls_pki_types::ServerName<'static>>,
+    /// How connections choose their proxy: the kubeconfig's `proxy-url`, or the node's
+    /// rules.
+    route: crate::proxy::Route,
     server: String,
     token: Option<BearerToken>,
     requests: AtomicU64,
@@ -75,13 +78,15 @@ impl Client {
     /// Builds a client for a loaded kubeconfig.
     pub fn new(kc: &Kubeconfig) -> Result<Client, KubeconfigError> {
         let (tls, cert) = tls::client_config_with(kc)?;
-        let agent = make_agent(&tls, &kc.tls_server_name);
+        let route = kc.proxy_route();
+        let agent = make_agent(&tls, &kc.tls_server_name, &route);
         Ok(Client {
             inner: Arc::new(Inner {
                 agent: RwLock::new(agent),
                 tls: RwLock::new(tls),
                 cert,
                 tls_server_name: kc.tls_server_name.clone(),
+                route,
                 server: kc.server.clone(),
                 token: kc
                     .token
@@ -104,7 +109,7 @@ impl Client {
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone();
-        let fresh = make_agent(&tls, &self.inner.tls_server_name);
+        let fresh = make_agent(&tls, &self.inner.tls_server_name, &self.inner.route);
         let old = {
             let mut agent = self
                 .inner
@@ -164,10 +169,11 @@ const INPUT_BUFFER: usize = 32 * 1024;
 /// every page touched per connection): headers with a bearer token fit many times.
 const OUTPUT_BUFFER: usize = 16 * 1024;
 
-/// The ureq agent for the apiserver: its TLS, no redirects, no proxy, the timeouts.
+/// The ureq agent for the apiserver: its TLS, no redirects, its proxy, the timeouts.
 fn make_agent(
     tls: &Arc<rustls::ClientConfig>,
     tls_server_name: &Option<rustls_pki_types::ServerName<'static>>,
+    route: &crate::proxy::Route,
 ) -> Agent {
     {
         let config = Agent::config_builder()
@@ -178,17 +184,21 @@ fn make_agent(
             .user_agent(user_agent())
             .accept("application/json")
             .accept_encoding("")
-            // No proxy from the environment: the config module owns the environment.
+            // ureq's own proxy reads the environment; `crate::proxy` chooses instead.
             .proxy(None)
             .timeout_connect(Some(CONNECT_TIMEOUT))
             .timeout_global(Some(REQUEST_TIMEOUT))
             .input_buffer_size(INPUT_BUFFER)
             .output_buffer_size(OUTPUT_BUFFER)
             .build();
-        let connector = ().chain(TcpConnector::default()).chain(
-            TlsConnector::new(tls.clone(), tls_server_name.clone()).describing(tls::describe),
-        );
-        Agent::with_parts(config, connector, DefaultResolver::default())
+        let connector = ()
+            .chain(TcpConnector::default())
+            .chain(TunnelConnector::new(route.clone()))
+            .chain(
+                TlsConnector::new(tls.clone(), tls_server_name.clone())
+                    .describing(tls::describe),
+            );
+        Agent::with_parts(config, connector, ProxyResolver::new(route.clone()))
     }
 }
 
