@@ -18,8 +18,8 @@ use super::credentials::{BearerToken, TOKEN_FILE_PERIOD};
 use super::error::ApiError;
 use super::kubeconfig::{Kubeconfig, KubeconfigError};
 use super::tls::{self, TlsConnector};
-use crate::proxy::{ProxyResolver, TunnelConnector};
 pub use super::watch::{Watch, MAX_BODY};
+use crate::proxy::{ProxyResolver, TunnelConnector};
 pub use crate::wire::user_agent;
 
 /// How long a connection (TCP and TLS handshake) may take.
@@ -191,13 +191,13 @@ fn make_agent(
             .input_buffer_size(INPUT_BUFFER)
             .output_buffer_size(OUTPUT_BUFFER)
             .build();
-        let connector = ()
-            .chain(TcpConnector::default())
-            .chain(TunnelConnector::new(route.clone()))
-            .chain(
-                TlsConnector::new(tls.clone(), tls_server_name.clone())
-                    .describing(tls::describe),
-            );
+        let connector =
+            ().chain(TcpConnector::default())
+                .chain(TunnelConnector::new(route.clone()))
+                .chain(
+                    TlsConnector::new(tls.clone(), tls_server_name.clone())
+                        .describing(tls::describe),
+                );
         Agent::with_parts(config, connector, ProxyResolver::new(route.clone()))
     }
 }

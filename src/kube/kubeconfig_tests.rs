@@ -233,7 +233,10 @@ fn cluster_field_errors() {
             "clusters[c].tls-server-name: \"not a name\" is not a host name",
         ),
         (
-            format!("{https}{ca}{}", indent("proxy-url", "socks5://u:pw@proxy:1080")),
+            format!(
+                "{https}{ca}{}",
+                indent("proxy-url", "socks5://u:pw@proxy:1080")
+            ),
             "clusters[c].proxy-url: proxy socks5://***@proxy:1080: scheme \"socks5\" is not \
              supported",
         ),
@@ -247,11 +250,12 @@ fn cluster_field_errors() {
 #[test]
 fn proxy_url_is_the_clusters_proxy() {
     let f = Fixture::new();
-    let kc = f
-        .load(&f.config(CLUSTER, USER))
-        .expect("no proxy-url");
+    let kc = f.load(&f.config(CLUSTER, USER)).expect("no proxy-url");
     assert_eq!(kc.proxy_route(), crate::proxy::Route::Rules);
-    let cluster = format!("{CLUSTER}{}", indent("proxy-url", "http://u:pw@proxy.site:3128"));
+    let cluster = format!(
+        "{CLUSTER}{}",
+        indent("proxy-url", "http://u:pw@proxy.site:3128")
+    );
     let kc = f.load(&f.config(&cluster, USER)).expect("proxy-url");
     let shown = kc.proxy_url.as_ref().map(ToString::to_string);
     assert_eq!(shown.as_deref(), Some("http://***@proxy.site:3128"));

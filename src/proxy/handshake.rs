@@ -10,15 +10,18 @@ pub(super) const MAX_ANSWER: usize = 8 * 1024;
 /// A tunnel the proxy did not open. Names the proxy without its credentials.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ProxyError {
+    /// 407, or 401 as some proxies (tinyproxy) answer a CONNECT they refuse to
+    /// authenticate.
     #[error(
-        "proxy {proxy} refused the CONNECT to {target}: 407 Proxy Authentication Required \
-         ({})",
+        "proxy {proxy} refused the CONNECT to {target}: {status} {reason} ({})",
         if *.sent_credentials { "the proxy URL's user and password were not accepted" }
-        else { "the proxy URL has no user and password" }
+        else { "the proxy asks for credentials and the proxy URL has none" }
     )]
     AuthRequired {
         proxy: String,
         target: String,
+        status: u16,
+        reason: String,
         sent_credentials: bool,
     },
     #[error("proxy {proxy} refused the CONNECT to {target}: {status} {reason}")]
@@ -71,27 +74,34 @@ pub(super) fn answer(
     let version = parts.next().unwrap_or_default();
     let status = parts.next().and_then(|s| s.parse::<u16>().ok());
     let (true, Some(status)) = (version.starts_with("HTTP/1."), status) else {
-        return Err(broken(proxy, target, "answered something other than HTTP/1"));
+        return Err(broken(
+            proxy,
+            target,
+            "answered something other than HTTP/1",
+        ));
     };
+    // Text from outside: printable, and short.
+    let reason: String = parts
+        .next()
+        .unwrap_or_default()
+        .chars()
+        .filter(|c| !c.is_control())
+        .take(100)
+        .collect();
     match status {
         200..=299 => Ok(Some(end + 4)),
-        407 => Err(ProxyError::AuthRequired {
+        401 | 407 => Err(ProxyError::AuthRequired {
             proxy: proxy.to_string(),
             target: target.to_string(),
+            status,
+            reason,
             sent_credentials: proxy.credentials().is_some(),
         }),
         _ => Err(ProxyError::Refused {
             proxy: proxy.to_string(),
             target: target.to_string(),
             status,
-            // Text from outside: printable, and short.
-            reason: parts
-                .next()
-                .unwrap_or_default()
-                .chars()
-                .filter(|c| !c.is_control())
-                .take(100)
-                .collect(),
+            reason,
         }),
     }
 }
@@ -123,7 +133,10 @@ mod tests {
         let text = String::from_utf8(req).expect("utf8");
         assert!(text.starts_with("CONNECT api.example:6443 HTTP/1.1\r\nHost: api.example:6443\r\n"));
         // base64("user:pa ss")
-        assert!(text.contains("\r\nProxy-Authorization: Basic dXNlcjpwYSBzcw==\r\n"), "{text}");
+        assert!(
+            text.contains("\r\nProxy-Authorization: Basic dXNlcjpwYSBzcw==\r\n"),
+            "{text}"
+        );
         assert!(text.ends_with("\r\n\r\n"));
         let text = String::from_utf8(request(&proxy("p:3128"), "[fd00::1]:443")).expect("utf8");
         assert!(text.starts_with("CONNECT [fd00::1]:443 HTTP/1.1\r\n"));
@@ -137,14 +150,26 @@ mod tests {
         assert_eq!(answer(&p, t, b"HTTP/1.1 200 Conn"), Ok(None));
         let ok = b"HTTP/1.0 200 Connection established\r\nProxy-agent: x\r\n\r\n\x16\x03";
         assert_eq!(answer(&p, t, ok), Ok(Some(ok.len() - 2)));
-        let e = answer(&p, t, b"HTTP/1.0 407 Proxy Authentication Required\r\n\r\n")
-            .expect_err("407");
+        let e =
+            answer(&p, t, b"HTTP/1.0 407 Proxy Authentication Required\r\n\r\n").expect_err("407");
         let text = e.to_string();
-        assert!(text.contains("proxy http://***@p:3128 refused the CONNECT to api:6443: 407"), "{text}");
+        assert!(
+            text.contains("proxy http://***@p:3128 refused the CONNECT to api:6443: 407"),
+            "{text}"
+        );
         assert!(text.contains("were not accepted"), "{text}");
         assert!(!text.contains("secret"));
         let e = answer(&proxy("p:3128"), t, b"HTTP/1.1 407 x\r\n\r\n").expect_err("407");
-        assert!(e.to_string().contains("has no user and password"), "{e}");
+        assert!(e.to_string().contains("the proxy URL has none"), "{e}");
+        // tinyproxy's answer to a CONNECT with the wrong credentials.
+        let e = answer(&p, t, b"HTTP/1.0 401 Unauthorized\r\n\r\n").expect_err("401");
+        assert!(
+            e.to_string().ends_with(
+                "401 Unauthorized (the proxy URL's user and password \
+                                          were not accepted)"
+            ),
+            "{e}"
+        );
         let e = answer(&p, t, b"HTTP/1.1 403 Access vi\x07olation\r\n\r\n").expect_err("403");
         assert_eq!(
             e.to_string(),

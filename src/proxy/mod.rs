@@ -114,7 +114,11 @@ impl ProxyUrl {
 /// The proxy as it may be shown: `http://***@host:port` when it has credentials.
 impl fmt::Display for ProxyUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let auth = if self.credentials.is_some() { "***@" } else { "" };
+        let auth = if self.credentials.is_some() {
+            "***@"
+        } else {
+            ""
+        };
         write!(f, "http://{auth}{}", self.authority())
     }
 }
@@ -165,7 +169,9 @@ impl Proxies {
     /// The proxy for `scheme://host:port`, or `None` to connect directly.
     pub fn for_target(&self, https: bool, host: &str, port: u16) -> Option<&ProxyUrl> {
         let proxy = if https { &self.https } else { &self.http };
-        proxy.as_ref().filter(|_| !self.no_proxy.matches(host, port))
+        proxy
+            .as_ref()
+            .filter(|_| !self.no_proxy.matches(host, port))
     }
 
     /// Whether any proxy is set.
@@ -259,7 +265,11 @@ fn redacted_text(text: &str) -> String {
         Some((_, host)) => format!("{scheme}***@{host}"),
         None => format!("{scheme}{}", &rest[..end]),
     };
-    shown.chars().filter(|c| !c.is_control()).take(200).collect()
+    shown
+        .chars()
+        .filter(|c| !c.is_control())
+        .take(200)
+        .collect()
 }
 
 fn percent_decode(s: &str) -> Option<String> {
@@ -288,23 +298,25 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        move |name| {
-            vars.iter()
-                .find(|(k, _)| k == name)
-                .map(|(_, v)| v.clone())
-        }
+        move |name| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
     }
 
     #[test]
     fn proxy_urls_as_go_reads_them() {
         let p = ProxyUrl::parse("http://proxy.site:3128").expect("parse");
-        assert_eq!((p.host(), p.port(), p.credentials()), ("proxy.site", 3128, None));
+        assert_eq!(
+            (p.host(), p.port(), p.credentials()),
+            ("proxy.site", 3128, None)
+        );
         let p = ProxyUrl::parse("proxy.site:8080").expect("no scheme");
         assert_eq!((p.host(), p.port()), ("proxy.site", 8080));
         let p = ProxyUrl::parse("http://proxy.site").expect("no port");
         assert_eq!(p.port(), 80);
         let p = ProxyUrl::parse("http://[fd00::1]:3128/").expect("v6");
-        assert_eq!((p.host(), p.authority().as_str()), ("fd00::1", "[fd00::1]:3128"));
+        assert_eq!(
+            (p.host(), p.authority().as_str()),
+            ("fd00::1", "[fd00::1]:3128")
+        );
         let p = ProxyUrl::parse("http://us%40er:p%3Ass@proxy:3128").expect("creds");
         assert_eq!(p.credentials(), Some("us@er:p:ss"));
         assert_eq!(p.to_string(), "http://***@proxy:3128");
@@ -314,8 +326,14 @@ mod tests {
     #[test]
     fn bad_proxy_urls_never_show_the_password() {
         for (text, want) in [
-            ("socks5://user:secret@proxy:1080", "scheme \"socks5\" is not supported"),
-            ("https://user:secret@proxy:443", "scheme \"https\" is not supported"),
+            (
+                "socks5://user:secret@proxy:1080",
+                "scheme \"socks5\" is not supported",
+            ),
+            (
+                "https://user:secret@proxy:443",
+                "scheme \"https\" is not supported",
+            ),
             ("http://user:secret@proxy:0", "is not 1 to 65535"),
             ("http://user:secret@proxy:99999", "is not 1 to 65535"),
             ("http://user:secret@", "no valid host"),
@@ -354,8 +372,14 @@ mod tests {
             http: Some(ProxyUrl::parse("http://h:2").expect("h")),
             no_proxy: NoProxy::parse("registry.local"),
         };
-        assert_eq!(p.for_target(true, "api", 6443).map(ProxyUrl::host), Some("s"));
-        assert_eq!(p.for_target(false, "api", 80).map(ProxyUrl::host), Some("h"));
+        assert_eq!(
+            p.for_target(true, "api", 6443).map(ProxyUrl::host),
+            Some("s")
+        );
+        assert_eq!(
+            p.for_target(false, "api", 80).map(ProxyUrl::host),
+            Some("h")
+        );
         assert_eq!(p.for_target(true, "registry.local", 5000), None);
         // Loopback is not special unless listed.
         assert!(p.for_target(true, "127.0.0.1", 6443).is_some());

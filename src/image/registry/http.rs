@@ -171,10 +171,10 @@ fn build_agent(tls: Arc<ClientConfig>) -> Agent {
         .build();
     // Every host the registry sends us to (token service, blob storage) is a connection
     // of this agent, and each gets the proxy the node's rules give its host.
-    let connector = ()
-        .chain(TcpConnector::default())
-        .chain(TunnelConnector::new(Route::Rules))
-        .chain(TlsConnector::new(tls, None));
+    let connector =
+        ().chain(TcpConnector::default())
+            .chain(TunnelConnector::new(Route::Rules))
+            .chain(TlsConnector::new(tls, None));
     Agent::with_parts(config, connector, ProxyResolver::new(Route::Rules))
 }
 
