@@ -39,6 +39,9 @@
 //!   was set (a board without an RTC boots in 1970) are corrected or held back.
 //! - [`quantity`]: Kubernetes quantities (`64Mi`, `500m`), read and written back in
 //!   canonical form.
+//! - [`proxy`]: which HTTP proxy a connection out goes through (`HTTPS_PROXY`,
+//!   `NO_PROXY`, `holdfast.proxy`) and the CONNECT tunnel through it, for the apiserver,
+//!   registry and konnectivity connections alike.
 //! - [`tls`]: the one TLS client stack (rustls under ureq), shared by the apiserver and
 //!   registry clients, and the one DER reader for X.509 (`tls::der`).
 //! - [`resources`]: pods' requests and limits, QoS classes, the pod cgroup hierarchy
@@ -79,6 +82,7 @@ pub mod metrics;
 pub mod network;
 pub mod node;
 pub mod pod;
+pub mod proxy;
 pub mod quantity;
 pub mod redirect;
 pub mod resources;

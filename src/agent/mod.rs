@@ -30,6 +30,8 @@ const OBJECT_CHANGES: usize = 16;
 pub async fn run(mut config: Config, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
     // Before anything can fork: no shim, container or plugin may inherit NOTIFY_SOCKET.
     let notify = crate::systemd::Notify::from_env();
+    // Before any connection out: every client made from here on uses these rules.
+    crate::proxy::install(config.proxy.clone());
     let root = root::open(&mut config).await?;
     let sources = sources::open(&config, &root.store)?;
     // A changed ConfigMap or Secret resyncs the pods that reference it; the Services

@@ -114,16 +114,17 @@ fn pull_here(
     config_file: Option<PathBuf>,
     view: Arc<Mutex<View>>,
 ) -> Result<Response, Error> {
-    let file = match &config_file {
+    let (file, proxy) = match &config_file {
         Some(path) => {
             let (file, warnings) = crate::config::read_config_file(path)?;
             for w in warnings {
                 log::warn!("{w}");
             }
-            file.images
+            (file.images, file.proxy)
         }
-        None => crate::config::FileImages::default(),
+        None => (crate::config::FileImages::default(), None),
     };
+    crate::proxy::install(crate::config::proxy_rules(proxy.as_ref())?);
     let config = crate::config::ImageConfig::for_root(&file, root);
     let mut keyring = match &creds {
         Some(path) => Keyring::load(path).map_err(|e| Error::Cli(format!("--creds: {e}")))?,

@@ -263,6 +263,8 @@ pub(super) fn fill_from_profile(file: FileConfig, profile: FileConfig) -> FileCo
         // Nor which proxy servers a site's node dials.
         tunnel: _,
         shutdown,
+        // Nor the site's HTTP proxy.
+        proxy: _,
     } = profile;
     system_reserved.extend(file.system_reserved);
     kube_reserved.extend(file.kube_reserved);
@@ -309,6 +311,7 @@ pub(super) fn fill_from_profile(file: FileConfig, profile: FileConfig) -> FileCo
         pods: file.pods.or(pods),
         tunnel: file.tunnel,
         shutdown: file.shutdown.or(shutdown),
+        proxy: file.proxy,
     }
 }
 

@@ -77,6 +77,8 @@ pub struct FileConfig {
     pub tunnel: super::tunnel::TunnelKeys,
     /// The graceful node shutdown: `shutdownGracePeriod*`, `holdfast.logindConfigDir`.
     pub shutdown: super::shutdown::ShutdownKeys,
+    /// `holdfast.proxy.*`: the node's proxy rules, when the file has the section.
+    pub proxy: Option<crate::proxy::Proxies>,
 }
 
 /// Reads and parses the config file at `path`; returns what it sets and a warning for
@@ -271,6 +273,7 @@ impl Reader<'_> {
                 "holdfast.tunnel" => {
                     self.tunnel_section(&key, value, base, &mut out.tunnel, warnings)?;
                 }
+                "holdfast.proxy" => out.proxy = Some(self.proxy_section(&key, value, warnings)?),
                 _ => {
                     if !self.image_holdfast_key(&key, value, base, &mut out.images)?
                         && !self.pod_holdfast_key(&key, value, base, &mut out.pods)?

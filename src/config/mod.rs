@@ -1,4 +1,5 @@
-//! config: flags and the config file. Nothing else reads the environment.
+//! config: flags, the config file and the proxy environment (`HTTPS_PROXY`, ...).
+//! Nothing else reads the environment.
 //!
 //! Precedence, as with the kubelet: a flag beats the config file, which beats the
 //! defaults documented on [`Config`]'s fields.
@@ -15,6 +16,7 @@ mod names;
 mod node;
 mod pod_url;
 mod pods;
+mod proxy;
 mod reader;
 mod server;
 mod shutdown;
@@ -45,6 +47,7 @@ pub use maps::{check_eviction, check_label, check_reserved};
 pub use names::{check_dns1123_label, check_dns1123_subdomain};
 pub use pod_url::{PodUrlKeys, StaticPodUrl, DEFAULT_HTTP_CHECK_FREQUENCY};
 pub use pods::{PodKeys, PodSettings};
+pub use proxy::settings as proxy_rules;
 pub use server::{AuthorizationMode, OfflinePolicy, ServerConfig, DEFAULT_HEALTHZ_PORT};
 pub use shutdown::{PriorityPeriod, ShutdownConfig, SYSTEM_CRITICAL_PRIORITY};
 pub use taints::{check_taint, parse_taint};
@@ -142,6 +145,10 @@ pub struct Config {
     pub tunnel: Option<TunnelConfig>,
     /// The graceful node shutdown; off unless a grace period is set.
     pub shutdown: ShutdownConfig,
+    /// `holdfast.proxy`, else `HTTPS_PROXY`, `HTTP_PROXY` and `NO_PROXY`: the HTTP
+    /// proxy of every connection out (apiserver, registries, konnectivity servers);
+    /// none by default.
+    pub proxy: crate::proxy::Proxies,
 }
 
 /// Restart back-off: `initial` doubling to `max`, forgotten after `reset` of clean running.
@@ -204,6 +211,7 @@ impl Config {
             server: ServerConfig::default(),
             tunnel: None,
             shutdown: ShutdownConfig::default(),
+            proxy: crate::proxy::Proxies::default(),
         }
     }
 }
@@ -289,6 +297,7 @@ fn merge(
     config.shutdown = file
         .shutdown
         .settings(flags.config.as_deref().unwrap_or(Path::new("")))?;
+    config.proxy = proxy::settings(file.proxy.as_ref())?;
     Ok(config)
 }
 
@@ -467,6 +476,9 @@ pub enum ConfigError {
     },
     #[error("{0}")]
     Usage(String),
+    /// An environment variable holdfast reads holds what it cannot use.
+    #[error("{reason}")]
+    Environment { reason: String },
     /// The root dir cannot be made, or resolved to the path the kernel names it by.
     #[error("root dir {}", path.display())]
     RootDir {

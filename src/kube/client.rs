@@ -11,7 +11,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::DeleteOptions;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use ureq::http::{Request, Response};
-use ureq::unversioned::resolver::DefaultResolver;
 use ureq::unversioned::transport::{Connector, TcpConnector};
 use ureq::{Agent, Body};
 
@@ -21,6 +20,7 @@ use super::error::ApiError;
 use super::kubeconfig::{Kubeconfig, KubeconfigError};
 use super::tls::{self, TlsConnector};
 pub use super::watch::{Watch, MAX_BODY};
+use crate::proxy::{ProxyResolver, TunnelConnector};
 pub use crate::wire::user_agent;
 
 /// How long a connection (TCP and TLS handshake) may take.
@@ -64,6 +64,9 @@ struct Inner {
     tls_server_name: Option<rustls_pki_types::ServerName<'static>>,
     /// The kubeconfig's server and the others the config names: which one is in use.
     endpoints: Endpoints,
+    /// How connections choose their proxy: the kubeconfig's `proxy-url`, or the node's
+    /// rules.
+    route: crate::proxy::Route,
     token: Option<BearerToken>,
     requests: AtomicU64,
 }
@@ -89,7 +92,8 @@ impl Client {
     /// reached with its credentials and verified against its CA.
     pub fn with_endpoints(kc: &Kubeconfig, more: &[String]) -> Result<Client, KubeconfigError> {
         let (tls, cert) = tls::client_config_with(kc)?;
-        let agent = make_agent(&tls, &kc.tls_server_name);
+        let route = kc.proxy_route();
+        let agent = make_agent(&tls, &kc.tls_server_name, &route);
         Ok(Client {
             inner: Arc::new(Inner {
                 agent: RwLock::new(agent),
@@ -97,6 +101,7 @@ impl Client {
                 cert,
                 tls_server_name: kc.tls_server_name.clone(),
                 endpoints: Endpoints::new(&kc.server, more),
+                route,
                 token: kc
                     .token
                     .as_ref()
@@ -118,7 +123,7 @@ impl Client {
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone();
-        let fresh = make_agent(&tls, &self.inner.tls_server_name);
+        let fresh = make_agent(&tls, &self.inner.tls_server_name, &self.inner.route);
         let old = {
             let mut agent = self
                 .inner
@@ -178,10 +183,11 @@ const INPUT_BUFFER: usize = 32 * 1024;
 /// every page touched per connection): headers with a bearer token fit many times.
 const OUTPUT_BUFFER: usize = 16 * 1024;
 
-/// The ureq agent for the apiserver: its TLS, no redirects, no proxy, the timeouts.
+/// The ureq agent for the apiserver: its TLS, no redirects, its proxy, the timeouts.
 fn make_agent(
     tls: &Arc<rustls::ClientConfig>,
     tls_server_name: &Option<rustls_pki_types::ServerName<'static>>,
+    route: &crate::proxy::Route,
 ) -> Agent {
     {
         let config = Agent::config_builder()
@@ -192,17 +198,21 @@ fn make_agent(
             .user_agent(user_agent())
             .accept("application/json")
             .accept_encoding("")
-            // No proxy from the environment: the config module owns the environment.
+            // ureq's own proxy reads the environment; `crate::proxy` chooses instead.
             .proxy(None)
             .timeout_connect(Some(CONNECT_TIMEOUT))
             .timeout_global(Some(REQUEST_TIMEOUT))
             .input_buffer_size(INPUT_BUFFER)
             .output_buffer_size(OUTPUT_BUFFER)
             .build();
-        let connector = ().chain(TcpConnector::default()).chain(
-            TlsConnector::new(tls.clone(), tls_server_name.clone()).describing(tls::describe),
-        );
-        Agent::with_parts(config, connector, DefaultResolver::default())
+        let connector =
+            ().chain(TcpConnector::default())
+                .chain(TunnelConnector::new(route.clone()))
+                .chain(
+                    TlsConnector::new(tls.clone(), tls_server_name.clone())
+                        .describing(tls::describe),
+                );
+        Agent::with_parts(config, connector, ProxyResolver::new(route.clone()))
     }
 }
 

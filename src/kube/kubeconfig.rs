@@ -14,6 +14,7 @@ use serde::Deserialize;
 use super::credentials::{self, ClientIdentity, Token};
 pub use super::site::KubeconfigError;
 use super::site::{RawUser, Site};
+use crate::proxy::{ProxyUrl, Route};
 use crate::yaml::{prescan, read_bounded, MAX_BYTES};
 
 /// The current context of a kubeconfig, with everything it names loaded and checked.
@@ -34,6 +35,9 @@ pub struct Kubeconfig {
     pub identity: Option<ClientIdentity>,
     /// The bearer token, if the user has one.
     pub token: Option<Token>,
+    /// The cluster's `proxy-url`: every connection to this server goes through it, the
+    /// node's proxy rules and `NO_PROXY` aside, as with client-go.
+    pub proxy_url: Option<ProxyUrl>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -154,6 +158,7 @@ impl Kubeconfig {
         let site = |prefix: String| Site { path, dir, prefix };
         let cluster_site = site(format!("clusters[{}]", cluster.name));
         let (server, tls_server_name, ca) = load_cluster(&cluster_site, &cluster.cluster)?;
+        let proxy_url = proxy_url(&cluster_site, &cluster.cluster)?;
         let user_site = site(format!("users[{}]", user.name));
         let no_user = RawUser::default();
         let raw_user = user.user.as_ref().unwrap_or(&no_user);
@@ -175,7 +180,26 @@ impl Kubeconfig {
             ca,
             identity,
             token,
+            proxy_url,
         })
+    }
+
+    /// How connections to the server choose their proxy.
+    pub fn proxy_route(&self) -> Route {
+        match &self.proxy_url {
+            Some(p) => Route::Fixed(std::sync::Arc::new(p.clone())),
+            None => Route::Rules,
+        }
+    }
+}
+
+/// The cluster's `proxy-url`, checked.
+fn proxy_url(site: &Site<'_>, raw: &RawCluster) -> Result<Option<ProxyUrl>, KubeconfigError> {
+    match raw.proxy_url.as_deref().filter(|p| !p.is_empty()) {
+        None => Ok(None),
+        Some(p) => ProxyUrl::parse(p)
+            .map(Some)
+            .map_err(|e| site.error("proxy-url", e)),
     }
 }
 
@@ -217,12 +241,6 @@ fn load_cluster(site: &Site<'_>, raw: &RawCluster) -> Result<Cluster, Kubeconfig
             "insecure-skip-tls-verify",
             "refused: the agent verifies the apiserver against the cluster CA; set \
              certificate-authority or certificate-authority-data instead",
-        ));
-    }
-    if let Some(proxy) = raw.proxy_url.as_deref().filter(|p| !p.is_empty()) {
-        return Err(site.error(
-            "proxy-url",
-            format!("{proxy:?}: proxies are not supported; the agent connects directly"),
         ));
     }
     let tls_server_name = match raw.tls_server_name.as_deref().filter(|n| !n.is_empty()) {

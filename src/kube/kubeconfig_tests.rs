@@ -233,14 +233,36 @@ fn cluster_field_errors() {
             "clusters[c].tls-server-name: \"not a name\" is not a host name",
         ),
         (
-            format!("{https}{ca}{}", indent("proxy-url", "http://proxy:3128")),
-            "clusters[c].proxy-url: \"http://proxy:3128\": proxies are not supported",
+            format!(
+                "{https}{ca}{}",
+                indent("proxy-url", "socks5://u:pw@proxy:1080")
+            ),
+            "clusters[c].proxy-url: proxy socks5://***@proxy:1080: scheme \"socks5\" is not \
+             supported",
         ),
     ];
     for (cluster, expected) in cases {
         let message = f.error(&f.config(&cluster, USER));
         assert!(message.contains(expected), "{message:?} has {expected:?}");
     }
+}
+
+#[test]
+fn proxy_url_is_the_clusters_proxy() {
+    let f = Fixture::new();
+    let kc = f.load(&f.config(CLUSTER, USER)).expect("no proxy-url");
+    assert_eq!(kc.proxy_route(), crate::proxy::Route::Rules);
+    let cluster = format!(
+        "{CLUSTER}{}",
+        indent("proxy-url", "http://u:pw@proxy.site:3128")
+    );
+    let kc = f.load(&f.config(&cluster, USER)).expect("proxy-url");
+    let shown = kc.proxy_url.as_ref().map(ToString::to_string);
+    assert_eq!(shown.as_deref(), Some("http://***@proxy.site:3128"));
+    // NO_PROXY aside: the cluster's proxy is used for it whatever the host.
+    let route = kc.proxy_route();
+    let proxy = route.proxy_for(true, "10.0.0.1", 6443).expect("fixed");
+    assert_eq!(proxy.authority(), "proxy.site:3128");
 }
 
 #[test]

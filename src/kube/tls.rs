@@ -171,6 +171,8 @@ pub(super) fn describe_transport(server: &str, e: ureq::Error) -> String {
         }
         ureq::Error::Timeout(t) => format!("{server}: timed out ({t})"),
         ureq::Error::Rustls(tls) => describe(&tls, server),
+        // The proxy's own words (`crate::proxy`), naming it without its credentials.
+        ureq::Error::ConnectProxyFailed(m) => format!("{server}: {m}"),
         e => format!("{server}: {e}"),
     }
 }

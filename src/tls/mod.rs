@@ -61,6 +61,8 @@ pub fn describe_ureq(e: ureq::Error, host: &str) -> String {
         },
         ureq::Error::Timeout(t) => format!("timed out ({t})"),
         ureq::Error::Rustls(tls) => describe(&tls, host),
+        // The proxy's own words (`crate::proxy`), naming it without its credentials.
+        ureq::Error::ConnectProxyFailed(m) => m,
         e => e.to_string(),
     }
 }

@@ -1,4 +1,5 @@
-//! tunnel::dial: a new stream to a proxy server: TCP, TLS (the proxy server's CA as the
+//! tunnel::dial: a new stream to a proxy server: TCP (through the node's HTTP proxy when
+//! its rules say so, [`crate::proxy`]), TLS (the proxy server's CA as the
 //! only root, ALPN h2, the node's client certificate read from its files now, so a
 //! rotated certificate is used without a restart), then the gRPC request (with the
 //! ServiceAccount token, where that is the credential).
@@ -51,12 +52,23 @@ pub(super) async fn connect(agent: &Arc<Agent>, addr: &str) -> Result<Session, T
         addr: addr.to_string(),
         after: STEP_TIMEOUT,
     };
-    let tcp = tokio::time::timeout(STEP_TIMEOUT, TcpStream::connect(addr))
+    let port = addr
+        .rsplit_once(':')
+        .and_then(|(_, p)| p.parse::<u16>().ok())
+        .unwrap_or(443);
+    let route = crate::proxy::Route::Rules;
+    let tcp = tokio::time::timeout(STEP_TIMEOUT, crate::proxy::dial(&route, host, port))
         .await
         .map_err(|_| timeout(addr))?
-        .map_err(|source| TunnelError::Io {
-            addr: addr.to_string(),
-            source,
+        .map_err(|e| match e {
+            crate::proxy::DialError::Io { source, .. } => TunnelError::Io {
+                addr: addr.to_string(),
+                source,
+            },
+            proxy => TunnelError::HttpProxy {
+                addr: addr.to_string(),
+                reason: proxy.to_string(),
+            },
         })?;
     let _ = tcp.set_nodelay(true);
     let connector = tokio_rustls::TlsConnector::from(tls);

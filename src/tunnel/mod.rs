@@ -66,6 +66,9 @@ pub enum TunnelError {
     Dead { addr: String, after: Duration },
     #[error("tunnel credentials: {0}")]
     Credentials(String),
+    /// The node's HTTP proxy gave no tunnel to the server.
+    #[error("proxy server {addr}: {reason}")]
+    HttpProxy { addr: String, reason: String },
 }
 
 /// What every stream of the agent shares.

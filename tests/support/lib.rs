@@ -1,6 +1,7 @@
 //! What holdfast's integration tests, benches and examples share: a real agent process,
 //! the kube-apiserver double and a real control plane, images, certificates, a registry
-//! HTTPS stubs beside it, a plain HTTP server, a TCP proxy, loop filesystems and the fuzz harness.
+//! and HTTPS stubs beside it, a plain HTTP server, a TCP proxy, a site's HTTP proxy
+//! (tinyproxy) with the direct route blocked, loop filesystems and the fuzz harness.
 //!
 //! A crate of its own (a dev-dependency of holdfast, named `support` there), so that it
 //! is compiled once rather than again inside every test binary. It does not depend on
@@ -17,6 +18,7 @@ pub mod apiserver;
 pub mod cni;
 pub mod control_plane;
 pub mod fuzz;
+pub mod http_proxy;
 pub mod http_server;
 pub mod https_stub;
 pub mod konnectivity;

@@ -9,13 +9,13 @@ use std::time::Duration;
 
 use rustls::ClientConfig;
 use ureq::http::{Request, Response};
-use ureq::unversioned::resolver::DefaultResolver;
 use ureq::unversioned::transport::{Connector, TcpConnector};
 use ureq::{Agent, Body};
 
 use super::hosts::Endpoint;
 use super::redirect::{host_of, origin, redirect_target};
 use super::RegistryError;
+use crate::proxy::{ProxyResolver, Route, TunnelConnector};
 use crate::tls::{TlsConnector, TlsFailure};
 
 /// How long a connection (TCP and TLS handshake) may take.
@@ -158,15 +158,20 @@ fn build_agent(tls: Arc<ClientConfig>) -> Agent {
         .max_redirects_will_error(false)
         .user_agent(crate::wire::user_agent())
         .accept_encoding("")
-        // No proxy from the environment: the config module owns the environment.
+        // ureq's own proxy reads the environment; `crate::proxy` chooses instead.
         .proxy(None)
         .timeout_connect(Some(CONNECT_TIMEOUT))
         .timeout_recv_response(Some(RESPONSE_TIMEOUT))
         .input_buffer_size(INPUT_BUFFER)
         .output_buffer_size(OUTPUT_BUFFER)
         .build();
-    let connector = ().chain(TcpConnector::default()).chain(TlsConnector::new(tls, None));
-    Agent::with_parts(config, connector, DefaultResolver::default())
+    // Every host the registry sends us to (token service, blob storage) is a connection
+    // of this agent, and each gets the proxy the node's rules give its host.
+    let connector =
+        ().chain(TcpConnector::default())
+            .chain(TunnelConnector::new(Route::Rules))
+            .chain(TlsConnector::new(tls, None));
+    Agent::with_parts(config, connector, ProxyResolver::new(Route::Rules))
 }
 
 fn tls_config(ep: &Endpoint) -> Result<Arc<ClientConfig>, String> {
@@ -233,6 +238,7 @@ fn no_connection(e: &ureq::Error) -> bool {
     match e {
         ureq::Error::HostNotFound
         | ureq::Error::ConnectionFailed
+        | ureq::Error::ConnectProxyFailed(_)
         | ureq::Error::Rustls(_)
         | ureq::Error::Tls(_)
         | ureq::Error::Timeout(Timeout::Resolve | Timeout::Connect) => true,
