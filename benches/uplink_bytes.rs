@@ -197,9 +197,10 @@ fn measure(cp: &ControlPlane, s: &Setting, settle: Duration, window: Duration) -
     let log = || format!("--- agent log ---\n{}", a.agent_log());
     cp.wait_for("node Ready", WAIT, log, |cp| {
         cp.get(&format!("node/{node}"), None).filter(|n| {
-            n["status"]["conditions"]
-                .as_array()
-                .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
+            n["status"]["conditions"].as_array().is_some_and(|cs| {
+                cs.iter()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True")
+            })
         })
     });
     let names: Vec<String> = (0..PODS).map(|i| format!("{}-{i}", s.name)).collect();
@@ -273,9 +274,7 @@ fn main() {
     }
 
     println!();
-    println!(
-        "uplink bytes, {PODS} idle pods, extrapolated to a day (IP: iptables counters on lo)"
-    );
+    println!("uplink bytes, {PODS} idle pods, extrapolated to a day (IP: iptables counters on lo)");
     println!(
         "{:<10} {:>8} {:>9} {:>9} {:>7} {:>7} {:>5} {:>12} {:>12}",
         "setting", "window", "tcp up", "tcp down", "pkt up", "pkt dn", "conns", "tcp/day", "IP/day"
