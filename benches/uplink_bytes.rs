@@ -219,6 +219,15 @@ fn measure(cp: &ControlPlane, s: &Setting, settle: Duration, window: Duration) -
     std::thread::sleep(window);
     let (tcp1, ip1) = (relay.traffic(), counter.read());
     let window = start.elapsed();
+    // What the node controller sees: the Lease's renewTime still moves.
+    let renewed = |cp: &ControlPlane| {
+        cp.get(&format!("lease/{node}"), Some("kube-node-lease"))
+            .map(|l| l["spec"]["renewTime"].to_string())
+    };
+    let before = renewed(cp);
+    cp.wait_for("the Lease renewed again", WAIT, log, |cp| {
+        renewed(cp).filter(|r| Some(r) != before.as_ref())
+    });
     for n in &names {
         let _ = cp.kubectl(&[
             "delete",
