@@ -162,7 +162,7 @@ fn main() {
     let per_min = |n: usize| n as f64 / minutes;
     for (what, n, target) in [
         ("all", idle.total, format!("<= {IDLE_TARGET_PER_MIN}")),
-        ("lease PUT", idle.lease_put, String::new()),
+        ("lease PATCH", idle.lease_put, String::new()),
         ("node status PATCH", idle.node_patch, String::new()),
         ("pod WATCH (re-open)", idle.pod_watch, String::new()),
         ("LIST", idle.list, "0".to_string()),
@@ -294,7 +294,7 @@ impl Requests {
                 .query
                 .split('&')
                 .any(|p| p == "watch=true" || p == "watch=1");
-            if l.method == "PUT"
+            if l.method == "PATCH"
                 && l.path
                     == format!(
                         "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{NODE}"

@@ -94,7 +94,7 @@ fn main() {
         "(a)   pod status PATCHes",
         a.requests.pod_status.to_string(),
     );
-    row("(a)   lease GET/PUT", a.requests.lease.to_string());
+    row("(a)   lease GET/PATCH", a.requests.lease.to_string());
     row(
         "(a)   node status PATCHes",
         a.requests.node_status.to_string(),
@@ -501,7 +501,7 @@ fn convergence(outage: Duration) -> Convergence {
     let after: Vec<&Logged> = log[from..].iter().filter(|l| l.at <= t_converged).collect();
     let t_lease = after
         .iter()
-        .find(|l| l.path.contains("/leases") && l.method == "PUT" && l.code == 200)
+        .find(|l| l.path.contains("/leases") && l.method == "PATCH" && l.code == 200)
         .map(|l| l.at)
         .unwrap_or(t_converged);
     let with_resync: Vec<&Logged> = log[from..].iter().collect();

@@ -10,6 +10,7 @@
 
 pub mod device;
 pub mod events;
+pub mod lease;
 pub mod mirror;
 pub mod node;
 pub mod node_status;

@@ -87,12 +87,13 @@ impl NodeApi for Client {
     }
     fn update_lease(&self, lease: &Lease) -> Result<Lease, ApiError> {
         let name = lease.metadata.name.as_deref().unwrap_or_default();
-        self.put(
+        self.patch(
             &format!(
                 "/apis/coordination.k8s.io/v1/namespaces/{LEASE_NS}/leases/{}",
                 crate::kube::escape(name)
             ),
-            lease,
+            Patch::Merge,
+            &super::lease::renewal_patch(lease),
         )
     }
 }

@@ -55,6 +55,9 @@ struct Shared {
     /// Armed by `cut_after`: the byte count after which a connection is cut, once.
     cut: Mutex<Option<u64>>,
     cuts: AtomicUsize,
+    /// Bytes and reads carried, `[up, down]` (client → upstream, upstream → client).
+    bytes: [AtomicU64; 2],
+    reads: [AtomicU64; 2],
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -68,6 +71,30 @@ impl Shared {
 
     fn stopping(&self) -> bool {
         self.stop.load(Ordering::SeqCst)
+    }
+}
+
+/// Bytes (TCP payload) the proxy carried each way, the reads that carried them (about
+/// one TCP segment each for small messages) and the connections accepted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Traffic {
+    pub up: u64,
+    pub down: u64,
+    pub reads_up: u64,
+    pub reads_down: u64,
+    pub connections: u64,
+}
+
+impl Traffic {
+    /// What was carried since `before`.
+    pub fn since(&self, before: &Traffic) -> Traffic {
+        Traffic {
+            up: self.up - before.up,
+            down: self.down - before.down,
+            reads_up: self.reads_up - before.reads_up,
+            reads_down: self.reads_down - before.reads_down,
+            connections: self.connections - before.connections,
+        }
     }
 }
 
@@ -102,6 +129,8 @@ impl Proxy {
             open: Mutex::new(HashSet::new()),
             cut: Mutex::new(None),
             cuts: AtomicUsize::new(0),
+            bytes: [AtomicU64::new(0), AtomicU64::new(0)],
+            reads: [AtomicU64::new(0), AtomicU64::new(0)],
         });
         let s = shared.clone();
         let accept = std::thread::Builder::new()
@@ -179,6 +208,18 @@ impl Proxy {
     /// Connections accepted so far, whatever became of them.
     pub fn connections(&self) -> usize {
         self.shared.accepted.load(Ordering::SeqCst)
+    }
+
+    /// What the proxy has carried so far.
+    pub fn traffic(&self) -> Traffic {
+        let get = |a: &[AtomicU64; 2], i: usize| a[i].load(Ordering::SeqCst);
+        Traffic {
+            up: get(&self.shared.bytes, 0),
+            down: get(&self.shared.bytes, 1),
+            reads_up: get(&self.shared.reads, 0),
+            reads_down: get(&self.shared.reads, 1),
+            connections: self.connections() as u64,
+        }
     }
 
     /// Connections accepted and not yet closed.
@@ -307,6 +348,9 @@ fn pump(shared: &Shared, from: &TcpStream, to: &TcpStream, dead: &AtomicBool, do
                     }
                 }
                 carried += n as u64;
+                let dir = usize::from(downstream);
+                shared.bytes[dir].fetch_add(n as u64, Ordering::SeqCst);
+                shared.reads[dir].fetch_add(1, Ordering::SeqCst);
                 if writer.write_all(&buf[..n]).is_err() || cut {
                     let _ = writer.flush();
                     dead.store(true, Ordering::SeqCst);
