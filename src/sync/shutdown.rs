@@ -12,14 +12,10 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::worker::WorkerMsg;
+use super::worker::{ShutdownStop, WorkerMsg};
 use super::SyncLoop;
 use crate::config::PriorityPeriod;
 
-/// The pod status reason of a pod stopped for the node's shutdown.
-pub const REASON: &str = "Terminated";
-/// Its message, also the DisruptionTarget condition's.
-pub const MESSAGE: &str = "Pod was terminated in response to imminent node shutdown.";
 /// Admission's reason and message while the node shuts down.
 pub const NOT_ADMITTED_REASON: &str = "NodeShutdown";
 pub const NOT_ADMITTED_MESSAGE: &str = "Pod was rejected as the node is shutting down.";
@@ -32,13 +28,6 @@ const DEFAULT_GRACE: i64 = 30;
 pub struct NodeShutdown {
     pub periods: Vec<PriorityPeriod>,
     pub done: oneshot::Sender<Vec<String>>,
-}
-
-/// A worker's part: stop the pod within `grace` seconds, then say so on `done`.
-#[derive(Debug)]
-pub struct ShutdownStop {
-    pub grace: i64,
-    pub done: oneshot::Sender<()>,
 }
 
 /// One pod as the grouping sees it.

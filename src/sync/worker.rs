@@ -36,6 +36,7 @@ mod stopping;
 mod termination;
 
 pub use countdown::StopDeadline;
+pub use power_off::ShutdownStop;
 pub use sandbox::Ended;
 
 use super::restart_timer::RestartTimers;
@@ -54,7 +55,7 @@ pub enum WorkerMsg {
     /// The eviction manager chose this pod: kill it now and end it as it says.
     Evict(Eviction),
     /// The node shuts down: stop the pod within the grace period and end it.
-    ShutDown(super::shutdown::ShutdownStop),
+    ShutDown(ShutdownStop),
 }
 
 /// A pod the eviction manager chose, and what its status is to say.

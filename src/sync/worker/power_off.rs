@@ -4,8 +4,21 @@
 //! condition, its sandbox torn down, its status kept in the store and reported, so that
 //! it is still the truth after the reboot.
 
-use super::super::shutdown::{MESSAGE, REASON};
+use tokio::sync::oneshot;
+
 use super::{Ended, Worker};
+
+/// The pod status reason of a pod stopped for the node's shutdown.
+pub const REASON: &str = "Terminated";
+/// Its message, also the DisruptionTarget condition's.
+pub const MESSAGE: &str = "Pod was terminated in response to imminent node shutdown.";
+
+/// A worker's part: stop the pod within `grace` seconds, then say so on `done`.
+#[derive(Debug)]
+pub struct ShutdownStop {
+    pub grace: i64,
+    pub done: oneshot::Sender<()>,
+}
 
 impl Worker {
     pub(super) async fn shut_down(&mut self, grace: i64) {
