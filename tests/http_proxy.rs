@@ -5,17 +5,20 @@
 //! agent says why, naming the proxy without the password, and keeps trying; with the
 //! right ones in the config file's `holdfast.proxy` (which wins over the environment)
 //! it registers, is Ready, and runs a pod whose image it pulls through the proxy, whose
-//! log shows the CONNECTs; a registry listed in `noProxy` is pulled from directly.
+//! log shows the CONNECTs; a registry listed in `noProxy` is pulled from directly; and
+//! its `staticPodURL`, plain http on 127.0.0.1 behind the same block, is fetched through
+//! the `http` proxy (the kubelet's Go client reads `HTTP_PROXY` for it).
 
 use std::io::ErrorKind;
 use std::net::TcpStream;
 use std::time::Duration;
 
 use serde_json::json;
-use support::agent::{need_root, Agent};
+use support::agent::{container, need_root, sh_pod, Agent};
 use support::control_plane::cluster::{tail, wait_node, wait_running, NO_PRESSURE};
 use support::control_plane::{ControlPlane, Options};
 use support::http_proxy::{self, DirectBlocked, Tinyproxy};
+use support::http_server::HttpServer;
 use support::pki::Pki;
 use support::registry::{self, push_busybox, Auth, Registry};
 
@@ -59,12 +62,14 @@ fn registry_keys(hosts: &[&Registry], proxy: &str) -> String {
     s
 }
 
-fn join(cp: &ControlPlane, a: &mut Agent, holdfast_keys: &str) {
+fn join(cp: &ControlPlane, a: &mut Agent, holdfast_keys: &str, top_level: &str) {
     a.extra_args.clear();
     cp.join(
         a,
         holdfast_keys,
-        &format!("nodeStatusUpdateFrequency: 1s\nnodeStatusReportFrequency: 3s\n{NO_PRESSURE}"),
+        &format!(
+            "nodeStatusUpdateFrequency: 1s\nnodeStatusReportFrequency: 3s\n{NO_PRESSURE}{top_level}"
+        ),
     );
 }
 
@@ -110,12 +115,23 @@ fn a_node_behind_a_proxy_registers_and_pulls_through_it() {
     push_busybox(&reg, &a.dir, "edge/app", "1", None);
     let near = Registry::start(&a.dir.join("registry-near"), &pki, Auth::None);
     push_busybox(&near, &a.dir, "edge/near", "1", None);
-    let (api_port, reg_port) = (port_of(&cp.url), reg.addr.port());
+    let manifests = HttpServer::start();
+    manifests.answer(
+        200,
+        sh_pod(
+            "from-url",
+            "  terminationGracePeriodSeconds: 0\n",
+            "main",
+            "exec sleep 1000",
+            "",
+        ),
+    );
+    let (api_port, reg_port, url_port) = (port_of(&cp.url), reg.addr.port(), manifests.addr.port());
 
     let site = Tinyproxy::start(
         &a.dir.join("site-proxy"),
         Some((USER, PASSWORD)),
-        &[api_port, reg_port],
+        &[api_port, reg_port, url_port],
     );
     let admin = Tinyproxy::start(&a.dir.join("admin-proxy"), None, &[api_port]);
     assert_eq!(site.uid(), Some(65534), "tinyproxy runs as nobody");
@@ -128,17 +144,18 @@ fn a_node_behind_a_proxy_registers_and_pulls_through_it() {
 
     // The direct route is there, then gone for everyone but the proxies.
     assert!(
-        !refused(api_port) && !refused(reg_port),
+        !refused(api_port) && !refused(reg_port) && !refused(url_port),
         "direct route before the block"
     );
-    let _blocked = DirectBlocked::new(&[api_port, reg_port]);
+    let _blocked = DirectBlocked::new(&[api_port, reg_port, url_port]);
     assert!(refused(api_port), "the apiserver is reached directly");
     assert!(refused(reg_port), "the registry is reached directly");
+    assert!(refused(url_port), "the manifest URL is reached directly");
     cp.kubectl_ok(&["get", "serviceaccount", "default"]);
 
     // Wrong credentials, from the environment: a clear error, retried; no node.
     a.extra_env = vec![("HTTPS_PROXY".into(), site.url(Some((USER, WRONG))))];
-    join(&cp, &mut a, &registry_keys(&[&reg], ""));
+    join(&cp, &mut a, &registry_keys(&[&reg], ""), "");
     a.start();
     let want = format!(
         "proxy http://***@127.0.0.1:{} refused the CONNECT to 127.0.0.1:{api_port}: \
@@ -168,19 +185,39 @@ fn a_node_behind_a_proxy_registers_and_pulls_through_it() {
 
     // The right credentials in the config file, which wins over the environment (still
     // wrong); the near registry reached directly by noProxy.
+    // The manifest URL is plain http: it takes the `http` proxy.
+    let site_url = site.url(Some((USER, PASSWORD)));
     let file_proxy = format!(
-        "  proxy:\n    https: {}\n    noProxy: [\"127.0.0.1:{}\"]\n",
-        site.url(Some((USER, PASSWORD))),
+        "  proxy:\n    https: {site_url}\n    http: {site_url}\n    noProxy: [\"127.0.0.1:{}\"]\n",
         near.addr.port()
     );
-    join(&cp, &mut a, &registry_keys(&[&reg, &near], &file_proxy));
+    let url = format!(
+        "staticPodURL: {}\nhttpCheckFrequency: 1s\n",
+        manifests.url("/pods.yaml")
+    );
+    join(
+        &cp,
+        &mut a,
+        &registry_keys(&[&reg, &near], &file_proxy),
+        &url,
+    );
     a.start();
     wait_node(&cp, &a, NODE, false);
     wait_running(&cp, &a, "default", "far");
     wait_running(&cp, &a, "default", "near");
+    a.wait_pod(
+        "from-url",
+        "running from the URL",
+        Duration::from_secs(60),
+        |p| container(p, "main")["state"]["running"].is_object(),
+    );
+    assert!(
+        !manifests.heads().is_empty(),
+        "the manifest URL was not asked"
+    );
 
     let connects = site.connects();
-    for target in [api_port, reg_port].map(|p| format!("127.0.0.1:{p}")) {
+    for target in [api_port, reg_port, url_port].map(|p| format!("127.0.0.1:{p}")) {
         assert!(
             connects.contains(&target),
             "no CONNECT to {target}: {connects:?}"

@@ -11,7 +11,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::DeleteOptions;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use ureq::http::{Request, Response};
-use ureq::unversioned::transport::{Connector, TcpConnector};
 use ureq::{Agent, Body};
 
 use super::credentials::{BearerToken, TOKEN_FILE_PERIOD};
@@ -20,7 +19,6 @@ use super::error::ApiError;
 use super::kubeconfig::{Kubeconfig, KubeconfigError};
 use super::tls::{self, TlsConnector};
 pub use super::watch::{Watch, MAX_BODY};
-use crate::proxy::{ProxyResolver, TunnelConnector};
 pub use crate::wire::user_agent;
 
 /// How long a connection (TCP and TLS handshake) may take.
@@ -195,32 +193,16 @@ fn make_agent(
     tls_server_name: &Option<rustls_pki_types::ServerName<'static>>,
     route: &crate::proxy::Route,
 ) -> Agent {
-    {
-        let config = Agent::config_builder()
-            .http_status_as_error(false)
-            // A redirect would take the credentials elsewhere; the apiserver sends none.
-            .max_redirects(0)
-            .max_redirects_will_error(false)
-            .user_agent(user_agent())
-            .accept("application/json")
-            .accept_encoding("")
-            // ureq's own proxy reads the environment; `crate::proxy` chooses instead.
-            .proxy(None)
-            .timeout_connect(Some(CONNECT_TIMEOUT))
-            .timeout_global(Some(REQUEST_TIMEOUT))
-            .input_buffer_size(INPUT_BUFFER)
-            .output_buffer_size(OUTPUT_BUFFER)
-            .max_idle_age(IDLE_AGE)
-            .build();
-        let connector =
-            ().chain(TcpConnector::default())
-                .chain(TunnelConnector::new(route.clone()))
-                .chain(
-                    TlsConnector::new(tls.clone(), tls_server_name.clone())
-                        .describing(tls::describe),
-                );
-        Agent::with_parts(config, connector, ProxyResolver::new(route.clone()))
-    }
+    let config = crate::proxy::agent_config()
+        .accept("application/json")
+        .timeout_connect(Some(CONNECT_TIMEOUT))
+        .timeout_global(Some(REQUEST_TIMEOUT))
+        .input_buffer_size(INPUT_BUFFER)
+        .output_buffer_size(OUTPUT_BUFFER)
+        .max_idle_age(IDLE_AGE)
+        .build();
+    let tls = TlsConnector::new(tls.clone(), tls_server_name.clone()).describing(tls::describe);
+    crate::proxy::agent(config, route.clone(), tls)
 }
 
 impl Client {

@@ -24,7 +24,7 @@ use std::sync::{Arc, OnceLock};
 pub use dial::{connect as dial, DialError};
 pub use handshake::ProxyError;
 pub use no_proxy::NoProxy;
-pub use transport::{ProxyResolver, TunnelConnector};
+pub use transport::{agent, agent_config, ProxyResolver, TunnelConnector};
 
 /// An HTTP proxy: where it listens and what it is told on each CONNECT.
 #[derive(Clone, PartialEq, Eq)]

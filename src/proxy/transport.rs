@@ -8,12 +8,43 @@
 
 use std::fmt;
 
+use ureq::config::{Config, ConfigBuilder};
 use ureq::http::Uri;
+use ureq::typestate::AgentScope;
 use ureq::unversioned::resolver::{DefaultResolver, ResolvedSocketAddrs, Resolver};
-use ureq::unversioned::transport::{ConnectionDetails, Connector, NextTimeout, Transport};
+use ureq::unversioned::transport::{
+    ConnectionDetails, Connector, NextTimeout, TcpConnector, Transport,
+};
+use ureq::Agent;
 
 use super::handshake;
 use super::{ProxyUrl, Route};
+use crate::tls::TlsConnector;
+
+/// The settings every HTTP client of the node starts from: an answer of any status is
+/// handed back rather than made an error; ureq follows no redirect (each client follows
+/// its own, keeping credentials to their own host); holdfast's User-Agent; no
+/// compression asked for; and no proxy of ureq's, which would read the environment
+/// (the rules [`super::install`]ed choose instead).
+pub fn agent_config() -> ConfigBuilder<AgentScope> {
+    Agent::config_builder()
+        .http_status_as_error(false)
+        .max_redirects(0)
+        .max_redirects_will_error(false)
+        .user_agent(crate::wire::user_agent())
+        .accept_encoding("")
+        .proxy(None)
+}
+
+/// An agent of `config` whose connections go out as `route` says, straight or through
+/// a CONNECT tunnel, and then through `tls`.
+pub fn agent(config: Config, route: Route, tls: TlsConnector) -> Agent {
+    let connector =
+        ().chain(TcpConnector::default())
+            .chain(TunnelConnector::new(route.clone()))
+            .chain(tls);
+    Agent::with_parts(config, connector, ProxyResolver::new(route))
+}
 
 /// The destination of `uri` and its proxy, if it goes through one.
 fn choose(route: &Route, uri: &Uri) -> Option<(ProxyUrl, String)> {

@@ -10,8 +10,6 @@ use std::time::{Duration, Instant};
 
 use rustls::ClientConfig;
 use ureq::http::Request;
-use ureq::unversioned::resolver::DefaultResolver;
-use ureq::unversioned::transport::{Connector, TcpConnector};
 use ureq::Agent;
 
 use super::manifest::MAX_MANIFEST_BYTES;
@@ -42,21 +40,14 @@ impl Fetcher {
             .map_err(|e| e.to_string())?
             .with_root_certificates(crate::tls::system_roots())
             .with_no_client_auth();
-        let config = Agent::config_builder()
-            .http_status_as_error(false)
-            .max_redirects(0)
-            .max_redirects_will_error(false)
-            .user_agent(crate::wire::user_agent())
-            .accept_encoding("")
-            // No proxy from the environment: the config module owns the environment.
-            .proxy(None)
+        let config = crate::proxy::agent_config()
             .input_buffer_size(INPUT_BUFFER)
             .output_buffer_size(OUTPUT_BUFFER)
             .build();
-        let connector =
-            ().chain(TcpConnector::default())
-                .chain(crate::tls::TlsConnector::new(Arc::new(tls), None));
-        let agent = Agent::with_parts(config, connector, DefaultResolver::default());
+        // Through the node's proxy where its rules say so, as the kubelet's Go client
+        // reads HTTPS_PROXY for the manifest URL.
+        let tls = crate::tls::TlsConnector::new(Arc::new(tls), None);
+        let agent = crate::proxy::agent(config, crate::proxy::Route::Rules, tls);
         Ok(Fetcher {
             url,
             headers,

@@ -9,13 +9,12 @@ use std::time::Duration;
 
 use rustls::ClientConfig;
 use ureq::http::{Request, Response};
-use ureq::unversioned::transport::{Connector, TcpConnector};
 use ureq::{Agent, Body};
 
 use super::hosts::Endpoint;
 use super::redirect::{host_of, origin, redirect_target};
 use super::RegistryError;
-use crate::proxy::{ProxyResolver, Route, TunnelConnector};
+use crate::proxy::Route;
 use crate::tls::{TlsConnector, TlsFailure};
 
 /// How long a connection (TCP and TLS handshake) may take.
@@ -152,14 +151,7 @@ const INPUT_BUFFER: usize = 32 * 1024;
 const OUTPUT_BUFFER: usize = 16 * 1024;
 
 fn build_agent(tls: Arc<ClientConfig>) -> Agent {
-    let config = Agent::config_builder()
-        .http_status_as_error(false)
-        .max_redirects(0)
-        .max_redirects_will_error(false)
-        .user_agent(crate::wire::user_agent())
-        .accept_encoding("")
-        // ureq's own proxy reads the environment; `crate::proxy` chooses instead.
-        .proxy(None)
+    let config = crate::proxy::agent_config()
         .timeout_connect(Some(CONNECT_TIMEOUT))
         .timeout_recv_response(Some(RESPONSE_TIMEOUT))
         .input_buffer_size(INPUT_BUFFER)
@@ -167,11 +159,7 @@ fn build_agent(tls: Arc<ClientConfig>) -> Agent {
         .build();
     // Every host the registry sends us to (token service, blob storage) is a connection
     // of this agent, and each gets the proxy the node's rules give its host.
-    let connector =
-        ().chain(TcpConnector::default())
-            .chain(TunnelConnector::new(Route::Rules))
-            .chain(TlsConnector::new(tls, None));
-    Agent::with_parts(config, connector, ProxyResolver::new(Route::Rules))
+    crate::proxy::agent(config, Route::Rules, TlsConnector::new(tls, None))
 }
 
 fn tls_config(ep: &Endpoint) -> Result<Arc<ClientConfig>, String> {
