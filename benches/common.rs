@@ -450,3 +450,14 @@ pub fn make_bundle_from_layer(layer: &Path, bundle: &Path) {
     v["linux"]["cgroupsPath"] = serde_json::json!("/holdfast-bench-oci/c");
     std::fs::write(&path, serde_json::to_vec_pretty(&v).expect("json")).expect("write config.json");
 }
+
+/// A whole number from the environment variable `name` (a count, or seconds), or
+/// `default` where it is not set.
+pub fn env_secs(name: &str, default: u64) -> u64 {
+    match std::env::var(name) {
+        Ok(v) => v
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}: whole seconds, got {v:?}")),
+        Err(_) => default,
+    }
+}

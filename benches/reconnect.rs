@@ -50,18 +50,9 @@ const RETRY_INITIAL: Duration = Duration::from_millis(800);
 const RETRY_MAX: Duration = Duration::from_secs(300);
 const WINDOW: Duration = Duration::from_secs(60);
 
-fn env_secs(name: &str, default: u64) -> u64 {
-    match std::env::var(name) {
-        Ok(v) => v
-            .parse()
-            .unwrap_or_else(|_| panic!("{name}: whole seconds, got {v:?}")),
-        Err(_) => default,
-    }
-}
-
 fn main() {
-    let outage = Duration::from_secs(env_secs("HOLDFAST_BENCH_OUTAGE_SECS", 20));
-    let fleet = env_secs("HOLDFAST_BENCH_FLEET", 200) as usize;
+    let outage = Duration::from_secs(common::env_secs("HOLDFAST_BENCH_OUTAGE_SECS", 20));
+    let fleet = common::env_secs("HOLDFAST_BENCH_FLEET", 200) as usize;
 
     eprintln!("(a) one node, {PODS} pods, {}s outage", outage.as_secs());
     let a = convergence(outage);

@@ -63,15 +63,6 @@ const SETTINGS: &[Setting] = &[
     },
 ];
 
-fn env_secs(name: &str, default: u64) -> u64 {
-    match std::env::var(name) {
-        Ok(v) => v
-            .parse()
-            .unwrap_or_else(|_| panic!("{name}: whole seconds, got {v:?}")),
-        Err(_) => default,
-    }
-}
-
 /// Two iptables rules counting the loopback packets to and from the relay's port; removed
 /// on drop.
 struct IpCounter {
@@ -181,12 +172,7 @@ impl Measured {
 }
 
 fn measure(cp: &ControlPlane, s: &Setting, settle: Duration, window: Duration) -> Measured {
-    let upstream = cp
-        .url
-        .trim_start_matches("https://")
-        .parse()
-        .expect("apiserver address");
-    let relay = Proxy::start(upstream);
+    let relay = Proxy::start(cp.addr());
     let counter = IpCounter::new(relay.addr().port());
     let node = format!("uplink-{}", s.name);
     let mut a = Agent::new(&format!("bench-uplink-{}", s.name));
@@ -257,8 +243,8 @@ fn main() {
         eprintln!("uplink_bytes bench: needs root (it runs containers and iptables)");
         std::process::exit(2);
     }
-    let settle = Duration::from_secs(env_secs("HOLDFAST_BENCH_SETTLE_SECS", 30));
-    let window = Duration::from_secs(env_secs("HOLDFAST_BENCH_WINDOW_SECS", 180));
+    let settle = Duration::from_secs(common::env_secs("HOLDFAST_BENCH_SETTLE_SECS", 30));
+    let window = Duration::from_secs(common::env_secs("HOLDFAST_BENCH_WINDOW_SECS", 180));
     let picked = std::env::var("HOLDFAST_BENCH_SETTINGS").ok();
     let settings: Vec<&Setting> = SETTINGS
         .iter()

@@ -124,12 +124,7 @@ fn delegated_authn_and_authz_against_a_real_apiserver_and_offline() {
     let cp = ControlPlane::start(Options::bare());
     // No controller makes the namespace's ServiceAccount in a bare cluster.
     let _ = cp.kubectl(&["create", "serviceaccount", "default"]);
-    let upstream = cp
-        .url
-        .trim_start_matches("https://")
-        .parse()
-        .expect("apiserver address");
-    let relay = Proxy::start(upstream);
+    let relay = Proxy::start(cp.addr());
 
     let mut a = Agent::new("kubelet-authz");
     a.node_name = NODE.into();

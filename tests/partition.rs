@@ -116,12 +116,7 @@ fn a_gateway_cut_off_shorter_and_longer_than_the_grace_period_keeps_its_pod_and_
         scheduler: false,
         ..Options::default()
     });
-    let upstream = cp
-        .url
-        .trim_start_matches("https://")
-        .parse()
-        .expect("apiserver address");
-    let relay = Proxy::start(upstream);
+    let relay = Proxy::start(cp.addr());
     let mut a = gateway(&cp, &relay);
     a.start();
     let log = || format!("--- agent log ---\n{}", a.agent_log());

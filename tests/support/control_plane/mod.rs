@@ -135,6 +135,14 @@ fn s(v: impl std::fmt::Display) -> String {
 }
 
 impl ControlPlane {
+    /// The apiserver's address, `127.0.0.1:<port>` (for a relay in front of it).
+    pub fn addr(&self) -> std::net::SocketAddr {
+        self.url
+            .trim_start_matches("https://")
+            .parse()
+            .expect("apiserver address")
+    }
+
     /// Starts a cluster and waits (bounded) until the apiserver is ready.
     pub fn start(opts: Options) -> ControlPlane {
         let t0 = Instant::now();
