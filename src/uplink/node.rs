@@ -39,7 +39,8 @@ pub trait NodeApi {
     fn patch_node_status(&self, name: &str, body: &Value) -> Result<Node, ApiError>;
     fn get_lease(&self, name: &str) -> Result<Lease, ApiError>;
     fn create_lease(&self, lease: &Lease) -> Result<Lease, ApiError>;
-    fn update_lease(&self, lease: &Lease) -> Result<Lease, ApiError>;
+    /// Makes the Lease `held` (as last read or written) into `wanted`.
+    fn update_lease(&self, held: &Lease, wanted: &Lease) -> Result<Lease, ApiError>;
     /// The link is back after an outage: connections from before are not to be
     /// trusted (see [`Client::reset_connections`]).
     fn reconnected(&self) {}
@@ -85,15 +86,15 @@ impl NodeApi for Client {
     fn reconnected(&self) {
         self.reset_connections();
     }
-    fn update_lease(&self, lease: &Lease) -> Result<Lease, ApiError> {
-        let name = lease.metadata.name.as_deref().unwrap_or_default();
+    fn update_lease(&self, held: &Lease, wanted: &Lease) -> Result<Lease, ApiError> {
+        let name = held.metadata.name.as_deref().unwrap_or_default();
         self.patch(
             &format!(
                 "/apis/coordination.k8s.io/v1/namespaces/{LEASE_NS}/leases/{}",
                 crate::kube::escape(name)
             ),
             Patch::Merge,
-            &super::lease::renewal_patch(lease),
+            &super::lease::renewal_patch(held, wanted),
         )
     }
 }
@@ -353,14 +354,14 @@ impl<M: NodeModel> NodeController<M> {
         let result = match &current {
             None => api.create_lease(&fresh),
             Some(l) => {
-                let mut l = l.clone();
-                l.spec = fresh.spec.clone();
+                let mut wanted = l.clone();
+                wanted.spec = fresh.spec.clone();
                 // The kubelet's rule: the Lease is owned by the Node as it is now. One
                 // still naming a Node deleted and made again would be collected.
                 if fresh.metadata.owner_references.is_some() {
-                    l.metadata.owner_references = fresh.metadata.owner_references.clone();
+                    wanted.metadata.owner_references = fresh.metadata.owner_references.clone();
                 }
-                api.update_lease(&l)
+                api.update_lease(l, &wanted)
             }
         };
         match result {

@@ -98,7 +98,7 @@ impl NodeApi for Fake {
         *self.lease.borrow_mut() = Some(l.clone());
         Ok(l)
     }
-    fn update_lease(&self, lease: &Lease) -> Result<Lease, ApiError> {
+    fn update_lease(&self, _held: &Lease, lease: &Lease) -> Result<Lease, ApiError> {
         self.call("update_lease")?;
         let mut stored = self.lease.borrow_mut();
         let Some(cur) = stored.as_ref() else {
@@ -539,8 +539,8 @@ fn a_refusal_is_not_a_dead_link() {
         fn create_lease(&self, l: &Lease) -> Result<Lease, ApiError> {
             self.0.create_lease(l)
         }
-        fn update_lease(&self, l: &Lease) -> Result<Lease, ApiError> {
-            self.0.update_lease(l)
+        fn update_lease(&self, held: &Lease, l: &Lease) -> Result<Lease, ApiError> {
+            self.0.update_lease(held, l)
         }
     }
     let now = clock.t0;
