@@ -20,13 +20,13 @@ use crate::metrics;
 /// How long a dial of the kubelet API may take (the upstream agent's).
 const DIAL_TIMEOUT: Duration = Duration::from_secs(5);
 /// What one read from the kubelet API may carry in one DATA packet.
-const READ_BUF: usize = 32 << 10;
+const READ_BUF: usize = 16 << 10;
 /// Packets the connections may have waiting for their stream, all of them together:
 /// what the kubelet API's answers hold in memory while the link is slower than it, up
 /// to `READ_BUF` each. The stream takes them as its windows let it send, a batch at a
 /// time; 256 of them held 8 MiB for a download through `kubectl port-forward`, for no
 /// more throughput than this many.
-pub(super) const OUT_QUEUE: usize = 8;
+pub(super) const OUT_QUEUE: usize = 4;
 
 /// What a connection's task sends to its stream.
 pub(super) enum Out {

@@ -27,12 +27,12 @@ use crate::http2::hpack;
 const STREAM: u32 = 1;
 /// The window granted to the server, for the connection and the stream alike: what may
 /// wait on its way to the kubelet API.
-const WINDOW: u32 = 1 << 20;
+const WINDOW: u32 = 512 << 10;
 /// The largest gRPC message taken: a message is acknowledged once whole, so one larger
 /// than the window could never arrive.
 const MAX_MESSAGE: usize = WINDOW as usize;
 /// Packets taken from the connections at once, while this much is not sent yet.
-const BATCH: usize = 64 << 10;
+const BATCH: usize = 32 << 10;
 /// After this many bytes carried, once `QUIET` has passed without a packet, the stream
 /// gives back what the burst left (see [`Session::release`]).
 const BURST: u64 = 256 << 10;
