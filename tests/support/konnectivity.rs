@@ -19,12 +19,16 @@ use crate::pki::Issued;
 
 const WAIT: Duration = Duration::from_secs(60);
 
-/// The konnectivity binaries' folder (setup.sh unpacks them once).
+/// The konnectivity binaries' folder (setup.sh, in `shared/` beside the checkout as the
+/// control plane's is, unpacks them once).
 pub fn konnectivity() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
+        // This crate is <checkout>/tests/support.
+        let setup =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/konnectivity/setup.sh");
         let out = Command::new("bash")
-            .arg("/work/shared/konnectivity/setup.sh")
+            .arg(&setup)
             .output()
             .expect("run konnectivity setup.sh");
         assert!(
