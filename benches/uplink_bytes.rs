@@ -54,6 +54,14 @@ const SETTINGS: &[Setting] = &[
         keys: "nodeStatusUpdateFrequency: 40s\nnodeLeaseDurationSeconds: 160\n",
     },
     Setting {
+        name: "update40s-report5m",
+        keys: "nodeStatusUpdateFrequency: 40s\nnodeLeaseDurationSeconds: 160\nnodeStatusReportFrequency: 5m\n",
+    },
+    Setting {
+        name: "update60s-report5m",
+        keys: "nodeStatusUpdateFrequency: 60s\nnodeLeaseDurationSeconds: 240\nnodeStatusReportFrequency: 5m\n",
+    },
+    Setting {
         name: "report10m",
         keys: "nodeStatusReportFrequency: 10m\n",
     },
