@@ -45,7 +45,7 @@ impl Fetcher {
             .output_buffer_size(OUTPUT_BUFFER)
             .build();
         // Through the node's proxy where its rules say so, as the kubelet's Go client
-        // reads HTTPS_PROXY for the manifest URL.
+        // reads HTTP_PROXY, HTTPS_PROXY and NO_PROXY for the manifest URL.
         let tls = crate::tls::TlsConnector::new(Arc::new(tls), None);
         let agent = crate::proxy::agent(config, crate::proxy::Route::Rules, tls);
         Ok(Fetcher {
