@@ -50,16 +50,7 @@ fn kubectl_through(cp: &ControlPlane, proxy: &Tinyproxy) {
 
 /// `holdfast:` keys: trust the test CA for the registries, fast node status.
 fn registry_keys(hosts: &[&Registry], proxy: &str) -> String {
-    let mut s = String::from("  registries:\n");
-    for r in hosts {
-        s.push_str(&format!(
-            "    \"{}\":\n      caFile: {}\n",
-            r.host(),
-            r.ca.display()
-        ));
-    }
-    s.push_str(proxy);
-    s
+    format!("{}{proxy}", registry::trusted(hosts))
 }
 
 fn join(cp: &ControlPlane, a: &mut Agent, holdfast_keys: &str, top_level: &str) {

@@ -22,17 +22,10 @@ const WAIT: Duration = Duration::from_secs(60);
 
 /// The agent's config: trust the test CA for `hosts`, a short pull back-off.
 fn registry_config(hosts: &[&Registry], extra: &str) -> String {
-    let mut s =
-        String::from("  imagePullBackOffInitial: 2s\n  imagePullBackOffMax: 4s\n  registries:\n");
-    for r in hosts {
-        s.push_str(&format!(
-            "    \"{}\":\n      caFile: {}\n",
-            r.host(),
-            r.ca.display()
-        ));
-    }
-    s.push_str(extra);
-    s
+    format!(
+        "  imagePullBackOffInitial: 2s\n  imagePullBackOffMax: 4s\n{}{extra}",
+        registry::trusted(hosts)
+    )
 }
 
 fn running(p: &Value) -> bool {

@@ -486,6 +486,19 @@ fn der_to_raw(der: &[u8]) -> Vec<u8> {
     out
 }
 
+/// The `holdfast.registries` keys that trust the test CA of each of `hosts`.
+pub fn trusted(hosts: &[&Registry]) -> String {
+    let mut s = String::from("  registries:\n");
+    for r in hosts {
+        s.push_str(&format!(
+            "    \"{}\":\n      caFile: {}\n",
+            r.host(),
+            r.ca.display()
+        ));
+    }
+    s
+}
+
 /// Pushes the host's busybox as `repo:tag`, with a layer of its own (so that each image
 /// has blobs of its own), as `creds` if given.
 pub fn push_busybox(
