@@ -48,7 +48,7 @@ fn kubectl_through(cp: &ControlPlane, proxy: &Tinyproxy) {
     std::fs::write(&cp.admin_kubeconfig, with_proxy).expect("write admin kubeconfig");
 }
 
-/// `holdfast:` keys: trust the test CA for the registries, fast node status.
+/// `holdfast:` keys: trust the test CA for the registries, then `proxy`.
 fn registry_keys(hosts: &[&Registry], proxy: &str) -> String {
     format!("{}{proxy}", registry::trusted(hosts))
 }
